@@ -49,7 +49,10 @@ class MQTTError(Exception):
     """Bad input from the peer; `code` is the MQTT 5 reason code to disconnect with."""
 
     def __init__(self, code, msg):
-        Exception.__init__(self, msg)
+        # super(), not Exception.__init__: MicroPython's Exception has no
+        # __init__ attribute to call, so the explicit form raised
+        # AttributeError there instead of this error.
+        super().__init__(msg)
         self.code = code
 
     def __str__(self):

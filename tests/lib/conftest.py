@@ -18,6 +18,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 DEFAULT_HEAP = "1m"
+# Library tests import the library, their helpers and the emulated board's flash model.
+MP_PATH = [HERE, ROOT / "lib", ROOT / "boards" / "emulated"]
+for _p in MP_PATH[1:]:
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 
 def micropython_exe():
@@ -45,7 +50,7 @@ def pytest_pyfunc_call(pyfuncitem):
     kwargs = {n: pyfuncitem.funcargs[n] for n in names}
     module = pyfuncitem.module
     heap = getattr(module, "MP_HEAPSIZE", DEFAULT_HEAP)
-    env = dict(os.environ, MICROPYPATH=os.pathsep.join([str(HERE), str(ROOT / "lib")]))
+    env = dict(os.environ, MICROPYPATH=os.pathsep.join(str(p) for p in MP_PATH))
     proc = subprocess.run(
         [micropython_exe(), "-X", "heapsize=" + heap, str(HERE / "mp_run.py"),
          module.__name__.rpartition(".")[2], fn.__name__, json.dumps(kwargs)],

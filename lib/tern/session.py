@@ -1,0 +1,799 @@
+"""The MQTT protocol engine, without I/O: it is fed received bytes and the time
+(milliseconds), and it hands bytes to `send(buf, off, n)`, messages to
+handlers, events to `on_event(kind, a, b)`, and tells when it next needs the
+clock. No sockets, no clocks, no files: drivers own those, which is what lets
+the same engine run on a board, on a host and under fault injection.
+
+Write-ahead: a QoS 1/2 PUBLISH, SUBSCRIBE or UNSUBSCRIBE goes into the store
+before its first byte is sent and leaves it on its acknowledgement. The send
+order lives in a ring of packet identifiers (3 bytes per pending message);
+a reconnect replays the ring in order: PUBREL for QoS 2 messages whose PUBREC
+was seen, the PUBLISH with DUP set for the rest. Nothing is resent on a live
+connection.
+
+Inbound QoS 2 is delivered once: the packet identifier is made durable before
+the handler runs and PUBREC is sent after it; a repeat of that identifier is
+answered with PUBREC again and not delivered. A power cut while the handler
+runs therefore loses that one delivery rather than repeating it (which is what
+keeps a `reboot` command from looping); manual acknowledgement reverses this
+for applications that make their own write durable first.
+"""
+
+from array import array
+
+from .wire import (
+    const,
+    MQTTError,
+    PROTOCOL_ERROR,
+    CONNECT,
+    CONNACK,
+    PUBLISH,
+    PUBACK,
+    PUBREC,
+    PUBREL,
+    PUBCOMP,
+    SUBSCRIBE,
+    SUBACK,
+    UNSUBSCRIBE,
+    UNSUBACK,
+    PINGRESP,
+    DISCONNECT,
+    AUTH,
+    V5,
+    put_u16,
+    fail,
+)
+from . import codec
+from . import props as P
+from .message import Message
+from .store import MemoryStore
+from .topic import matches_bytes, parse_shared, validate_filter, validate_name
+
+try:
+    from time import ticks_diff
+except ImportError:  # CPython: the driver's clock does not wrap
+
+    def ticks_diff(a, b):
+        return a - b
+
+
+# Connection states.
+DISCONNECTED = const(0)
+CONNECTING = const(1)
+CONNECTED = const(2)
+
+# Events for on_event(kind, a, b).
+EV_CONNACK = const(1)  # a = session present, b = CONNACK Packet
+EV_PUBLISHED = const(2)  # a = pid, b = reason (acknowledged, or refused when >= 0x80)
+EV_SUBACK = const(3)  # a = pid, b = list of reason codes
+EV_UNSUBACK = const(4)  # a = pid, b = list of reason codes
+EV_DISCONNECT = const(5)  # a = reason code, b = DISCONNECT Packet
+EV_RESTORED = const(6)  # a = messages resent after a reconnect, b = broker lost the session
+
+# Ring entry flags.
+_SENT = const(1)  # sent on this connection
+_QOS2 = const(2)
+_MARKED = const(4)  # PUBREC seen
+_CTRL = const(8)  # SUBSCRIBE or UNSUBSCRIBE
+_EVER = const(16)  # sent on some connection (a resend carries DUP)
+
+WOULD_BLOCK = const(-1)
+
+
+class NotConnected(OSError):
+    pass
+
+
+class _Sub:
+    # One subscription: its filter as bytes (inner filter for $share), handler, id.
+    def __init__(self, flt, match, qos, opts, handler, sid):
+        self.filter = flt
+        self.match = match
+        self.qos = qos
+        self.opts = opts
+        self.handler = handler
+        self.sid = sid
+
+
+class Session:
+    """One MQTT session. See the module docstring for the I/O contract."""
+
+    def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
+                 window=16, rx_size=4096, tx_size=512, max_pending=256, session_expiry=None,
+                 username=None, password=None, will_topic=None, will_payload=b"", will_qos=0,
+                 will_retain=False, will_props=None, connect_props=None, topic_alias_max=0,
+                 manual_ack=False, auth=None, ping_timeout=None):
+        if version not in (3, 4, 5):
+            raise ValueError("protocol version must be 3 (3.1), 4 (3.1.1) or 5")
+        self.client_id = client_id
+        self.version = version
+        self.clean = clean
+        self.keepalive = keepalive
+        self.store = store if store is not None else MemoryStore()
+        self.window = window
+        self.session_expiry = session_expiry
+        self.username = username
+        self.password = password
+        self.will = (will_topic, will_payload, will_qos, will_retain, will_props)
+        self.connect_props = connect_props
+        self.topic_alias_max = topic_alias_max
+        self.manual_ack = manual_ack
+        self.auth = auth  # enhanced authentication hook: auth(reason, props) -> props
+        self.ping_timeout = ping_timeout
+        self.send = None  # send(buf, off, n), set by the driver
+        self.on_message = None  # default handler
+        self.on_event = None
+        self.state = DISCONNECTED
+        self.rx = bytearray(rx_size)
+        self.rx_len = 0
+        self._rxmv = memoryview(self.rx)
+        self._tx = bytearray(tx_size)
+        self._txmv = memoryview(self._tx)
+        self._msg = Message()
+        self._cap = max_pending
+        self._ring = array("H", [0] * max_pending)
+        self._rflags = bytearray(max_pending)
+        self._head = 0
+        self._n = 0  # ring slots in use (released ones inside count until trimmed)
+        self._inflight = 0
+        self._unsent = 0
+        self._subs = []
+        self._next_sid = 1
+        self._aliases = None
+        self._inq = None  # manual acknowledgement queue: [pid, qos, acked]
+        self._last_pid = 0
+        self._last_tx = 0
+        self._last_rx = 0
+        self._ping_sent = -1
+        self.server = None  # CONNACK properties (MQTT 5)
+        self.server_keepalive = None
+        self.receive_max = 65535
+        self.max_qos = 2
+        self.retain_ok = True
+        self.sid_ok = True
+        self.server_max_packet = 268435460
+        self.session_present = False
+        self.stats_sent = 0
+        self.stats_resent = 0
+        self.stats_acked = 0
+        self.stats_recovered = 0
+        self._restore()
+
+    # ------------------------------------------------------------ store replay
+
+    def _restore(self):
+        """Rebuild the send ring from what the store recovered (after a reboot)."""
+        st = self.store
+        st.open()
+        self._last_pid = st.last_pid()
+        for pid in st.pending():
+            if self._n >= self._cap:
+                raise ValueError("store holds more pending messages than max_pending=%d" % self._cap)
+            f = _EVER
+            if st.kind(pid) != PUBLISH:
+                f |= _CTRL
+            else:
+                st.read(pid, 0, self._tx)
+                if (self._tx[0] >> 1) & 3 == 2:
+                    f |= _QOS2
+                if st.marked(pid):
+                    f |= _MARKED
+            self._push(pid, f)
+            self.stats_recovered += 1
+
+    def _push(self, pid, f):
+        i = (self._head + self._n) % self._cap
+        self._ring[i] = pid
+        self._rflags[i] = f
+        self._n += 1
+        self._unsent += 1
+
+    def _find(self, pid):
+        cap = self._cap
+        i = self._head
+        k = self._n
+        ring = self._ring
+        while k:
+            if ring[i] == pid:
+                return i
+            i += 1
+            if i == cap:
+                i = 0
+            k -= 1
+        return -1
+
+    def _drop(self, i):
+        # Release ring slot i; trim released slots off the head.
+        self._ring[i] = 0
+        self._rflags[i] = 0
+        ring = self._ring
+        while self._n and ring[self._head] == 0:
+            self._head = (self._head + 1) % self._cap
+            self._n -= 1
+
+    def pending(self):
+        """Packet identifiers of everything not yet acknowledged, in send order."""
+        out = []
+        i = self._head
+        for _ in range(self._n):
+            if self._ring[i]:
+                out.append(self._ring[i])
+            i = (i + 1) % self._cap
+        return out
+
+    def _alloc_pid(self):
+        p = self._last_pid
+        has = self.store.has
+        for _ in range(65535):
+            p = p % 65535 + 1
+            if not has(p):
+                self._last_pid = p
+                return p
+        raise OSError("no free packet identifier")
+
+    # ------------------------------------------------------------------ output
+
+    def _out(self, buf, off, n, now):
+        self.send(buf, off, n)
+        self._last_tx = now
+
+    def _ack(self, ptype, pid, reason, now):
+        n = codec.ack_into(self._tx, ptype, pid, reason, self.version)
+        self._out(self._tx, 0, n, now)
+
+    def _packet(self, pkt, now):
+        b = codec.encode(pkt, self.version)
+        if len(b) > self.server_max_packet:
+            raise ValueError("%s of %d bytes exceeds the server's maximum packet size %d" % (
+                codec.packet_name(pkt.type), len(b), self.server_max_packet))
+        self._out(b, 0, len(b), now)
+        return b
+
+    def _violation(self, code, msg, now):
+        """The server broke the protocol: tell it why (MQTT 5) and stop."""
+        if self.state != DISCONNECTED and self.version == V5 and self.send:
+            try:
+                self._packet(codec.Packet(DISCONNECT, reason=code), now)
+            except Exception:
+                pass
+        self.connection_lost()
+        raise MQTTError(code, msg)
+
+    # ---------------------------------------------------------------- connect
+
+    def connect_packet(self, now):
+        """Send CONNECT; the driver calls this right after the socket opens."""
+        self.rx_len = 0
+        self.state = CONNECTING
+        self._ping_sent = -1
+        props = dict(self.connect_props) if self.connect_props else {}
+        if self.version == V5:
+            if self.session_expiry:
+                props[P.SESSION_EXPIRY_INTERVAL] = self.session_expiry
+            props[P.MAXIMUM_PACKET_SIZE] = len(self.rx)
+            if self.topic_alias_max:
+                props[P.TOPIC_ALIAS_MAXIMUM] = self.topic_alias_max
+        wt, wp, wq, wr, wprops = self.will
+        pkt = codec.Packet(
+            CONNECT, version=self.version, clean=self.clean, keepalive=self.keepalive,
+            client_id=self.client_id, props=props or None, username=self.username,
+            password=self.password, will_topic=wt, will_payload=wp, will_qos=wq,
+            will_retain=wr, will_props=wprops)
+        self._last_rx = now
+        self._packet(pkt, now)
+
+    def _on_connack(self, p, now):
+        if p.reason:
+            self.state = DISCONNECTED
+            self._event(EV_CONNACK, False, p)
+            return
+        self.state = CONNECTED
+        self.session_present = sp = p.session_present
+        props = p.props or {}
+        self.server = props
+        self.receive_max = props.get(P.RECEIVE_MAXIMUM, 65535)
+        self.max_qos = props.get(P.MAXIMUM_QOS, 2)
+        self.retain_ok = props.get(P.RETAIN_AVAILABLE, 1) == 1
+        self.sid_ok = props.get(P.SUBSCRIPTION_IDENTIFIER_AVAILABLE, 1) == 1
+        self.server_max_packet = props.get(P.MAXIMUM_PACKET_SIZE, 268435460)
+        if P.ASSIGNED_CLIENT_IDENTIFIER in props:
+            self.client_id = props[P.ASSIGNED_CLIENT_IDENTIFIER]
+        self.server_keepalive = props.get(P.SERVER_KEEP_ALIVE)
+        if self.server_keepalive is not None:
+            self.keepalive = self.server_keepalive
+        self._aliases = None
+        lost = not sp and self._n > 0
+        if not sp:
+            # The broker has no session for us (clean start, expiry, or it
+            # forgot): accepted messages still go out; a QoS 2 message whose
+            # PUBREC was seen is published again, since the broker no longer
+            # holds it (at least once rather than lost); inbound QoS 2 ids
+            # and the broker's copies of our subscriptions are gone.
+            self.store.in_clear()
+            i = self._head
+            for _ in range(self._n):
+                if self._rflags[i] & _MARKED:
+                    self.store.unmark(self._ring[i])
+                    self._rflags[i] &= ~_MARKED
+                i = (i + 1) % self._cap
+        self._event(EV_CONNACK, sp, p)
+        # Replay the ring in its original order.
+        self._inflight = 0
+        self._unsent = 0
+        i = self._head
+        for _ in range(self._n):
+            if self._ring[i]:
+                self._rflags[i] &= ~_SENT
+                self._unsent += 1
+            i = (i + 1) % self._cap
+        resent = self._unsent
+        if not sp and self._subs:
+            self._resubscribe(now)
+        self._pump(now)
+        if resent or lost:
+            self.stats_resent += resent
+            self._event(EV_RESTORED, resent, lost)
+
+    def _limit(self):
+        w = self.window
+        return w if w < self.receive_max else self.receive_max
+
+    def _pump(self, now):
+        """Send what the window allows, oldest first."""
+        if self.state != CONNECTED or not self._unsent:
+            return
+        limit = self._limit()
+        i = self._head
+        cap = self._cap
+        for _ in range(self._n):
+            pid = self._ring[i]
+            f = self._rflags[i]
+            if pid and not f & _SENT:
+                if not f & _CTRL:
+                    if self._inflight >= limit:
+                        return
+                    self._inflight += 1
+                self._send_record(pid, f, now)
+                self._rflags[i] = f | _SENT | _EVER
+                self._unsent -= 1
+                if not self._unsent:
+                    return
+            i += 1
+            if i == cap:
+                i = 0
+
+    def _send_record(self, pid, f, now):
+        if f & _MARKED:
+            self._ack(PUBREL, pid, 0, now)
+            return
+        st = self.store
+        size = st.size(pid)
+        off = 0
+        tx = self._tx
+        while off < size:
+            n = st.read(pid, off, tx)
+            if not n:
+                raise OSError("store returned a short record for packet %d" % pid)
+            if off == 0 and f & _EVER and not f & _CTRL:
+                tx[0] |= 8  # DUP: this PUBLISH went out before
+            self.send(tx, 0, n)
+            off += n
+        self._last_tx = now
+        self.stats_sent += 1
+
+    # ---------------------------------------------------------------- publish
+
+    def publish(self, topic, payload, qos, retain, now, props=None):
+        """Queue or send one message. Returns its packet id (0 for QoS 0), or
+        WOULD_BLOCK when ordering or the outbox's size says to wait.
+
+        topic: bytes (zero allocation) or str; props: a dict of MQTT 5
+        properties or None.
+        """
+        if qos < 0 or qos > 2:
+            raise ValueError("QoS must be 0, 1 or 2")
+        if isinstance(topic, str):
+            validate_name(topic)
+            topic = topic.encode()
+        if self.state == CONNECTED:
+            if qos > self.max_qos:
+                raise ValueError("the server accepts QoS up to %d" % self.max_qos)
+            if retain and not self.retain_ok:
+                raise ValueError("the server does not support retained messages")
+        pblock = None
+        if props:
+            if self.version != V5:
+                raise ValueError("properties need MQTT 5")
+            pblock = P.encode(props, PUBLISH)
+        plen = len(payload)
+        hlen = 2 + len(topic) + 2 + 5 + (len(pblock) if pblock else 1)
+        if hlen > len(self._tx):
+            raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(self._tx))
+        if hlen + plen > self.server_max_packet:
+            raise ValueError("message of %d bytes exceeds the server's maximum packet size %d" % (
+                hlen + plen, self.server_max_packet))
+        if not qos:
+            if self.state != CONNECTED:
+                raise NotConnected("not connected: QoS 0 messages are not kept")
+            if self._unsent or (self._inflight and self._limit() == 1):
+                return WOULD_BLOCK  # keep order behind queued messages
+            n = codec.publish_header_into(self._tx, topic, 0, retain, False, 0, plen, self.version, pblock)
+            self.send(self._tx, 0, n)
+            if plen:
+                self.send(payload, 0, plen)
+            self._last_tx = now
+            self.stats_sent += 1
+            return 0
+        if self._n >= self._cap:
+            return WOULD_BLOCK
+        pid = self._alloc_pid()
+        n = codec.publish_header_into(self._tx, topic, qos, retain, False, pid, plen, self.version, pblock)
+        self.store.append(PUBLISH, pid, self._tx, payload, n)
+        self._push(pid, _QOS2 if qos == 2 else 0)
+        self._pump(now)
+        return pid
+
+    def wait_needed(self):
+        """True while a QoS 0 publish would have to wait (see publish)."""
+        return bool(self._unsent or (self._inflight and self._limit() == 1))
+
+    def outbox_full(self):
+        return self._n >= self._cap
+
+    def is_pending(self, pid):
+        return self._find(pid) >= 0
+
+    # ---------------------------------------------------------- subscriptions
+
+    def subscribe(self, flt, qos, now, handler=None, no_local=False, retain_as_published=False,
+                  retain_handling=0, sub_id=None, user_props=None):
+        """Register a subscription (and its handler) and send SUBSCRIBE when
+        connected. Returns the SUBSCRIBE's packet id, or 0 if not connected
+        (it is sent on connect). A filter subscribed again replaces the old
+        entry: its handler and its identifier."""
+        validate_filter(flt)
+        if qos < 0 or qos > 2:
+            raise ValueError("QoS must be 0, 1 or 2")
+        if retain_handling not in (0, 1, 2):
+            raise ValueError("retain handling must be 0, 1 or 2")
+        shared = parse_shared(flt)
+        if shared and no_local:
+            raise ValueError("No Local cannot be set on a shared subscription")
+        opts = qos | (4 if no_local else 0) | (8 if retain_as_published else 0) | retain_handling << 4
+        if sub_id is None and handler is not None and self.version == V5:
+            sub_id = self._next_sid
+            self._next_sid += 1
+        if sub_id is not None and not 0 < sub_id <= 268435455:
+            raise ValueError("subscription identifier must be 1..268435455")
+        match = (shared[1] if shared else flt).encode()
+        self._subs = [s for s in self._subs if s.filter != flt]
+        s = _Sub(flt, match, qos, opts, handler, sub_id)
+        self._subs.append(s)
+        if self.state != CONNECTED:
+            return 0
+        return self._send_subscribe([s], now, user_props)
+
+    def _send_subscribe(self, subs, now, user_props=None):
+        pid = self._alloc_pid()
+        props = {}
+        sid = subs[0].sid
+        if self.version == V5 and sid and self.sid_ok:
+            props[P.SUBSCRIPTION_IDENTIFIER] = sid
+        if user_props:
+            props[P.USER_PROPERTY] = list(user_props)
+        opts_mask = 0xFF if self.version == V5 else 3
+        pkt = codec.Packet(SUBSCRIBE, pid=pid, topics=[(s.filter, s.opts & opts_mask) for s in subs],
+                           props=props or None)
+        self._store_ctrl(pkt, pid, now)
+        return pid
+
+    def _store_ctrl(self, pkt, pid, now):
+        b = codec.encode(pkt, self.version)
+        self.store.append(pkt.type, pid, b, b"", len(b))
+        self._push(pid, _CTRL)
+        self._pump(now)
+
+    def _resubscribe(self, now):
+        # One SUBSCRIBE per subscription: each may carry its own identifier.
+        for s in self._subs:
+            self._send_subscribe([s], now)
+
+    def unsubscribe(self, flt, now, user_props=None):
+        """Forget the filter's handler and send UNSUBSCRIBE (when connected)."""
+        validate_filter(flt)
+        self._subs = [s for s in self._subs if s.filter != flt]
+        if self.state != CONNECTED:
+            return 0
+        pid = self._alloc_pid()
+        props = {P.USER_PROPERTY: list(user_props)} if user_props else None
+        self._store_ctrl(codec.Packet(UNSUBSCRIBE, pid=pid, topics=[flt], props=props), pid, now)
+        return pid
+
+    # ------------------------------------------------------------------- input
+
+    def feed(self, data, now):
+        """Take received bytes (any slicing of the stream)."""
+        n = len(data)
+        off = 0
+        while off < n:
+            room = len(self.rx) - self.rx_len
+            if room <= 0:
+                # frame_size already bounded the packet; a full buffer with no frame is impossible
+                self._violation(0x95, "receive buffer overflow", now)
+            k = n - off if n - off < room else room
+            self.rx[self.rx_len : self.rx_len + k] = data[off : off + k]
+            off += k
+            self.feed_n(k, now)
+
+    def feed_n(self, n, now):
+        """The driver wrote n more bytes into rx at rx_len (zero-copy receive)."""
+        self.rx_len += n
+        self._last_rx = now
+        self._ping_sent = -1
+        rx = self.rx
+        end = self.rx_len
+        pos = 0
+        try:
+            while pos < end:
+                size = codec.frame_size(rx, pos, end, len(rx))
+                if size < 0 or pos + size > end:
+                    break
+                self._handle(pos, pos + size, now)
+                pos += size
+        except MQTTError as e:
+            self.rx_len = 0
+            self._violation(e.code, e.args[0], now)
+        if pos:
+            left = end - pos
+            if left:
+                rx[0:left] = self._rxmv[pos:end]
+            self.rx_len = left
+
+    def rx_space(self):
+        """How many bytes the driver may write at rx[rx_len:]."""
+        return len(self.rx) - self.rx_len
+
+    def _handle(self, pos, end, now):
+        rx = self.rx
+        b0 = rx[pos]
+        t = b0 >> 4
+        if self.state == CONNECTING and t != CONNACK and t != AUTH:
+            self._violation(PROTOCOL_ERROR, "%s before CONNACK" % codec.packet_name(t), now)
+        if t == PUBLISH:
+            self._on_publish(pos, end, now)
+            return
+        body = end - pos
+        if PUBACK <= t <= PUBCOMP and (body == 4 or (body == 5 and self.version == V5)):
+            # Fast path: fixed header, packet id and (MQTT 5) a reason code.
+            if b0 & 15 != (2 if t == PUBREL else 0):
+                fail("reserved flags of %s" % codec.packet_name(t))
+            pid = rx[pos + 2] << 8 | rx[pos + 3]
+            if not pid:
+                fail("packet identifier 0")
+            reason = rx[pos + 4] if body == 5 else 0
+            if body == 5:
+                ok = codec._PUBREL_RC if t >= PUBREL else codec._PUBACK_RC
+                if reason not in ok:
+                    raise MQTTError(PROTOCOL_ERROR, "protocol error: reason code 0x%02X in %s" % (
+                        reason, codec.packet_name(t)))
+            self._on_ack(t, pid, reason, now)
+            return
+        if t == PINGRESP and body == 2 and b0 == 0xD0:
+            return
+        p = codec.decode(self._rxmv[pos:end], self.version, len(rx))
+        if PUBACK <= t <= PUBCOMP:
+            self._on_ack(t, p.pid, p.reason, now)
+        elif t == CONNACK:
+            if self.state != CONNECTING:
+                self._violation(PROTOCOL_ERROR, "unexpected CONNACK", now)
+            self._on_connack(p, now)
+        elif t == SUBACK or t == UNSUBACK:
+            i = self._find(p.pid)
+            if i < 0 or not self._rflags[i] & _CTRL:
+                return  # not ours (any more): nothing to update
+            self.store.release(p.pid)
+            self._drop(i)
+            self._event(EV_SUBACK if t == SUBACK else EV_UNSUBACK, p.pid, p.reasons)
+        elif t == DISCONNECT:
+            self.connection_lost()
+            self._event(EV_DISCONNECT, p.reason, p)
+        elif t == AUTH:
+            if not self.auth:
+                self._violation(PROTOCOL_ERROR, "AUTH received but no authentication hook is set", now)
+            out = self.auth(p.reason, p.props)
+            if out is not None:
+                self._packet(codec.Packet(AUTH, reason=0x18, props=out), now)
+        elif t == PINGRESP:
+            pass
+        else:
+            self._violation(PROTOCOL_ERROR, "a client does not receive %s" % codec.packet_name(t), now)
+
+    def _on_ack(self, t, pid, reason, now):
+        if t == PUBREL:
+            # The server releases an inbound QoS 2 message.
+            known = self.store.in_has(pid)
+            if known:
+                self.store.in_release(pid)
+            if self._inq is not None:
+                self._inq.append([pid, 7, 1])  # PUBCOMP, in order with other acks
+                self._flush_acks(now)
+            else:
+                self._ack(PUBCOMP, pid, 0 if known else 0x92, now)
+            return
+        i = self._find(pid)
+        f = self._rflags[i] if i >= 0 else 0
+        if i < 0 or f & _CTRL or not f & _SENT:
+            # Unknown identifier: nothing pending changes (a late ack after a
+            # reboot or a confused server). PUBREC still needs an answer.
+            if t == PUBREC:
+                self._ack(PUBREL, pid, 0x92, now)
+            return
+        if t == PUBACK and not f & _QOS2 or t == PUBCOMP and f & _QOS2 and f & _MARKED:
+            self._complete(i, pid, reason, now)
+        elif t == PUBREC and f & _QOS2:
+            if reason >= 0x80:
+                self._complete(i, pid, reason, now)
+                return
+            if not f & _MARKED:
+                self.store.mark(pid)
+                self._rflags[i] = f | _MARKED
+            self._ack(PUBREL, pid, 0, now)
+        # other combinations (PUBACK for QoS 2, PUBCOMP before PUBREC) change nothing
+
+    def _complete(self, i, pid, reason, now):
+        self.store.release(pid)
+        self._drop(i)
+        self._inflight -= 1
+        self.stats_acked += 1
+        self._event(EV_PUBLISHED, pid, reason)
+        self._pump(now)
+
+    def _on_publish(self, pos, end, now):
+        m = self._msg
+        rx = self.rx
+        codec.parse_publish(m, rx, pos, end, self.version)
+        m.buf = rx
+        m.tbuf = rx
+        m.version = self.version
+        if self.version == V5:
+            codec.scan_publish_props(m, rx, m.sub_ids)
+            a = m.alias
+            if a:
+                if a > self.topic_alias_max:
+                    self._violation(0x94, "topic alias %d above the maximum %d" % (a, self.topic_alias_max), now)
+                if self._aliases is None:
+                    self._aliases = {}
+                if m.topic_end > m.topic_start:
+                    self._aliases[a] = bytes(self._rxmv[m.topic_start : m.topic_end])
+                else:
+                    t = self._aliases.get(a)
+                    if t is None:
+                        self._violation(PROTOCOL_ERROR, "unknown topic alias %d" % a, now)
+                    m.tbuf = t
+                    m.topic_start = 0
+                    m.topic_end = len(t)
+            elif m.topic_end == m.topic_start:
+                self._violation(PROTOCOL_ERROR, "empty topic without a topic alias", now)
+        else:
+            m.n_sub_ids = 0
+        q = m.qos
+        pid = m.pid
+        if q == 2 and self.store.in_has(pid):
+            # A repeat of a message already delivered: answer, do not deliver.
+            if self._inq is not None:
+                self._inq.append([pid, 5, 1])
+                self._flush_acks(now)
+            else:
+                self._ack(PUBREC, pid, 0, now)
+            return
+        if self.manual_ack and q:
+            if self._inq is None:
+                self._inq = []
+            self._inq.append([pid, 4 if q == 1 else 5, 0])
+            self._dispatch(m)
+            return
+        if q == 2:
+            self.store.in_add(pid)
+        self._dispatch(m)
+        if q:
+            self._ack(PUBACK if q == 1 else PUBREC, pid, 0, now)
+
+    def _dispatch(self, m):
+        delivered = False
+        n_ids = m.n_sub_ids
+        ids = m.sub_ids
+        for s in self._subs:
+            h = s.handler
+            if h is None:
+                continue
+            if n_ids and s.sid:
+                k = 0
+                hit = False
+                while k < n_ids and k < len(ids):
+                    if ids[k] == s.sid:
+                        hit = True
+                        break
+                    k += 1
+                if not hit:
+                    continue
+                # identifiers may be shared: the filter must match too
+            if matches_bytes(s.match, m.tbuf, m.topic_start, m.topic_end):
+                h(m)
+                delivered = True
+        if not delivered and self.on_message:
+            self.on_message(m)
+
+    def ack(self, ack_id, now):
+        """Manual acknowledgement: the application is done with a message.
+        Acknowledgements still leave in the order the messages arrived."""
+        if self._inq is None:
+            return
+        pid = ack_id & 0xFFFF
+        q = ack_id >> 16
+        for e in self._inq:
+            if e[0] == pid and e[2] == 0 and e[1] == (4 if q == 1 else 5):
+                e[2] = 1
+                break
+        self._flush_acks(now)
+
+    def _flush_acks(self, now):
+        q = self._inq
+        while q and q[0][2]:
+            pid, t, _ = q.pop(0)
+            if self.state != CONNECTED:
+                continue
+            if t == 5 and not self.store.in_has(pid):
+                self.store.in_add(pid)
+            self._ack(t, pid, 0, now)
+
+    def _event(self, kind, a, b):
+        if self.on_event:
+            self.on_event(kind, a, b)
+
+    # ------------------------------------------------------------------ timers
+
+    def poll(self, now):
+        """Keepalive. Returns ms until the next call is needed; raises
+        OSError when the server stopped answering."""
+        if self.state == DISCONNECTED:
+            return 1000
+        ka = self.keepalive * 1000
+        if self.state == CONNECTING:
+            if ticks_diff(now, self._last_tx) > (ka or 30000):
+                self.connection_lost()
+                raise OSError("no CONNACK within the keepalive interval")
+            return 100
+        if not ka:
+            return 60000
+        if self._ping_sent >= 0:
+            limit = self.ping_timeout * 1000 if self.ping_timeout else ka
+            waited = ticks_diff(now, self._ping_sent)
+            if waited >= limit:
+                self.connection_lost()
+                raise OSError("no PINGRESP within %d ms: connection dead" % limit)
+            return limit - waited
+        idle = ticks_diff(now, self._last_tx)
+        if idle >= ka:
+            self._out(codec.PINGREQ_BYTES, 0, 2, now)
+            self._ping_sent = now
+            return ka
+        return ka - idle
+
+    def disconnect(self, now, reason=0, props=None):
+        """Send DISCONNECT (the will is discarded) and close the session."""
+        if self.state == CONNECTED:
+            if self.version == V5 and (reason or props):
+                self._packet(codec.Packet(DISCONNECT, reason=reason, props=props), now)
+            else:
+                self._out(b"\xe0\x00", 0, 2, now)
+        self.connection_lost()
+        self.store.commit()
+
+    def connection_lost(self):
+        """The transport is gone: nothing is lost, everything pending waits."""
+        self.state = DISCONNECTED
+        self.rx_len = 0
+        self._inflight = 0
+        self._ping_sent = -1
+        if self._inq is not None:
+            self._inq = []
