@@ -1,0 +1,197 @@
+"""The blocking client against a real Mosquitto, on CPython and MicroPython."""
+
+from check import raises
+from pump import client, until, collect
+from tern.client import ConnectError
+from tern import props as P
+
+MP_TIMEOUT = 240
+
+
+def test_pubsub_every_qos_and_version(broker_addr):
+    for v in (3, 4, 5):
+        got = []
+        sub = client(broker_addr, "sub", version=v)
+        assert sub.subscribe("qos/%d/#" % v, 2, handler=collect(got)) == [2]
+        pub = client(broker_addr, "pub", version=v)
+        for q in (0, 1, 2):
+            pid = pub.publish("qos/%d/m" % v, b"payload-%d" % q, q)
+            assert (pid == 0) == (q == 0)
+        until([sub, pub], lambda: len(got) == 3, what="3 messages on version %d" % v)
+        pub.wait_all(5)
+        assert got == [("qos/%d/m" % v, b"payload-%d" % q, q, False) for q in (0, 1, 2)], got
+        pub.disconnect()
+        sub.disconnect()
+
+
+def test_retained_message_reaches_a_later_subscriber(broker_addr):
+    pub = client(broker_addr, "pub", version=5)
+    pub.wait_published(pub.publish("ret/a", b"kept", 1, retain=True), 5)
+    got = []
+    sub = client(broker_addr, "sub", version=5)
+    sub.subscribe("ret/#", 1, handler=collect(got))
+    until([sub], lambda: got, what="retained message")
+    assert got[0] == ("ret/a", b"kept", 1, True), got
+    pub.publish("ret/a", b"", 1, retain=True)  # clear it
+    pub.wait_all(5)
+    pub.disconnect()
+    sub.disconnect()
+
+
+def test_will_is_sent_on_abnormal_disconnect_only(broker_addr):
+    for v in (4, 5):
+        got = []
+        watcher = client(broker_addr, "watch", version=v)
+        watcher.subscribe("will/#", 1, handler=collect(got))
+        dying = client(broker_addr, "dying", version=v, will_topic="will/x", will_payload=b"gone", will_qos=1)
+        polite = client(broker_addr, "polite", version=v, will_topic="will/y", will_payload=b"never", will_qos=1)
+        polite.disconnect()
+        dying.close()  # socket dropped without DISCONNECT
+        until([watcher], lambda: got, what="will message")
+        watcher.loop(300)
+        assert got == [("will/x", b"gone", 1, False)], got
+        watcher.disconnect()
+
+
+def test_keepalive_survives_three_idle_intervals(broker_addr):
+    c = client(broker_addr, "idle", version=4, keepalive=1)
+    lost = []
+    c.on_disconnect = lost.append
+    c.loop(3500)
+    assert c.connected and not lost, lost
+    got = []
+    c.subscribe("ka/x", 1, handler=collect(got))
+    c.publish("ka/x", b"still here", 1)
+    until([c], lambda: got, what="message after idling")
+    c.disconnect()
+
+
+def test_thousand_qos1_messages_arrive_in_order(broker_addr):
+    got = []
+    sub = client(broker_addr, "sub", version=4)
+    sub.subscribe("order/q1", 1, handler=lambda m: got.append(int(bytes(m.payload))))
+    pub = client(broker_addr, "pub", version=4, window=20)
+    for i in range(1000):
+        pub.publish("order/q1", b"%d" % i, 1)
+        sub.loop(0)
+    until([pub, sub], lambda: len(got) >= 1000, 30000, "1000 messages")
+    assert got == list(range(1000)), [x for i, x in enumerate(got) if x != i][:10]
+
+
+def test_window_of_one_keeps_order_across_qos_levels(broker_addr):
+    got = []
+    sub = client(broker_addr, "sub", version=5)
+    sub.subscribe("order/mix", 2, handler=lambda m: got.append((int(bytes(m.payload)), m.qos)))
+    pub = client(broker_addr, "pub", version=5, window=1)
+    sent = []
+    for i in range(150):
+        q = i % 3
+        pub.publish("order/mix", b"%d" % i, q)
+        sent.append((i, q))
+        sub.loop(0)
+    until([pub, sub], lambda: len(got) >= 150, 30000, "150 mixed messages")
+    assert got == sent, [(a, b) for a, b in zip(got, sent) if a != b][:5]
+
+
+def test_shared_subscription_delivers_each_message_once(broker_addr):
+    boxes = [[], [], []]
+    subs = []
+    for i in range(3):
+        s = client(broker_addr, "share%d" % i, version=5)
+        s.subscribe("$share/grp/fleet/#", 1, handler=collect(boxes[i]))
+        subs.append(s)
+    pub = client(broker_addr, "pub", version=5)
+    for i in range(60):
+        pub.publish("fleet/d%d" % (i % 4), b"%d" % i, 1)
+    total = lambda: sum(len(b) for b in boxes)  # noqa: E731
+    until(subs + [pub], lambda: total() >= 60, 20000, "60 shared messages")
+    for s in subs:
+        s.loop(200)
+    seen = sorted(int(m[1]) for b in boxes for m in b)
+    assert seen == list(range(60)), seen
+    assert sum(1 for b in boxes if b) >= 2, [len(b) for b in boxes]
+
+
+def test_subscription_identifiers_dispatch_to_each_handler(broker_addr):
+    a, b, other = [], [], []
+    c = client(broker_addr, "sid", version=5)
+    c.on_message = collect(other)
+    c.subscribe("home/+/temp", 1, handler=collect(a))
+    c.subscribe("home/#", 1, handler=collect(b))
+    pub = client(broker_addr, "pub", version=5)
+    pub.publish("home/kitchen/temp", b"21", 1)
+    until([c, pub], lambda: a and b, what="both handlers")
+    assert a == [("home/kitchen/temp", b"21", 1, False)] and b == a, (a, b)
+    # unsubscribing one filter removes only its handler
+    assert c.unsubscribe("home/+/temp") == [0]
+    pub.publish("home/kitchen/temp", b"22", 1)
+    until([c, pub], lambda: len(b) == 2, what="second message")
+    c.loop(200)
+    assert len(a) == 1 and b[1][1] == b"22" and not other, (a, b, other)
+    pub.disconnect()
+    c.disconnect()
+
+
+def test_subscription_identifier_reaches_handler_and_properties(broker_addr):
+    seen = []
+    c = client(broker_addr, "props", version=5)
+    c.subscribe("p/#", 1, handler=lambda m: seen.append((m.properties, m.n_sub_ids)))
+    pub = client(broker_addr, "pub", version=5)
+    pub.publish("p/x", b"{}", 1, props={
+        P.CONTENT_TYPE: "application/json",
+        P.RESPONSE_TOPIC: "reply/here",
+        P.CORRELATION_DATA: b"\x01\x02",
+        P.USER_PROPERTY: [("a", "1"), ("b", "2")],
+        P.MESSAGE_EXPIRY_INTERVAL: 60,
+        P.PAYLOAD_FORMAT_INDICATOR: 1,
+    })
+    until([c, pub], lambda: seen, what="message with properties")
+    props, n_ids = seen[0]
+    assert n_ids == 1 and props[P.SUBSCRIPTION_IDENTIFIER] == [1], props
+    assert props[P.CONTENT_TYPE] == "application/json" and props[P.RESPONSE_TOPIC] == "reply/here"
+    assert props[P.CORRELATION_DATA] == b"\x01\x02" and props[P.USER_PROPERTY] == [("a", "1"), ("b", "2")]
+    assert 0 < props[P.MESSAGE_EXPIRY_INTERVAL] <= 60 and props[P.PAYLOAD_FORMAT_INDICATOR] == 1
+
+
+def test_offline_publishes_go_out_in_order_after_connect(broker_addr):
+    got = []
+    sub = client(broker_addr, "sub", version=4)
+    sub.subscribe("offline/#", 1, handler=lambda m: got.append(bytes(m.payload)))
+    from tern.client import Client
+
+    # window 1: order across QoS levels (Mosquitto releases QoS 2 only at PUBREL)
+    pub = Client("offline-pub", server=broker_addr[0], port=broker_addr[1], version=4, window=1)
+    pids = [pub.publish("offline/x", b"m%d" % i, 1 + i % 2) for i in range(10)]
+    assert pub.session.pending() == pids
+    pub.connect()
+    until([pub, sub], lambda: len(got) == 10, what="offline messages")
+    assert got == [b"m%d" % i for i in range(10)], got
+    assert pub.session.pending() == []
+
+
+def test_qos0_offline_is_refused_and_bad_input_is_named(broker_addr):
+    from tern.client import Client
+    from tern.session import NotConnected
+
+    c = Client("x", server=broker_addr[0], port=broker_addr[1])
+    e = raises(NotConnected, c.publish, "a/b", b"x", 0)
+    assert "QoS 0" in str(e)
+    assert "wildcard" in str(raises(ValueError, c.publish, "a/+", b"x", 1))
+    assert "QoS" in str(raises(ValueError, c.publish, "a/b", b"x", 3))
+    assert "topic" in str(raises(ValueError, c.subscribe, "a/#/b", 1))
+
+
+def test_refused_connection_is_permanent_for_bad_protocol(broker_addr):
+    # Mosquitto refuses an empty client id with clean session off (3.1.1: 0x02).
+    from tern.client import Client
+
+    c = Client("", server=broker_addr[0], port=broker_addr[1], version=4, clean=False)
+    e = raises(ConnectError, c.connect)
+    assert e.reason == 2 and e.permanent, e.reason
+
+
+def test_unreachable_broker_raises_oserror():
+    from tern.client import Client
+
+    c = Client("x", server="127.0.0.1", port=1, connect_timeout=2)
+    raises(OSError, c.connect)
