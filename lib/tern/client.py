@@ -249,10 +249,16 @@ class Client:
                 self._io(left if left < 100 else 100)
                 if self.sock is None and self._connack is None:
                     raise OSError("connection closed by %s:%d before CONNACK" % (self.server, self.port))
-        except BaseException:
-            s.connection_lost()
-            self._close()
-            raise
+        except (OSError, MQTTError) as e:
+            if self._connack is None or self._connack.reason:
+                s.connection_lost()
+                self._close()
+                raise
+            # Accepted, then lost while reading what followed the CONNACK:
+            # connect() succeeded; loop() deals with the loss.
+            self._up_since = ticks_ms()
+            self._lost(e)
+            return s.session_present
         p = self._connack
         if p.reason:
             self._close()

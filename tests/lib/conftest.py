@@ -60,3 +60,17 @@ def pytest_pyfunc_call(pyfuncitem):
     if proc.returncode != 0 or "TERN-MP-PASS" not in proc.stdout:
         pytest.fail("under MicroPython (heap %s):\n%s%s" % (heap, proc.stdout, proc.stderr), pytrace=False)
     return True
+
+
+@pytest.fixture
+def scripted_addr(request):
+    """A scripted broker playing SCRIPTS[test name] of the test's module;
+    the test errors if the client strayed from the script or stopped short."""
+    from ternlab.scripted import ScriptedBroker
+
+    script, version = request.module.SCRIPTS[request.function.__name__]
+    b = ScriptedBroker(script, version).start()
+    yield [b.host, b.port]
+    b.stop()
+    if b.errors or not b.complete:
+        pytest.fail("scripted broker: " + ("; ".join(b.errors) or "script not finished"), pytrace=False)

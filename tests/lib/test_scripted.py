@@ -1,0 +1,140 @@
+"""Protocol edge cases against a scripted broker that checks every byte the
+client sends (ternlab.scripted). Each test's script is in SCRIPTS under its
+name; the `scripted_addr` fixture plays it and fails the test on any
+deviation. Runs on CPython and MicroPython."""
+
+from tern.codec import Packet, encode
+from tern.client import Client
+from tern.wire import (
+    CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, DISCONNECT)
+from tern import props as P
+from pump import until
+
+
+def E(t, v=4, **kw):
+    return encode(Packet(t, **kw), v)
+
+
+def pub(pid, payload=b"x", qos=1, dup=False, topic="t", v=4):
+    return E(PUBLISH, v, topic=topic, payload=payload, qos=qos, pid=pid, dup=dup)
+
+
+HELLO = [("recv_type", CONNECT), ("send", E(CONNACK))]
+RESUME = [("recv_type", CONNECT), ("send", E(CONNACK, session_present=True))]
+HELLO5 = [("recv_type", CONNECT), ("send", E(CONNACK, 5))]
+
+SCRIPTS = {
+    "test_drop_after_publish_resends_with_dup_and_same_id": ([
+        HELLO + [("recv", pub(1)), ("close",)],
+        RESUME + [("recv", pub(1, dup=True)), ("send", E(PUBACK, pid=1))],
+    ], 4),
+    "test_drop_after_pubrec_resends_pubrel": ([
+        HELLO + [("recv", pub(1, qos=2)), ("send", E(PUBREC, pid=1)), ("recv", E(PUBREL, pid=1)), ("close",)],
+        RESUME + [("recv", E(PUBREL, pid=1)), ("send", E(PUBCOMP, pid=1))],
+    ], 4),
+    "test_unacked_messages_are_resent_in_original_order": ([
+        HELLO + [("recv", pub(1, b"0")), ("recv", pub(2, b"1", qos=2)), ("recv", pub(3, b"2")), ("close",)],
+        RESUME + [("recv", pub(1, b"0", dup=True)), ("recv", pub(2, b"1", qos=2, dup=True)),
+                  ("recv", pub(3, b"2", dup=True)), ("send", E(PUBACK, pid=1) + E(PUBREC, pid=2)),
+                  ("recv", E(PUBREL, pid=2)), ("send", E(PUBACK, pid=3) + E(PUBCOMP, pid=2))],
+    ], 4),
+    "test_acks_leave_in_the_order_their_triggers_arrived": ([
+        HELLO + [("send", pub(10, b"a") + pub(11, b"b", qos=2) + pub(12, b"c")),
+                 ("recv", E(PUBACK, pid=10)), ("recv", E(PUBREC, pid=11)), ("recv", E(PUBACK, pid=12)),
+                 ("send", E(PUBREL, pid=11)), ("recv", E(PUBCOMP, pid=11))],
+    ], 4),
+    "test_inbound_qos2_repeat_is_answered_not_redelivered": ([
+        HELLO + [("send", pub(5, b"once", qos=2)), ("recv", E(PUBREC, pid=5)),
+                 ("send", pub(5, b"once", qos=2, dup=True)), ("recv", E(PUBREC, pid=5)),
+                 ("send", E(PUBREL, pid=5)), ("recv", E(PUBCOMP, pid=5))],
+    ], 4),
+    "test_broker_that_lost_the_session_gets_the_qos2_message_again": ([
+        HELLO + [("recv", pub(1, qos=2)), ("send", E(PUBREC, pid=1)), ("recv", E(PUBREL, pid=1)), ("close",)],
+        HELLO + [("recv", pub(1, qos=2, dup=True)), ("send", E(PUBREC, pid=1)),
+                 ("recv", E(PUBREL, pid=1)), ("send", E(PUBCOMP, pid=1))],
+    ], 4),
+    "test_oversize_packet_from_server_gets_disconnect_0x95": ([
+        HELLO5 + [("send", pub(0, b"z" * 1000, qos=0, v=5)), ("recv", E(DISCONNECT, 5, reason=0x95))],
+    ], 5),
+    "test_topic_alias_above_maximum_gets_disconnect_0x94": ([
+        HELLO5 + [("send", E(PUBLISH, 5, topic="a", payload=b"1", props={P.TOPIC_ALIAS: 5})),
+                  ("recv", E(DISCONNECT, 5, reason=0x94))],
+    ], 5),
+    "test_unexpected_acks_change_nothing": ([
+        HELLO5 + [("send", E(PUBACK, 5, pid=77) + E(PUBCOMP, 5, pid=78) + E(PUBREL, 5, pid=79)
+                   + E(PUBREC, 5, pid=80)),
+                  ("recv", E(PUBCOMP, 5, pid=79, reason=0x92)), ("recv", E(PUBREL, 5, pid=80, reason=0x92)),
+                  ("recv", pub(1, b"after", v=5)), ("send", E(PUBACK, 5, pid=1))],
+    ], 5),
+}
+
+
+def _client(addr, on_message=None, **kw):
+    kw.setdefault("backoff_min", 0.02)
+    kw.setdefault("backoff_max", 0.1)
+    c = Client("scripted", server=addr[0], port=addr[1], **kw)
+    c.on_message = on_message  # before connect: messages may follow CONNACK at once
+    c.connect()
+    return c
+
+
+def test_drop_after_publish_resends_with_dup_and_same_id(scripted_addr):
+    c = _client(scripted_addr, clean=False)
+    assert c.publish("t", b"x", 1) == 1
+    until([c], lambda: not c.session.pending(), what="PUBACK after the resend")
+    assert c.session.stats_resent == 1
+
+
+def test_drop_after_pubrec_resends_pubrel(scripted_addr):
+    c = _client(scripted_addr, clean=False)
+    c.publish("t", b"x", 2)
+    until([c], lambda: not c.session.pending(), what="PUBCOMP after the PUBREL resend")
+
+
+def test_unacked_messages_are_resent_in_original_order(scripted_addr):
+    c = _client(scripted_addr, clean=False)
+    for i, q in ((0, 1), (1, 2), (2, 1)):
+        c.publish("t", b"%d" % i, q)
+    until([c], lambda: not c.session.pending(), what="all acknowledged after the resend")
+
+
+def test_acks_leave_in_the_order_their_triggers_arrived(scripted_addr):
+    got = []
+    c = _client(scripted_addr, lambda m: got.append(bytes(m.payload)))
+    until([c], lambda: len(got) == 3, what="three messages")
+    c.loop(300)
+    assert got == [b"a", b"b", b"c"], got
+
+
+def test_inbound_qos2_repeat_is_answered_not_redelivered(scripted_addr):
+    got = []
+    c = _client(scripted_addr, lambda m: got.append(bytes(m.payload)))
+    until([c], lambda: got, what="the message")
+    c.loop(500)
+    assert got == [b"once"], got
+    assert not c.session.store.in_has(5)  # released by PUBREL
+
+
+def test_broker_that_lost_the_session_gets_the_qos2_message_again(scripted_addr):
+    c = _client(scripted_addr, clean=False)
+    c.publish("t", b"x", 2)
+    until([c], lambda: not c.session.pending(), what="the republished message's PUBCOMP")
+
+
+def test_oversize_packet_from_server_gets_disconnect_0x95(scripted_addr):
+    c = _client(scripted_addr, version=5, rx_size=256, reconnect=False)
+    until([c], lambda: not c.connected, what="the disconnect")
+    assert c.last_error.code == 0x95, c.last_error
+
+
+def test_topic_alias_above_maximum_gets_disconnect_0x94(scripted_addr):
+    c = _client(scripted_addr, version=5, topic_alias_max=2, reconnect=False)
+    until([c], lambda: not c.connected, what="the disconnect")
+    assert c.last_error.code == 0x94, c.last_error
+
+
+def test_unexpected_acks_change_nothing(scripted_addr):
+    c = _client(scripted_addr, version=5)
+    c.loop(300)
+    assert c.connected
+    c.wait_published(c.publish("t", b"after", 1), 5)
