@@ -130,6 +130,7 @@ class Session:
         self._tx = bytearray(tx_size)
         self._txmv = memoryview(self._tx)
         self._msg = Message()
+        self._tcache = {}
         self._cap = max_pending
         self._ring = array("H", [0] * max_pending)
         self._rflags = bytearray(max_pending)
@@ -393,8 +394,15 @@ class Session:
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
         if isinstance(topic, str):
-            validate_name(topic)
-            topic = topic.encode()
+            # Devices publish to a handful of topics: validate and encode each
+            # once, so a str topic costs no allocation on the steady path.
+            t = self._tcache.get(topic)
+            if t is None:
+                t = validate_name(topic)
+                if len(self._tcache) >= 8:
+                    self._tcache.clear()
+                self._tcache[topic] = t
+            topic = t
         if self.state == CONNECTED:
             if qos > self.max_qos:
                 raise ValueError("the server accepts QoS up to %d" % self.max_qos)
