@@ -15,9 +15,7 @@ its fixed header alone, before a byte of the body is read or stored.
 """
 
 from .wire import (
-    const,
     MQTTError,
-    MALFORMED,
     PROTOCOL_ERROR,
     TOPIC_NAME_INVALID,
     PACKET_TOO_LARGE,
@@ -26,7 +24,6 @@ from .wire import (
     CONNACK,
     PUBLISH,
     PUBACK,
-    PUBREC,
     PUBREL,
     PUBCOMP,
     SUBSCRIBE,
@@ -141,6 +138,8 @@ class Packet:
             v = getattr(self, f)
             if isinstance(v, (memoryview, bytearray)):
                 v = bytes(v)
+            elif not v and (f == "props" or f == "will_props"):
+                v = None  # no properties: {} and None encode the same
             elif isinstance(v, tuple) and f in ("topics", "reasons"):
                 v = list(v)
             out.append(v)
@@ -183,17 +182,24 @@ def publish_header_into(buf, topic, qos, retain, dup, pid, payload_len, version,
     """Write a PUBLISH's fixed and variable header; the payload follows it on
     the wire. `topic` is bytes, `props` an encoded property block or None.
     Returns the header length. Allocates nothing."""
-    n = 2 + len(topic) + payload_len
+    tl = len(topic)
+    if tl > 65535:
+        raise ValueError("topic longer than 65535 bytes")
+    if qos > 2 or qos < 0:
+        raise ValueError("QoS must be 0, 1 or 2")
+    if dup and not qos:
+        raise ValueError("DUP may only be set on QoS 1 and 2")
+    n = 2 + tl + payload_len
     if qos:
         if pid < 1 or pid > 65535:
             raise ValueError("packet identifier must be 1..65535")
         n += 2
     if version == V5:
         n += len(props) if props else 1
-    if qos > 2 or qos < 0:
-        raise ValueError("QoS must be 0, 1 or 2")
-    if dup and not qos:
-        raise ValueError("DUP may only be set on QoS 1 and 2")
+    elif not tl:
+        raise ValueError("empty topic name before MQTT 5")
+    if n > VARINT_MAX:
+        raise ValueError("packet too large for MQTT")
     buf[0] = 0x30 | (8 if dup else 0) | qos << 1 | (1 if retain else 0)
     p = put_varint(buf, 1, n)
     p = put_data(buf, p, topic)
@@ -210,7 +216,14 @@ def publish_header_into(buf, topic, qos, retain, dup, pid, payload_len, version,
 
 
 def ack_into(buf, ptype, pid, reason, version):
-    """PUBACK, PUBREC, PUBREL or PUBCOMP into buf; returns its length."""
+    """PUBACK, PUBREC, PUBREL or PUBCOMP into buf; returns its length.
+    The reason code is sent only in MQTT 5 and only when it is not 0."""
+    if ptype < PUBACK or ptype > PUBCOMP:
+        raise ValueError("not an acknowledgement type")
+    if pid < 1 or pid > 65535:
+        raise ValueError("packet identifier must be 1..65535")
+    if reason < 0 or reason > 255:
+        raise ValueError("reason code out of range")
     buf[0] = ptype << 4 | (2 if ptype == PUBREL else 0)
     buf[2] = pid >> 8
     buf[3] = pid & 0xFF
@@ -251,7 +264,7 @@ def parse_publish(m, buf, pos, end, version):
     if b0 & 8 and not qos:
         fail("DUP set on a QoS 0 PUBLISH")
     p = pos + 1
-    while buf[p] & 0x80:
+    while p < end and buf[p] & 0x80:
         p += 1
     p += 1
     if p + 2 > end:
@@ -301,7 +314,7 @@ def scan_publish_props(m, buf, sub_ids):
     but not stored), m.pfi (payload format indicator). Allocates nothing."""
     p = m.props_start
     end = m.props_end
-    seen = 0
+    seen = 0  # one bit per property seen; bit numbers kept below 30 so it stays a small int on 32-bit boards
     m.alias = 0
     m.n_sub_ids = 0
     m.pfi = 0
@@ -314,10 +327,6 @@ def scan_publish_props(m, buf, sub_ids):
         if i < 0 or not (_props._TABLE[i + 2] << 8 | _props._TABLE[i + 3]) & (1 << PUBLISH):
             fail("property 0x%02X not allowed in PUBLISH" % pid)
         t = _props._TABLE[i + 1]
-        if pid != 0x26 and pid != 0x0B:
-            if seen & (1 << pid):
-                raise MQTTError(PROTOCOL_ERROR, "protocol error: property 0x%02X appears twice" % pid)
-            seen |= 1 << pid
         if t == 1:  # byte
             if p >= end:
                 fail("truncated property")
@@ -362,6 +371,14 @@ def scan_publish_props(m, buf, sub_ids):
                     check_utf8(buf, p, p + n)
                 p += n
                 k -= 1
+        # Repeats are checked once the value is read, as the general decoder does.
+        if pid != 0x26 and pid != 0x0B:
+            k = 1 << (pid if pid < 0x20 else pid - 0x10)  # PUBLISH ids: 0x01..0x09 as is, 0x23 -> bit 19
+            if seen & k:
+                raise MQTTError(PROTOCOL_ERROR, "protocol error: property 0x%02X appears twice" % pid)
+            seen |= k
+    if m.topic_start == m.topic_end and not m.alias:
+        raise MQTTError(PROTOCOL_ERROR, "protocol error: empty topic without a topic alias")
 
 
 # ------------------------------------------------------------- general path
@@ -385,7 +402,7 @@ def _strb(s):
 
 
 def _binb(b):
-    b = bytes(b)
+    b = b.encode() if isinstance(b, str) else bytes(b)
     return _u16b(len(b)) + b
 
 
@@ -447,7 +464,12 @@ def encode(p, version=V311):
         if p.dup and not p.qos:
             raise ValueError("DUP may only be set on QoS 1 and 2")
         flags = (8 if p.dup else 0) | p.qos << 1 | (1 if p.retain else 0)
-        add(_strb(p.topic))
+        tb = utf8(p.topic)
+        if b"#" in tb or b"+" in tb:
+            raise ValueError("wildcard in a topic name")
+        if not tb and not (v5 and p.props and _props.TOPIC_ALIAS in p.props):
+            raise ValueError("empty topic name (MQTT 5 allows it only with a topic alias)")
+        add(_u16b(len(tb)) + tb)
         if p.qos:
             add(_pidb(p.pid))
         if v5:
@@ -471,8 +493,11 @@ def encode(p, version=V311):
             raise ValueError("%s needs at least one topic filter" % packet_name(t))
         for f in p.topics:
             if t == SUBSCRIBE:
+                o = f[1]
+                if o & 3 == 3 or o & (0xC0 if v5 else 0xFC) or (v5 and o & 0x30 == 0x30) or o < 0:
+                    raise ValueError("invalid subscription options 0x%02X" % o)
                 add(_strb(f[0]))
-                add(bytes((f[1],)))
+                add(bytes((o,)))
             else:
                 add(_strb(f))
     elif t == SUBACK or t == UNSUBACK:
@@ -593,6 +618,8 @@ def decode(buf, version=V311, max_size=VARINT_MAX + 5):
             p.reason = r.u8()
             if p.reason > 5:
                 raise MQTTError(PROTOCOL_ERROR, "protocol error: CONNACK return code %d" % p.reason)
+            if p.reason and p.session_present:
+                raise MQTTError(PROTOCOL_ERROR, "protocol error: session present with a refusal")
     elif t == PUBLISH:
         parse_publish(p, buf, 0, n, version)
         r.pos = p.topic_end
@@ -664,7 +691,7 @@ def decode(buf, version=V311, max_size=VARINT_MAX + 5):
         pass
     elif t == DISCONNECT or t == AUTH:
         if t == AUTH and not v5:
-            raise MQTTError(PROTOCOL_ERROR, "protocol error: AUTH before MQTT 5")
+            fail("packet type 15 is reserved before MQTT 5")
         if v5 and r.left():
             p.reason = _reason(r, _DISCONNECT_RC if t == DISCONNECT else _AUTH_RC)
             if r.left():

@@ -19,7 +19,6 @@ from .wire import (
     varint_size,
     utf8,
     PUBLISH,
-    SUBSCRIBE,
 )
 
 PAYLOAD_FORMAT_INDICATOR = const(0x01)
@@ -50,14 +49,14 @@ WILDCARD_SUBSCRIPTION_AVAILABLE = const(0x28)
 SUBSCRIPTION_IDENTIFIER_AVAILABLE = const(0x29)
 SHARED_SUBSCRIPTION_AVAILABLE = const(0x2A)
 
-# Wire types.
-_BYTE = const(1)
-_U16 = const(2)
-_U32 = const(3)
-_VAR = const(4)
-_STR = const(5)
-_BIN = const(6)
-_PAIR = const(7)
+# Wire types, as prop_type() reports them.
+TYPE_BYTE = const(1)
+TYPE_U16 = const(2)
+TYPE_U32 = const(3)
+TYPE_VARINT = const(4)
+TYPE_UTF8 = const(5)
+TYPE_BINARY = const(6)
+TYPE_PAIR = const(7)
 
 # "Where" bits: bit 0 = will properties (pseudo packet 0), bit n = packet type n.
 WILL = const(0)
@@ -167,17 +166,17 @@ def decode(r, ptype):
             if not (_TABLE[i + 2] << 8 | _TABLE[i + 3]) & (1 << ptype):
                 fail("property 0x%02X not allowed in packet type %d" % (pid, ptype))
             t = _TABLE[i + 1]
-            if t == _BYTE:
+            if t == TYPE_BYTE:
                 v = r.u8()
-            elif t == _U16:
+            elif t == TYPE_U16:
                 v = r.u16()
-            elif t == _U32:
+            elif t == TYPE_U32:
                 v = r.u32()
-            elif t == _VAR:
+            elif t == TYPE_VARINT:
                 v = r.varint()
-            elif t == _STR:
+            elif t == TYPE_UTF8:
                 v = r.string()
-            elif t == _BIN:
+            elif t == TYPE_BINARY:
                 v = r.binary()
             else:
                 v = (r.string(), r.string())
@@ -198,7 +197,9 @@ def decode(r, ptype):
 
 def _items(props, ptype):
     # Yield (pid, type, value) with repeats flattened; check what the user gave.
-    for pid in props:
+    # In identifier order: MicroPython's dict order is not insertion order, and
+    # the same packet must give the same bytes on both runtimes.
+    for pid in sorted(props):
         i = _entry(pid)
         if i < 0:
             raise ValueError("unknown property 0x%02X" % pid)
@@ -215,18 +216,44 @@ def _items(props, ptype):
             yield pid, t, v
 
 
+_LIMITS = (0, 0xFF, 0xFFFF, 0xFFFFFFFF, 268435455)  # by wire type TYPE_BYTE..TYPE_VARINT
+
+
+def _check_out(pid, t, v):
+    # What the user asks to send: right type, in range, and not a value the
+    # peer would have to treat as a Protocol Error. ValueError, not MQTTError:
+    # this is the caller's mistake, not the network's. (MicroPython stores
+    # 300 into a bytearray as 44 without complaint, so the range is checked
+    # here rather than left to the buffer.)
+    if t <= TYPE_VARINT:
+        if not isinstance(v, int) or v < 0 or v > _LIMITS[t]:
+            raise ValueError("property 0x%02X: %r out of range" % (pid, v))
+        try:
+            _check_value(pid, v)
+        except MQTTError as e:
+            raise ValueError(e.args[0])
+    elif t == TYPE_PAIR:
+        if not isinstance(v, (tuple, list)) or len(v) != 2 or not isinstance(v[0], str) or not isinstance(v[1], str):
+            raise ValueError("property 0x%02X: a user property is a (name, value) pair of strings" % pid)
+    elif t == TYPE_UTF8:
+        if not isinstance(v, str):
+            raise ValueError("property 0x%02X: a string is needed" % pid)
+    elif not isinstance(v, (bytes, bytearray, memoryview)):
+        raise ValueError("property 0x%02X: bytes are needed" % pid)
+
+
 def _value_size(t, v):
-    if t == _BYTE:
+    if t == TYPE_BYTE:
         return 1
-    if t == _U16:
+    if t == TYPE_U16:
         return 2
-    if t == _U32:
+    if t == TYPE_U32:
         return 4
-    if t == _VAR:
+    if t == TYPE_VARINT:
         return varint_size(v)
-    if t == _PAIR:
+    if t == TYPE_PAIR:
         return 4 + len(utf8(v[0])) + len(utf8(v[1]))
-    if t == _STR:
+    if t == TYPE_UTF8:
         return 2 + len(utf8(v))
     return 2 + len(v)
 
@@ -237,23 +264,24 @@ def encode(props, ptype):
         return b"\x00"
     n = 0
     for pid, t, v in _items(props, ptype):
+        _check_out(pid, t, v)
         n += varint_size(pid) + _value_size(t, v)
     buf = bytearray(varint_size(n) + n)
     p = put_varint(buf, 0, n)
     for pid, t, v in _items(props, ptype):
         p = put_varint(buf, p, pid)
-        if t == _BYTE:
+        if t == TYPE_BYTE:
             buf[p] = v
             p += 1
-        elif t == _U16:
+        elif t == TYPE_U16:
             p = put_u16(buf, p, v)
-        elif t == _U32:
+        elif t == TYPE_U32:
             p = put_u32(buf, p, v)
-        elif t == _VAR:
+        elif t == TYPE_VARINT:
             p = put_varint(buf, p, v)
-        elif t == _STR:
+        elif t == TYPE_UTF8:
             p = put_data(buf, p, utf8(v))
-        elif t == _BIN:
+        elif t == TYPE_BINARY:
             if len(v) > 65535:
                 raise ValueError("binary property longer than 65535 bytes")
             p = put_data(buf, p, v)

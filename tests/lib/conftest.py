@@ -50,7 +50,8 @@ def pytest_pyfunc_call(pyfuncitem):
     kwargs = {n: pyfuncitem.funcargs[n] for n in names}
     module = pyfuncitem.module
     heap = getattr(module, "MP_HEAPSIZE", DEFAULT_HEAP)
-    env = dict(os.environ, MICROPYPATH=os.pathsep.join(str(p) for p in MP_PATH))
+    # ".frozen" keeps the port's built-in modules (asyncio) importable
+    env = dict(os.environ, MICROPYPATH=os.pathsep.join([".frozen"] + [str(p) for p in MP_PATH]))
     proc = subprocess.run(
         [micropython_exe(), "-X", "heapsize=" + heap, str(HERE / "mp_run.py"),
          module.__name__.rpartition(".")[2], fn.__name__, json.dumps(kwargs)],
