@@ -121,6 +121,11 @@ class Client:
         self.on_disconnect = None  # on_disconnect(reason) when the connection is lost
         self.on_published = None  # on_published(pid, reason)
         self.last_error = None
+        self._can_publish = self._publish_unblocked  # bound once: no allocation per wait
+
+    def _publish_unblocked(self):
+        s = self.session
+        return not s.outbox_full() and not s.wait_needed()
 
     # The session's default handler for messages no subscription handler took.
     @property
@@ -266,6 +271,13 @@ class Client:
         self._up_since = ticks_ms()
         return s.session_present
 
+    def _readable(self, wait_ms):
+        if MICROPYTHON:
+            for _ in self._poll.ipoll(wait_ms):  # ipoll: no list allocated
+                return True
+            return False
+        return bool(self._poll.poll(wait_ms))
+
     def _io(self, wait_ms):
         """Wait up to wait_ms for data, feed it to the session."""
         sock = self.sock
@@ -273,9 +285,8 @@ class Client:
             return
         s = self.session
         pend = getattr(sock, "pending", None)
-        if not (pend and pend()):
-            if not self._poll.poll(wait_ms if wait_ms > 0 else 0):
-                return
+        if not (pend and pend()) and not self._readable(wait_ms if wait_ms > 0 else 0):
+            return
         while True:
             room = s.rx_space()
             if room <= 0:
@@ -294,6 +305,10 @@ class Client:
     def loop(self, timeout_ms=0):
         """Do the client's work for up to timeout_ms (0: one pass without
         waiting): receive, keepalive, reconnect. Returns True while connected."""
+        return self._run(timeout_ms, None)
+
+    def _run(self, timeout_ms, done):
+        # loop() that also returns as soon as done() holds after a pass
         start = ticks_ms()
         while True:
             now = ticks_ms()
@@ -327,6 +342,8 @@ class Client:
             except (OSError, MQTTError) as e:
                 self._lost(e)
                 continue
+            if done is not None and done():
+                return self.connected
             if ticks_diff(ticks_ms(), start) >= timeout_ms:
                 return self.connected
 
@@ -336,7 +353,7 @@ class Client:
             left = timeout_ms - ticks_diff(ticks_ms(), start)
             if left <= 0:
                 raise OSError("timed out waiting for " + what)
-            self.loop(left if left < 50 else 50)
+            self._run(left if left < 50 else 50, done)
 
     def publish(self, topic, payload, qos=0, retain=False, props=None, timeout=None):
         """Send a message. QoS 1/2: returns its packet id once the message is
@@ -356,7 +373,7 @@ class Client:
             if s.state != S.CONNECTED and qos:
                 if not self.reconnect:
                     raise OSError("outbox full while offline")
-            self.loop(20)
+            self._run(20, self._can_publish)
 
     def wait_published(self, pid, timeout=None):
         """Block until the message with this packet id is acknowledged."""

@@ -546,16 +546,19 @@ class Session:
                 size = codec.frame_size(rx, pos, end, len(rx))
                 if size < 0 or pos + size > end:
                     break
-                self._handle(pos, pos + size, now)
-                pos += size
+                start = pos
+                pos += size  # consumed even if a handler raises: never handled twice
+                self._handle(start, pos, now)
         except MQTTError as e:
             self.rx_len = 0
+            pos = 0
             self._violation(e.code, e.args[0], now)
-        if pos:
-            left = end - pos
-            if left:
-                rx[0:left] = self._rxmv[pos:end]
-            self.rx_len = left
+        finally:
+            if pos and self.rx_len:
+                left = end - pos
+                if left:
+                    rx[0:left] = self._rxmv[pos:end]
+                self.rx_len = left
 
     def rx_space(self):
         """How many bytes the driver may write at rx[rx_len:]."""

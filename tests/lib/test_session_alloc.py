@@ -90,3 +90,28 @@ def test_keepalive_timer_allocates_nothing():
     before = sent[0]
     _check("poll + PINGREQ", allocated(lambda: s.poll(200000)))
     assert sent[0] > before
+
+
+def test_a_raising_handler_does_not_replay_the_stream():
+    s = Session("raise", 4)
+    s.send = sink
+    seen = []
+
+    def handler(m):
+        seen.append(m.pid)
+        if m.pid == 2:
+            raise ValueError("handler failed")
+
+    s.on_message = handler
+    s.connect_packet(0)
+    _feed(s, encode(Packet(CONNACK), 4))
+    frames = b"".join(encode(Packet(PUBLISH, topic="a", payload=b"x", qos=1, pid=p), 4) for p in (1, 2, 3))
+    try:
+        _feed(s, frames)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("the handler's error should reach the caller")
+    assert s.rx_len == len(frames) - 2 * len(frames) // 3, s.rx_len  # message 3 still waits
+    _feed(s, b"")
+    assert seen == [1, 2, 3], seen  # 1 and 2 not handled again

@@ -1,0 +1,698 @@
+"""The asyncio client: the same Session as the blocking `tern.client.Client`,
+driven by asyncio streams. One file for MicroPython's asyncio and CPython's.
+
+    c = Client("dev1", "broker.local")
+    await c.connect()
+    await c.subscribe("cmd/#", 1)
+    await c.publish("tele/dev1", b"21.5", qos=1)
+    async for m in c.messages():      # m.topic, m.payload, m.qos, m.retain ...
+        ...
+    await c.disconnect()
+
+Tasks. `connect()` starts three: a reader (socket -> session), a writer
+(session -> socket) and a supervisor (keepalive, and with reconnect=True the
+reconnect loop with exponential backoff and jitter, as the blocking client).
+The session's output goes through one write buffer that only the writer task
+hands to the stream, so writes from the reader (acknowledgements), the
+supervisor (PINGREQ) and the application (publish) never interleave
+(MicroPython's StreamWriter must not be written while it drains).
+
+Received messages reach the application two ways:
+- a subscription with `handler=fn`: fn(msg) is called in the reader task with
+  the session's preallocated Message, valid only during the call (copy what
+  you keep). Handlers are plain functions; an exception a handler raises is
+  reported (`on_error`, else printed), stored in `last_error`, and the message
+  counts as handled (it is acknowledged: a message that always fails would
+  otherwise come back forever).
+- everything else: `messages()`, an async iterator of `Received` records
+  (topic str, payload bytes, qos, retain, dup, properties, ack_id), copied as
+  they arrive.
+
+The messages() queue is bounded by `queue_size`. When it is full the reader
+stops reading the socket until the application takes a message: the broker's
+data waits in the kernel's buffers, TCP flow control slows the broker down,
+and nothing is dropped. The queue can go past queue_size by the messages
+contained in one read (at most `rx_size` bytes, a session option). A QoS 1/2
+message is acknowledged when it enters the queue (or, with manual_ack=True,
+when the application calls `ack(m.ack_id)`). A consumer that stalls for
+longer than the keepalive interval also stops the client from reading
+PINGRESP, so the connection is then declared dead and reconnected; the
+broker sends the QoS 1/2 messages still unacknowledged again after that.
+
+Allocation. This path allocates per operation (tasks, the records handed to
+messages(), and on CPython the bytes that StreamReader.read returns); on
+MicroPython it reads with StreamReader.readinto straight into the session's
+receive buffer. The zero-allocation path is the blocking client.
+
+TLS. `ssl` is True (CPython: the system's CAs; not on MicroPython, as in the
+blocking client) or an ssl.SSLContext; it goes to open_connection with
+server_hostname on both runtimes. MicroPython 1.29's asyncio accepts both
+arguments and runs the handshake on the first read and write; its
+SSLContext.load_verify_locations(cadata=...) wants the CA in DER. Checked by
+hand against Mosquitto's TLS listener on both runtimes (verification on, a
+wrong server_hostname refused); the test suite has no TLS fixture yet.
+
+Reconnecting. connect() raises when the first attempt fails; once connected,
+a lost connection is retried in the background (reconnect=True) with
+exponential backoff and jitter until disconnect(), close(), or a permanent
+refusal. Do not call connect() yourself while that loop is running.
+"""
+
+import sys
+import asyncio
+
+from . import session as S
+from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _rand
+from .wire import MQTTError
+
+try:
+    from collections import namedtuple
+except ImportError:  # very small MicroPython builds
+    from ucollections import namedtuple
+
+# What messages() yields: an immutable copy of one received PUBLISH.
+# properties: MQTT 5 properties as a dict, or None. ack_id: for ack() in
+# manual acknowledgement mode.
+Received = namedtuple("Received", ("topic", "payload", "qos", "retain", "dup", "properties", "ack_id"))
+
+# The write buffer above which publish() waits for the writer to catch up.
+_HIGH_WATER = 4096
+
+_CancelledError = asyncio.CancelledError
+_TimeoutError = asyncio.TimeoutError
+
+if MICROPYTHON:
+
+    async def _wait(ev, ms):
+        """Wait for an Event at most ms milliseconds; True if it was set."""
+        if ev.is_set():
+            return True
+        try:
+            await asyncio.wait_for_ms(ev.wait(), ms)
+            return True
+        except _TimeoutError:
+            return False
+
+    def _close_stream(w):
+        # MicroPython's Stream.close() may leave the socket open (wait_closed
+        # closes it); socket close is idempotent.
+        try:
+            w.close()
+            w.s.close()
+        except Exception:
+            pass
+
+    def _report(e):
+        sys.print_exception(e)
+
+else:
+
+    async def _wait(ev, ms):
+        if ev.is_set():
+            return True
+        try:
+            await asyncio.wait_for(ev.wait(), ms / 1000)
+            return True
+        except _TimeoutError:
+            return False
+
+    def _close_stream(w):
+        try:
+            w.close()
+        except Exception:
+            pass
+
+    def _report(e):
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__)
+
+
+class _Messages:
+    # The async iterator messages() returns.
+    def __init__(self, client):
+        self.c = client
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        c = self.c
+        while not c._q:
+            if c._closed:
+                if c._fatal is not None:
+                    e = c._fatal
+                    c._fatal = None
+                    raise e
+                raise StopAsyncIteration
+            c._qev.clear()
+            await c._qev.wait()
+        r = c._q.pop(0)
+        c._qspace.set()
+        return r
+
+
+class Client:
+    """An MQTT client on asyncio, for MicroPython and CPython.
+
+    Arguments as tern.client.Client, plus queue_size: how many received
+    messages messages() holds before the reader stops reading (backpressure,
+    see the module docstring). Further keyword arguments go to the Session
+    (window, rx_size, will_topic, username, manual_ack, session_expiry ...).
+    """
+
+    def __init__(self, client_id="", server="127.0.0.1", port=None, version=4, keepalive=60,
+                 clean=True, store=None, ssl=None, server_hostname=None, reconnect=True,
+                 backoff_min=0.25, backoff_max=30, connect_timeout=10, healthy_after=10,
+                 queue_size=16, **session_opts):
+        if queue_size < 1:
+            raise ValueError("queue_size must be at least 1")
+        self.server = server
+        self.port = port or (8883 if ssl else 1883)
+        self.ssl = ssl
+        self.server_hostname = server_hostname or server
+        self.reconnect = reconnect
+        self.backoff_min = backoff_min
+        self.backoff_max = backoff_max
+        self.connect_timeout = connect_timeout
+        self.healthy_after = healthy_after
+        self.queue_size = queue_size
+        s = S.Session(client_id, version, clean, keepalive, store, **session_opts)
+        s.send = self._send
+        s.on_event = self._on_event
+        s.on_message = self._enqueue
+        self.session = s
+        self.on_connect = None  # on_connect(session_present, reason)
+        self.on_disconnect = None  # on_disconnect(error) when an established connection is lost
+        self.on_published = None  # on_published(pid, reason)
+        self.on_error = None  # on_error(exception) for an exception a handler raised
+        self.last_error = None
+        self._r = self._w = None
+        self._gen = 0  # connection generation: tasks of an older one do nothing
+        self._tasks = []  # reader and writer of the current connection
+        self._sup = None  # the supervisor task
+        self._obuf = bytearray()
+        self._obuf2 = bytearray()
+        self._wev = asyncio.Event()  # the write buffer has data
+        self._drained = asyncio.Event()  # the writer handed everything to the stream
+        self._cev = asyncio.Event()  # CONNACK arrived or the connection failed
+        self._wake = asyncio.Event()  # the supervisor should look again
+        self._progress = asyncio.Event()  # an acknowledgement or a connect: the outbox moved
+        self._connack = None
+        self._up = False  # an accepted connection is open
+        self._up_since = 0
+        self._attempt = 0
+        self._closing = False
+        self._waiters = {}  # pid -> Event, for publish(wait_ack) and (un)subscribe
+        self._results = {}  # pid -> reason code(s)
+        self._q = []
+        self._qev = asyncio.Event()  # the queue has a message (or the client closed)
+        self._qspace = asyncio.Event()  # the queue has room
+        self._closed = False
+        self._fatal = None
+
+    @property
+    def connected(self):
+        return self._up and self.session.state == S.CONNECTED
+
+    async def __aenter__(self):
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.disconnect()
+
+    # ------------------------------------------------------------- transport
+
+    def _send(self, buf, off, n):
+        # The session's output: into the write buffer, for the writer task.
+        if self._w is None:
+            raise OSError("not connected")
+        if off == 0 and n == len(buf):
+            self._obuf.extend(buf)
+        else:
+            self._obuf.extend(memoryview(buf)[off : off + n])
+        self._drained.clear()
+        self._wev.set()
+
+    async def _writer_task(self, w, gen):
+        try:
+            while gen == self._gen:
+                if not self._obuf:
+                    self._drained.set()
+                    self._wev.clear()
+                    await self._wev.wait()
+                    continue
+                buf = self._obuf
+                self._obuf = self._obuf2
+                self._obuf2 = buf
+                # MicroPython's write() sends what the socket takes and copies
+                # the rest; CPython's transport may keep what it is given.
+                w.write(buf if MICROPYTHON else bytes(buf))
+                buf[:] = b""
+                await w.drain()
+        except _CancelledError:
+            raise
+        except Exception as e:
+            if gen == self._gen:
+                self._lost(e)
+
+    async def _reader_task(self, r, gen):
+        s = self.session
+        try:
+            while gen == self._gen:
+                while len(self._q) >= self.queue_size:
+                    # Backpressure: leave the data in the socket.
+                    self._qspace.clear()
+                    await self._qspace.wait()
+                    if gen != self._gen:
+                        return
+                room = s.rx_space()
+                if MICROPYTHON:
+                    rl = s.rx_len
+                    n = await r.readinto(s._rxmv if rl == 0 else s._rxmv[rl : rl + room])
+                    if n is None:
+                        continue  # woken without data (TLS record not complete)
+                    if gen != self._gen:
+                        return
+                    if n == 0:
+                        raise OSError("connection closed by the broker")
+                    s.feed_n(n, ticks_ms())
+                else:
+                    data = await r.read(room)
+                    if gen != self._gen:
+                        return
+                    if not data:
+                        raise OSError("connection closed by the broker")
+                    s.feed(data, ticks_ms())
+        except _CancelledError:
+            raise
+        except Exception as e:  # OSError, MQTTError (the session disconnected the broker)
+            if gen == self._gen:
+                self._lost(e)
+
+    def _teardown(self):
+        """Close the current connection's stream and stop its tasks."""
+        self._gen += 1
+        try:
+            cur = asyncio.current_task()
+        except Exception:
+            cur = None
+        for t in self._tasks:
+            if t is not cur:
+                t.cancel()
+        self._tasks = []
+        w = self._w
+        self._w = self._r = None
+        if w is not None:
+            _close_stream(w)
+        # Bytes for a dead connection never go out on the next one: the
+        # session resends from its store after CONNACK.
+        self._obuf[:] = b""
+        self._drained.set()
+
+    def _lost(self, err):
+        was_up = self._up
+        self._up = False
+        self.session.connection_lost()
+        self._teardown()
+        self.last_error = err
+        if was_up and ticks_diff(ticks_ms(), self._up_since) >= self.healthy_after * 1000:
+            self._attempt = 0
+        self._cev.set()
+        self._wake.set()
+        self._progress.set()
+        if was_up and self.on_disconnect:
+            self._call(self.on_disconnect, err)
+
+    async def _open(self, t_ms):
+        kw = {}
+        if self.ssl:
+            ctx = self.ssl
+            if ctx is True:
+                if MICROPYTHON:
+                    raise ValueError("on MicroPython pass an ssl.SSLContext with the CA loaded")
+                import ssl as _ssl
+
+                ctx = _ssl.create_default_context()
+            kw["ssl"] = ctx
+            kw["server_hostname"] = self.server_hostname
+        coro = asyncio.open_connection(self.server, self.port, **kw)
+        try:
+            if MICROPYTHON:
+                return await asyncio.wait_for_ms(coro, t_ms)
+            return await asyncio.wait_for(coro, t_ms / 1000)
+        except _TimeoutError:
+            raise OSError("could not reach %s:%d within %d ms" % (self.server, self.port, t_ms))
+
+    async def _connect_once(self, timeout):
+        s = self.session
+        if self._w is not None or s.state != S.DISCONNECTED:
+            self._up = False
+            s.connection_lost()
+            self._teardown()
+        t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+        start = ticks_ms()
+        r, w = await self._open(t_ms)
+        self._teardown()
+        gen = self._gen
+        self._r = r
+        self._w = w
+        self._connack = None
+        self._cev.clear()
+        self._tasks = [asyncio.create_task(self._reader_task(r, gen)),
+                       asyncio.create_task(self._writer_task(w, gen))]
+        try:
+            s.connect_packet(ticks_ms())
+            left = t_ms - ticks_diff(ticks_ms(), start)
+            while self._connack is None and gen == self._gen:
+                if left <= 0 or not await _wait(self._cev, left):
+                    raise OSError("no CONNACK from %s:%d within %d ms" % (self.server, self.port, t_ms))
+                self._cev.clear()
+                left = t_ms - ticks_diff(ticks_ms(), start)
+            if self._connack is None:
+                raise OSError("connection to %s:%d lost before CONNACK: %s" % (
+                    self.server, self.port, self.last_error))
+        except BaseException:
+            if gen == self._gen:
+                s.connection_lost()
+                self._teardown()
+            raise
+        p = self._connack
+        if p.reason:
+            if gen == self._gen:
+                s.connection_lost()
+                self._teardown()
+            raise ConnectError(p.reason, "connection refused by the broker: reason 0x%02X" % p.reason)
+        # Accepted. A loss right after the CONNACK does not make connect()
+        # fail (as in the blocking client): the supervisor reconnects.
+        return s.session_present
+
+    # --------------------------------------------------------------- session
+
+    def _call(self, fn, *args):
+        try:
+            fn(*args)
+        except Exception as e:
+            self._handler_error(e)
+
+    def _handler_error(self, e):
+        self.last_error = e
+        if self.on_error:
+            try:
+                self.on_error(e)
+                return
+            except Exception as e2:
+                e = e2
+        _report(e)
+
+    def _guard(self, handler):
+        def run(msg):
+            try:
+                handler(msg)
+            except Exception as e:
+                self._handler_error(e)
+
+        return run
+
+    def _enqueue(self, m):
+        # The default handler: copy the reused Message into a record.
+        self._q.append(Received(m.topic, bytes(m.payload), m.qos, bool(m.retain), bool(m.dup),
+                                m.properties, m.ack_id))
+        self._qev.set()
+
+    def _wake_waiter(self, pid, result):
+        ev = self._waiters.pop(pid, None)
+        if ev is not None:
+            self._results[pid] = result
+            ev.set()
+
+    def _on_event(self, kind, a, b):
+        if kind == S.EV_CONNACK:
+            self._connack = b
+            if not b.reason:
+                self._up = True
+                self._up_since = ticks_ms()
+            self._cev.set()
+            self._progress.set()
+            if self.on_connect:
+                self._call(self.on_connect, a, b.reason)
+        elif kind == S.EV_PUBLISHED:
+            self._wake_waiter(a, b)
+            self._progress.set()
+            if self.on_published:
+                self._call(self.on_published, a, b)
+        elif kind == S.EV_SUBACK or kind == S.EV_UNSUBACK:
+            self._wake_waiter(a, b)
+            self._progress.set()
+        elif kind == S.EV_DISCONNECT:
+            self._lost(MQTTError(a, "server sent DISCONNECT"))
+
+    # ------------------------------------------------------------ supervisor
+
+    async def _nap(self, ms):
+        await _wait(self._wake, ms if ms > 0 else 1)
+        self._wake.clear()
+
+    def _backoff_ms(self):
+        d = self.backoff_min * (1 << min(self._attempt, 16))
+        if d > self.backoff_max:
+            d = self.backoff_max
+        d = d * (0.5 + _rand() / 2)  # jitter: fleets must not reconnect in step
+        self._attempt += 1
+        return int(d * 1000)
+
+    async def _supervise(self):
+        s = self.session
+        fatal = None
+        try:
+            while not self._closing:
+                if self._up and s.state == S.CONNECTED:
+                    try:
+                        nxt = s.poll(ticks_ms())
+                    except OSError as e:
+                        self._lost(e)
+                        continue
+                    await self._nap(nxt)
+                    continue
+                if not self.reconnect:
+                    fatal = self.last_error or OSError("connection lost")
+                    break
+                until = ticks_add(ticks_ms(), self._backoff_ms())
+                while not self._closing:
+                    left = ticks_diff(until, ticks_ms())
+                    if left <= 0:
+                        break
+                    await self._nap(left)
+                if self._closing:
+                    break
+                try:
+                    await self._connect_once(None)
+                except ConnectError as e:
+                    self.last_error = e
+                    if e.permanent:
+                        self.reconnect = False
+                        fatal = e
+                        break
+                except (OSError, MQTTError) as e:
+                    self.last_error = e
+                except Exception as e:  # e.g. a bad ssl argument: retrying cannot help
+                    self.last_error = fatal = e
+                    self.reconnect = False
+                    break
+        finally:
+            if self._sup is asyncio.current_task():
+                self._sup = None
+            if not self._closing:
+                # Nothing will reconnect: messages() ends with the reason.
+                self._fatal = fatal
+                self._closed = True
+                self._qev.set()
+                self._progress.set()
+
+    # ------------------------------------------------------------------- API
+
+    async def connect(self, timeout=None):
+        """Open the connection and wait for CONNACK; returns session present.
+        Raises ConnectError on a refusal, OSError when unreachable (no
+        background retry is started then). Once connected, a lost connection
+        is reconnected in the background when reconnect=True."""
+        self._closing = False
+        self._closed = False
+        self._fatal = None
+        sp = await self._connect_once(timeout)
+        if self._sup is None:
+            self._sup = asyncio.create_task(self._supervise())
+        else:
+            self._wake.set()
+        return sp
+
+    async def _await_progress(self, ms):
+        await _wait(self._progress, ms if ms < 100 else 100)
+
+    async def publish(self, topic, payload, qos=0, retain=False, props=None, wait_ack=False, timeout=None):
+        """Send a message. Returns its packet id (0 for QoS 0) once the
+        message is in the store (QoS 1/2: sent now, or after the next
+        (re)connect when offline; QoS 0 offline raises NotConnected).
+        wait_ack=True: return once the broker acknowledged it (PUBACK, or
+        PUBCOMP for QoS 2); a refusal (reason >= 0x80) raises MQTTError.
+        timeout (default connect_timeout) bounds the wait for room in the
+        outbox and for the acknowledgement; on an acknowledgement timeout
+        OSError is raised and the message stays pending."""
+        if isinstance(payload, str):
+            payload = payload.encode()
+        s = self.session
+        t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+        start = ticks_ms()
+        while True:
+            self._progress.clear()
+            pid = s.publish(topic, payload, qos, retain, ticks_ms(), props)
+            if pid != S.WOULD_BLOCK:
+                break
+            if qos and not self.connected and not self.reconnect:
+                raise OSError("outbox full while offline")
+            left = t_ms - ticks_diff(ticks_ms(), start)
+            if left <= 0:
+                raise OSError("outbox full: %d messages await acknowledgement" % len(s.pending()))
+            await self._await_progress(left)
+        ev = None
+        if pid and wait_ack:
+            ev = asyncio.Event()
+            self._waiters[pid] = ev  # before any await: the ack cannot have come yet
+        # Let the writer catch up when the stream is slow.
+        while len(self._obuf) > _HIGH_WATER and self._w is not None:
+            left = t_ms - ticks_diff(ticks_ms(), start)
+            if left <= 0 or not await _wait(self._drained, left):
+                break
+        if ev is not None:
+            if not await _wait(ev, t_ms - ticks_diff(ticks_ms(), start)):
+                self._waiters.pop(pid, None)
+                raise OSError("no acknowledgement of message %d within %d ms" % (pid, t_ms))
+            reason = self._results.pop(pid, 0)
+            if reason >= 0x80:
+                raise MQTTError(reason, "the broker refused message %d: reason 0x%02X" % (pid, reason))
+        return pid
+
+    async def wait_published(self, pid, timeout=None):
+        """Wait until the message with this packet id is acknowledged."""
+        t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+        start = ticks_ms()
+        while self.session.is_pending(pid):
+            left = t_ms - ticks_diff(ticks_ms(), start)
+            if left <= 0:
+                raise OSError("no acknowledgement of message %d within %d ms" % (pid, t_ms))
+            self._progress.clear()
+            if self.session.is_pending(pid):
+                await self._await_progress(left)
+
+    async def wait_all(self, timeout=None):
+        """Wait until everything published is acknowledged."""
+        t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+        start = ticks_ms()
+        while self.session.pending():
+            left = t_ms - ticks_diff(ticks_ms(), start)
+            if left <= 0:
+                raise OSError("%d messages still unacknowledged after %d ms" % (len(self.session.pending()), t_ms))
+            self._progress.clear()
+            if self.session.pending():
+                await self._await_progress(left)
+
+    async def _reply(self, pid, timeout):
+        if not pid:
+            return None
+        ev = asyncio.Event()
+        self._waiters[pid] = ev
+        t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+        if not await _wait(ev, t_ms):
+            self._waiters.pop(pid, None)
+            raise OSError("no SUBACK/UNSUBACK for packet %d within %d ms" % (pid, t_ms))
+        return self._results.pop(pid)
+
+    async def subscribe(self, topic_filter, qos=0, handler=None, timeout=None, **opts):
+        """Subscribe and wait for SUBACK; returns its reason codes (granted QoS
+        or a failure >= 0x80). Offline: registers it, it is sent on connect,
+        and None is returned. handler(msg) gets this subscription's messages
+        in the reader task (the Message is reused: copy what you keep);
+        without a handler they go to messages()."""
+        h = self._guard(handler) if handler is not None else None
+        pid = self.session.subscribe(topic_filter, qos, ticks_ms(), h, **opts)
+        return await self._reply(pid, timeout)
+
+    async def unsubscribe(self, topic_filter, timeout=None, **opts):
+        pid = self.session.unsubscribe(topic_filter, ticks_ms(), **opts)
+        return await self._reply(pid, timeout)
+
+    def ack(self, ack_id):
+        """Manual acknowledgement mode: acknowledge a message (its ack_id)."""
+        self.session.ack(ack_id, ticks_ms())
+
+    def messages(self):
+        """An async iterator of received messages (`Received` records) that no
+        handler took. It ends after disconnect(); when the connection is gone
+        for good (reconnect=False, or a permanent refusal) it raises the
+        reason once the queue is empty."""
+        return _Messages(self)
+
+    def _stop(self):
+        self._closing = True
+        self.reconnect = False
+        sup = self._sup
+        self._sup = None
+        try:
+            cur = asyncio.current_task()
+        except Exception:
+            cur = None
+        if sup is not None and sup is not cur:
+            sup.cancel()
+
+    def _finish(self):
+        self._up = False
+        self.session.connection_lost()
+        self._teardown()
+        self._closed = True
+        self._qev.set()
+        self._qspace.set()
+        self._progress.set()
+
+    async def disconnect(self, reason=0, props=None):
+        """Send DISCONNECT (the broker discards the will), close, and stop
+        reconnecting. Messages still pending stay in the store."""
+        self._stop()
+        s = self.session
+        w = self._w
+        if w is not None and s.state == S.CONNECTED:
+            # Stop reading, queue DISCONNECT behind what is buffered, and let
+            # the writer task hand it all to the stream (cancelling a drain
+            # half way could repeat bytes on MicroPython).
+            if self._tasks:
+                self._tasks[0].cancel()
+            try:
+                s.disconnect(ticks_ms(), reason, props)
+                t_ms = int(self.connect_timeout * 1000)
+                start = ticks_ms()
+                while self._w is w and (self._obuf or not self._drained.is_set()):
+                    left = t_ms - ticks_diff(ticks_ms(), start)
+                    if left <= 0 or not await _wait(self._drained, left):
+                        break
+            except OSError:
+                pass
+        self._finish()
+        if w is not None and not MICROPYTHON:
+            try:
+                await asyncio.wait_for(w.wait_closed(), 1)
+            except Exception:
+                pass
+
+    def close(self):
+        """Drop the connection without DISCONNECT (the broker publishes the
+        will) and stop reconnecting."""
+        self._stop()
+        self._finish()
+
+
+if MICROPYTHON:
+    from time import ticks_add
+else:
+
+    def ticks_add(a, b):
+        return a + b

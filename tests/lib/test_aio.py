@@ -1,0 +1,495 @@
+"""tern.aio.Client against a real Mosquitto, under CPython's asyncio and
+MicroPython's (each test runs on both runtimes; see conftest.py)."""
+
+import asyncio
+import time
+
+from tern.aio import Client
+from tern.client import ConnectError
+from tern.session import NotConnected
+from tern.wire import MQTTError
+from tern import props as P
+
+T = 5  # seconds: the bound on every wait in this file
+
+
+def run(coro):
+    asyncio.run(coro)
+
+
+async def take(it, n, t=T):
+    """The next n records of a messages() iterator, each within t seconds."""
+    out = []
+    for _ in range(n):
+        out.append(await asyncio.wait_for(it.__anext__(), t))
+    return out
+
+
+async def until(cond, what, t=T):
+    """Poll cond() every 10 ms until it is true; fail after t seconds."""
+    for _ in range(int(t * 100)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out waiting for " + what)
+
+
+async def listen(serve, seed):
+    """A server on a free loopback port; returns (server, port).
+    MicroPython's server object cannot say which port it got: try some."""
+    for k in range(64):
+        p = 20000 + (seed * 31 + k * 7919) % 40000
+        try:
+            return await asyncio.start_server(serve, "127.0.0.1", p), p
+        except OSError:
+            continue
+    raise OSError("no free port")
+
+
+class Proxy:
+    """A TCP relay between the client and the broker that can cut every
+    connection it carries (the client sees the broker close the socket)."""
+
+    def __init__(self, host, port):
+        self.up = (host, port)
+        self.accepted = 0
+        self.links = []  # (client writer, broker writer, tasks)
+
+    async def start(self, seed):
+        self.server, self.port = await listen(self._serve, seed)
+        return self
+
+    async def _serve(self, cr, cw):
+        self.accepted += 1
+        ur, uw = await asyncio.open_connection(*self.up)
+        link = (cw, uw, [])
+        self.links.append(link)
+        link[2].append(asyncio.create_task(self._pipe(cr, uw)))
+        link[2].append(asyncio.create_task(self._pipe(ur, cw)))
+
+    async def _pipe(self, r, w):
+        try:
+            while True:
+                d = await r.read(1024)
+                if not d:
+                    break
+                w.write(d)
+                await w.drain()
+        except Exception:
+            pass
+
+    def stall(self):
+        """Stop relaying but keep the sockets open: a silent, dead link."""
+        for cw, uw, tasks in self.links:
+            for t in tasks:
+                t.cancel()
+            del tasks[:]
+
+    def drop(self):
+        self.stall()
+        for cw, uw, tasks in self.links:
+            for w in (cw, uw):
+                w.close()
+                s = getattr(w, "s", None)  # MicroPython's Stream.close may not close the socket
+                if s is not None:
+                    s.close()
+        self.links = []
+
+    def stop(self):
+        self.drop()
+        self.server.close()
+
+
+# --------------------------------------------------------------------------
+
+
+def test_pubsub_qos_0_1_2_versions_3_4_5(broker_addr):
+    host, port = broker_addr
+
+    async def main():
+        for v in (3, 4, 5):
+            sub = Client("sub%d" % v, host, port, version=v)
+            pub = Client("pub%d" % v, host, port, version=v)
+            assert await sub.connect() is False
+            await pub.connect()
+            assert sub.connected and pub.connected
+            assert await sub.subscribe("t%d/#" % v, 2) == [2]
+            it = sub.messages()
+            props = {P.CONTENT_TYPE: "text/plain"} if v == 5 else None
+            for q in (0, 1, 2):
+                pid = await pub.publish("t%d/q%d" % (v, q), ("p%d" % q).encode(), qos=q, props=props)
+                assert (pid > 0) == (q > 0)
+            got = await take(it, 3)
+            got.sort(key=lambda m: m.qos)
+            for q in (0, 1, 2):
+                m = got[q]
+                assert m.topic == "t%d/q%d" % (v, q), m
+                assert m.payload == ("p%d" % q).encode() and isinstance(m.payload, bytes), m
+                assert m.qos == q and m.retain is False and m.dup is False, m
+                if v == 5:
+                    assert m.properties[P.CONTENT_TYPE] == "text/plain", m
+                else:
+                    assert m.properties is None
+            # The records are copies: immutable and independent of the receive buffer.
+            try:
+                got[0].payload = b"x"
+                raise AssertionError("a Received record could be changed")
+            except AttributeError:
+                pass
+            # A retained message reaches a later subscriber flagged retained.
+            await pub.publish("t%d/r" % v, "kept", qos=1, retain=True, wait_ack=True)
+            late = Client("late%d" % v, host, port, version=v)
+            await late.connect()
+            assert await late.subscribe("t%d/r" % v, 1) == [1]
+            (r,) = await take(late.messages(), 1)
+            assert r.topic == "t%d/r" % v and r.payload == b"kept" and r.retain is True and r.qos == 1, r
+            (live,) = await take(it, 1)  # the existing subscriber got it live
+            assert live.payload == b"kept"
+            for c in (sub, pub, late):
+                await c.disconnect()
+            assert not sub.connected
+            # After disconnect() the iterator ends.
+            try:
+                await asyncio.wait_for(it.__anext__(), T)
+                raise AssertionError("messages() went on after disconnect")
+            except StopAsyncIteration:
+                pass
+
+    run(main())
+
+
+def test_handler_subscription(broker_addr):
+    host, port = broker_addr
+
+    async def main():
+        for v in (4, 5):
+            seen = []
+            errors = []
+
+            def handler(m):
+                # The Message is reused: copy while the call lasts.
+                p = bytes(m.payload)
+                if p == b"boom":
+                    raise ValueError("handler failed")
+                seen.append((m.topic, p, m.qos))
+
+            c = Client("h%d" % v, host, port, version=v)
+            c.on_error = errors.append
+            pub = Client("hp%d" % v, host, port, version=v)
+            await c.connect()
+            await pub.connect()
+            assert await c.subscribe("h/a", 1, handler=handler) == [1]
+            assert await c.subscribe("other/#", 1) == [1]
+            await pub.publish("h/a", b"boom", qos=1)
+            await pub.publish("h/a", b"one", qos=1)
+            await pub.publish("other/x", b"two", qos=1)
+            await pub.publish("h/a", b"three", qos=2)
+            (m,) = await take(c.messages(), 1)
+            assert m.topic == "other/x" and m.payload == b"two", m
+            await until(lambda: len(seen) == 2, "the handler")
+            assert seen == [("h/a", b"one", 1), ("h/a", b"three", 1)], seen  # granted QoS 1
+            # The handler's exception was reported, the connection lived on.
+            assert len(errors) == 1 and isinstance(errors[0], ValueError), errors
+            assert c.connected
+            # After unsubscribe the handler gets nothing more.
+            assert await c.unsubscribe("h/a") is not None
+            await pub.publish("h/a", b"gone", qos=1)
+            await pub.publish("other/y", b"marker", qos=1)
+            (m,) = await take(c.messages(), 1)
+            assert m.payload == b"marker" and len(seen) == 2, (m, seen)
+            await c.disconnect()
+            await pub.disconnect()
+
+    run(main())
+
+
+def test_publish_wait_ack_returns_after_the_ack(broker_addr):
+    host, port = broker_addr
+
+    async def main():
+        acked = []
+        c = Client("wa", host, port, version=5)
+        c.on_published = lambda pid, reason: acked.append(pid)
+        await c.connect()
+        # Without wait_ack: stored, not yet acknowledged when publish returns.
+        p0 = await c.publish("w/0", b"a", qos=1)
+        assert c.session.is_pending(p0) and p0 not in acked
+        for q in (1, 2):
+            pid = await c.publish("w/%d" % q, b"b", qos=q, wait_ack=True)
+            assert pid > 0 and not c.session.is_pending(pid), (q, pid)
+            assert pid in acked, (pid, acked)
+        assert p0 in acked and not c.session.pending()
+        # QoS 0 has nothing to wait for.
+        assert await c.publish("w/x", b"c", qos=0, wait_ack=True) == 0
+        await c.disconnect()
+
+    run(main())
+
+
+def test_200_qos1_messages_arrive_in_order(broker_addr):
+    host, port = broker_addr
+    N = 200
+
+    async def main():
+        sub = Client("ord-sub", host, port)  # queue_size 16: the reader pauses often
+        pub = Client("ord-pub", host, port)
+        await sub.connect()
+        await pub.connect()
+        assert await sub.subscribe("seq", 1) == [1]
+        it = sub.messages()
+        got = []
+
+        async def consume():
+            for m in await take(it, N, T):
+                got.append(m)
+
+        task = asyncio.create_task(consume())
+        for i in range(N):
+            await pub.publish("seq", str(i).encode(), qos=1)
+        await pub.wait_all(T)
+        await asyncio.wait_for(task, T)
+        assert [int(m.payload) for m in got] == list(range(N))
+        assert all(m.qos == 1 for m in got)
+        await sub.disconnect()
+        await pub.disconnect()
+
+    run(main())
+
+
+def test_full_queue_stops_the_reader_and_drops_nothing(broker_addr):
+    host, port = broker_addr
+    N = 100
+    RX = 256
+
+    async def main():
+        sub = Client("bp-sub", host, port, queue_size=2, rx_size=RX)
+        pub = Client("bp-pub", host, port)
+        await sub.connect()
+        await pub.connect()
+        assert await sub.subscribe("bp", 0) == [0]
+        for i in range(N):
+            await pub.publish("bp", ("m%03d" % i).encode(), qos=0)
+        await pub.publish("bp/done", b"", qos=1, wait_ack=True)  # the broker has them all
+        await asyncio.sleep(0.3)
+        # Each PUBLISH is 10 bytes: one read holds at most RX // 10 of them.
+        assert 2 <= len(sub._q) <= 2 + RX // 10, len(sub._q)
+        got = await take(sub.messages(), N)
+        assert [m.payload for m in got] == [("m%03d" % i).encode() for i in range(N)]
+        await sub.disconnect()
+        await pub.disconnect()
+
+    run(main())
+
+
+def test_offline_publish_is_sent_after_connect(broker_addr):
+    host, port = broker_addr
+
+    async def main():
+        peer = Client("peer", host, port)
+        await peer.connect()
+        assert await peer.subscribe("o/#", 2) == [2]
+        c = Client("offline", host, port)
+        try:
+            await c.publish("o/zero", b"x", qos=0)
+            raise AssertionError("QoS 0 was accepted offline")
+        except NotConnected:
+            pass
+        p1 = await c.publish("o/1", b"early-1", qos=1)
+        p2 = await c.publish("o/2", b"early-2", qos=2)
+        assert c.session.pending() == [p1, p2]
+        await c.connect()
+        got = await take(peer.messages(), 2)
+        assert [(m.topic, m.payload, m.qos) for m in got] == [("o/1", b"early-1", 1), ("o/2", b"early-2", 2)], got
+        await c.wait_all()
+        await c.disconnect()
+        await peer.disconnect()
+
+    run(main())
+
+
+def test_disconnect_is_clean_close_sends_the_will(broker_addr):
+    host, port = broker_addr
+
+    async def main():
+        watch = Client("watch", host, port)
+        await watch.connect()
+        await watch.subscribe("will/#", 1)
+        a = Client("a", host, port, will_topic="will/a", will_payload=b"a died", will_qos=1)
+        b = Client("b", host, port, will_topic="will/b", will_payload=b"b died", will_qos=1)
+        await a.connect()
+        await b.connect()
+        await a.disconnect()  # DISCONNECT: the broker discards a's will
+        b.close()  # no DISCONNECT: the broker publishes b's will
+        (m,) = await take(watch.messages(), 1)
+        assert (m.topic, m.payload) == ("will/b", b"b died"), m
+        await watch.publish("will/end", b"", qos=1)
+        (m,) = await take(watch.messages(), 1)
+        assert m.topic == "will/end", m  # and a's will never came
+        await watch.disconnect()
+
+    run(main())
+
+
+def test_reconnect_after_the_connection_drops(broker_addr):
+    host, port = broker_addr
+
+    async def main():
+        proxy = await Proxy(host, port).start(port)
+        ups = []
+        downs = []
+        c = Client("rc", "127.0.0.1", proxy.port, backoff_min=0.05, backoff_max=0.2)
+        c.on_connect = lambda sp, rc: ups.append(rc)
+        c.on_disconnect = downs.append
+        peer = Client("rc-peer", host, port)
+        await peer.connect()
+        await peer.subscribe("rc/out", 1)
+        await c.connect()
+        assert await c.subscribe("rc/in", 1) == [1]
+        proxy.drop()
+        await until(lambda: not c.connected, "the client to see the drop")
+        assert len(downs) == 1 and isinstance(downs[0], OSError), downs
+        # Offline now: a QoS 1 message is kept and goes out after the reconnect.
+        pid = await c.publish("rc/out", b"while offline", qos=1)
+        assert c.session.is_pending(pid)
+        await until(lambda: c.connected, "the reconnect")
+        assert proxy.accepted == 2 and ups == [0, 0], (proxy.accepted, ups)
+        (m,) = await take(peer.messages(), 1)
+        assert m.payload == b"while offline", m
+        await c.wait_all()  # the message and the renewed subscription are acknowledged
+        await peer.publish("rc/in", b"after", qos=1)
+        (m,) = await take(c.messages(), 1)
+        assert (m.topic, m.payload) == ("rc/in", b"after"), m
+        await c.disconnect()
+        await peer.disconnect()
+        proxy.stop()
+
+    run(main())
+
+
+def test_session_takeover(broker_addr):
+    # A second client with the same id makes Mosquitto close the first one's
+    # connection (2.0.11 sends no DISCONNECT then). The first reconnects and
+    # takes the session back; the second has reconnect=False, so it stays
+    # out and its messages() raises the reason: no ping-pong.
+    host, port = broker_addr
+
+    async def main():
+        downs = []
+        a = Client("same", host, port, version=5, backoff_min=0.05, backoff_max=0.2)
+        a.on_disconnect = downs.append
+        b = Client("same", host, port, version=5, reconnect=False)
+        await a.connect()
+        await b.connect()
+        await until(lambda: len(downs) == 1, "the takeover")
+        assert isinstance(downs[0], OSError), downs
+        await until(lambda: a.connected, "a to reconnect")
+        try:
+            await asyncio.wait_for(b.messages().__anext__(), T)
+            raise AssertionError("b's messages() did not end")
+        except OSError:
+            pass
+        assert not b.connected
+        await asyncio.sleep(0.3)
+        assert a.connected and len(downs) == 1, downs  # and it stays that way
+        await a.disconnect()
+
+    run(main())
+
+
+def test_server_disconnect_then_reconnect(broker_addr):
+    # MQTT 5: a topic alias above the broker's maximum makes Mosquitto send
+    # DISCONNECT 0x94 (QoS 0, so nothing is resent after the reconnect).
+    host, port = broker_addr
+
+    async def main():
+        downs = []
+        c = Client("alias", host, port, version=5, backoff_min=0.05, backoff_max=0.2)
+        c.on_disconnect = downs.append
+        await c.connect()
+        await c.subscribe("back", 1)
+        await c.publish("bad/alias", b"x", qos=0, props={P.TOPIC_ALIAS: 60000})
+        await until(lambda: len(downs) == 1, "the broker's DISCONNECT")
+        assert isinstance(downs[0], MQTTError) and downs[0].code == 0x94, downs
+        await until(lambda: c.connected, "the reconnect")
+        await c.wait_all()  # the renewed subscription
+        await c.publish("back", b"again", qos=1)
+        (m,) = await take(c.messages(), 1)
+        assert m.payload == b"again", m
+        assert len(downs) == 1, downs
+        await c.disconnect()
+
+    run(main())
+
+
+def test_refusal_raises_connect_error(broker_addr):
+    host, port = broker_addr
+
+    async def main():
+        for v in (3, 4):
+            # An empty client id with a persistent session: identifier rejected.
+            c = Client("", host, port, version=v, clean=False)
+            try:
+                await c.connect()
+                raise AssertionError("the broker accepted the connection")
+            except ConnectError as e:
+                assert e.reason == 2 and e.permanent, e
+            assert not c.connected
+        # A server that accepts and never answers: OSError once the timeout is over.
+        held = []
+
+        async def mute(r, w):
+            held.append(w)
+
+        srv, p = await listen(mute, port + 1)
+        c = Client("x", host, p)
+        t0 = time.time()
+        try:
+            await c.connect(timeout=0.3)
+            raise AssertionError("connected to a mute server")
+        except ConnectError:
+            raise
+        except OSError as e:
+            assert "CONNACK" in str(e), e
+        assert 0.25 <= time.time() - t0 < 3, time.time() - t0
+        assert len(held) == 1
+        srv.close()
+        for w in held:
+            w.close()
+        # Nobody listening: OSError, not ConnectError.
+        c = Client("x", host, 1, connect_timeout=2)
+        try:
+            await c.connect()
+            raise AssertionError("connected to port 1")
+        except ConnectError:
+            raise
+        except OSError:
+            pass
+
+    run(main())
+
+
+def test_keepalive_pings_and_detects_a_dead_link(broker_addr):
+    host, port = broker_addr
+
+    async def main():
+        proxy = await Proxy(host, port).start(port)
+        downs = []
+        c = Client("ka", "127.0.0.1", proxy.port, keepalive=1, backoff_min=0.05, backoff_max=0.2)
+        c.on_disconnect = downs.append
+        await c.connect()
+        # Idle for 2.5 keepalive intervals: PINGREQ keeps the broker (which
+        # drops a client silent for 1.5 intervals) and the client content.
+        await asyncio.sleep(2.5)
+        assert c.connected and not downs, downs
+        # The link goes silent: no PINGRESP, so the client gives up on it
+        # and reconnects.
+        proxy.stall()
+        await until(lambda: len(downs) == 1, "the dead link to be noticed")
+        assert "PINGRESP" in str(downs[0]), downs
+        await until(lambda: c.connected, "the reconnect")
+        assert proxy.accepted == 2
+        await c.publish("ka", b"x", qos=1, wait_ack=True)
+        await c.disconnect()
+        proxy.stop()
+
+    run(main())
