@@ -17,3 +17,12 @@ def broker(tmp_path):
 def broker_addr(broker):
     """The broker's address as JSON-friendly values, for tests that also run under MicroPython."""
     return [broker.host, broker.port]
+
+
+@pytest.fixture
+def chaos(broker):
+    """An MQTT-aware chaos proxy in front of the test's broker."""
+    from ternlab.chaos import ChaosProxy
+
+    with ChaosProxy(broker.address, seed=1) as proxy:
+        yield proxy
