@@ -1,0 +1,263 @@
+"""Delivery audit: per device and QoS, what was expected, received, lost, duplicated, reordered, and
+how long delivery took.
+
+Definitions (one *message* is a distinct ``(device, boot, qos, seq)``; a *copy* is one landing row):
+
+- ``received``   -- landing rows (copies);
+- ``unique``     -- distinct messages received;
+- ``duplicated`` -- ``received - unique``;
+- ``expected``   -- with a ledger: distinct messages in the ledger. Without one it is inferred per
+  ``(device, boot, qos)`` stream as ``max(seq) + 1`` of what was received, so a gap inside a boot is a
+  loss, but messages lost *after the last one received* in a boot (the tail) cannot be seen;
+- ``lost``       -- expected messages never received (``expected - unique`` when inferred);
+- ``unexpected`` -- (ledger mode) messages received that the ledger does not list;
+- ``reordered``  -- MQTT ordering, per ``(device, boot, qos)`` stream in arrival order (``recv_ts``, then
+  ``recv_idx``): the *final copy* of a message (its last arrival) is reordered when it arrives after the
+  final copy of a message with a higher ``seq``. Non-final copies (a duplicate of an earlier message
+  that is delivered again later) never count;
+- ``latency_p50_ms`` / ``p95`` / ``p99`` -- ``recv_ts - sent_ts`` of each message's *first* arrival, in
+  milliseconds (approximate percentiles; messages without ``sent_ts`` are left out);
+- ``streams``    -- (device, boot, qos) streams with at least one message received (per device row: the
+  boots seen at that QoS).
+
+Verdict: fails when any QoS >= 1 message is lost or any QoS 2 message is duplicated.
+
+Everything runs as Spark transformations (one shuffle of the landing rows by stream, a window for the
+ordering, a rollup for device / QoS / total levels); only the aggregated rows reach the driver.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from . import schema
+from .session import PipelineError, glob_count, glob_paths, join, path_exists, write_bytes
+
+KEY = ["device", "boot", "qos", "seq"]
+STREAM = ["device", "boot", "qos"]
+COUNT_COLS = ["expected", "received", "unique", "lost", "duplicated", "reordered", "unexpected"]
+LATENCY_COLS = ["latency_p50_ms", "latency_p95_ms", "latency_p99_ms"]
+RESULT_COLS = ["device", "qos"] + COUNT_COLS + LATENCY_COLS + ["streams", "first_recv_ts", "last_recv_ts"]
+TAIL_NOTE = ("expected was inferred per (device, boot, qos) as max(seq)+1 of what was received: gaps "
+             "inside a boot are counted as lost, but losses at the tail of a boot cannot be seen "
+             "without a ledger")
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+def read_landing(spark: SparkSession, root: str) -> DataFrame:
+    """Landing rows under ``root`` (``date=*/hour=*`` partitions; else ``root`` is read as is)."""
+    if not path_exists(spark, root):
+        raise PipelineError(f"landing path not found: {root}")
+    reader = spark.read.schema(schema.landing_schema())
+    parts = glob_paths(spark, join(root, "date=*"))
+    if parts:
+        # the quarantine/ directory beside the partitions must not take part in partition discovery
+        df = reader.option("basePath", root).parquet(*parts)
+    else:
+        df = reader.parquet(root)
+    return df.select(*schema.LANDING_FIELDS)
+
+
+def count_quarantine(spark: SparkSession, root: str) -> int:
+    """Rows under ``<root>/quarantine/`` (0 when there is none)."""
+    q = join(root, schema.QUARANTINE_DIR)
+    if not path_exists(spark, q) or glob_count(spark, join(q, "*")) == 0:
+        return 0
+    return (spark.read.schema(schema.quarantine_schema())
+            .option("recursiveFileLookup", "true").parquet(q).count())
+
+
+def ledger_format(spark: SparkSession, path: str, fmt: str = "auto") -> str:
+    if fmt != "auto":
+        return fmt
+    if path.endswith((".json", ".jsonl", ".ndjson")):
+        return "json"
+    if any(glob_count(spark, join(path, pat)) for pat in ("*.json", "*.jsonl", "*.ndjson")):
+        return "json"
+    return "parquet"
+
+
+def read_ledger(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
+    """Ledger rows from Parquet or JSON lines (``fmt`` auto-detects from the file names)."""
+    if not path_exists(spark, path):
+        raise PipelineError(f"ledger path not found: {path}")
+    fmt = ledger_format(spark, path, fmt)
+    reader = spark.read.schema(schema.ledger_schema())
+    df = reader.json(path, mode="FAILFAST") if fmt == "json" else reader.parquet(path)
+    return df.select(*schema.LEDGER_FIELDS)
+
+
+# --- the job ---------------------------------------------------------------------------------------
+
+def messages(landing: DataFrame) -> DataFrame:
+    """One row per distinct message received, with its ordering flag.
+
+    Columns: device, boot, qos, seq, copies, sent_ts, first_recv_ts, final_recv_ts, latency_ms,
+    reordered (bool), boot_max_seq (max seq received in the stream). The landing rows are shuffled once,
+    by stream; the per-message aggregation and the window reuse that partitioning.
+    """
+    rows = landing.select(
+        "device", "boot", "qos", "seq", "sent_ts",
+        F.struct(F.col("recv_ts").alias("ts"),
+                 F.coalesce(F.col("recv_idx"), F.lit(-1)).alias("idx")).alias("arr"),
+    ).repartition(*STREAM)
+    msgs = rows.groupBy(*KEY).agg(
+        F.count(F.lit(1)).alias("copies"),
+        F.min("sent_ts").alias("sent_ts"),
+        F.min("arr").alias("first"),
+        F.max("arr").alias("final"),
+    )
+    w = Window.partitionBy(*STREAM).orderBy(F.col("final.ts"), F.col("final.idx"), F.col("seq"))
+    before = F.max("seq").over(w.rowsBetween(Window.unboundedPreceding, -1))
+    whole = F.max("seq").over(w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing))
+    return msgs.select(
+        *KEY, "copies", "sent_ts",
+        F.col("first.ts").alias("first_recv_ts"),
+        F.col("final.ts").alias("final_recv_ts"),
+        ((F.col("first.ts") - F.col("sent_ts")) * 1000.0).alias("latency_ms"),
+        F.coalesce(before > F.col("seq"), F.lit(False)).alias("reordered"),
+        whole.alias("boot_max_seq"),
+    )
+
+
+def audit_frame(landing: DataFrame, ledger: DataFrame | None = None,
+                accuracy: int = 10000) -> DataFrame:
+    """The audit as one DataFrame with a ``level`` column: ``device`` rows (per device and QoS),
+    ``qos`` rows (device null) and one ``total`` row (device and qos null)."""
+    m = messages(landing)
+    if ledger is None:
+        is_last = F.col("seq") == F.col("boot_max_seq")
+        rows = m.select(
+            "*",
+            F.when(is_last, F.col("boot_max_seq") + 1).otherwise(F.lit(0)).alias("_expected"),
+            F.lit(1).alias("_received_msg"),
+            F.lit(0).alias("_unexpected"),
+            is_last.cast("int").alias("_stream"),
+        )
+    else:
+        led = (ledger.select(*KEY, F.col("sent_ts").alias("ledger_sent_ts"))
+               .dropDuplicates(KEY).withColumn("_in_ledger", F.lit(1)))
+        j = m.join(led, KEY, "full_outer")
+        got = F.col("copies").isNotNull()
+        rows = j.select(
+            *KEY,
+            F.coalesce("copies", F.lit(0)).alias("copies"),
+            F.coalesce("sent_ts", "ledger_sent_ts").alias("sent_ts"),
+            "first_recv_ts", "final_recv_ts",
+            ((F.col("first_recv_ts") - F.coalesce("sent_ts", "ledger_sent_ts")) * 1000.0)
+            .alias("latency_ms"),
+            F.coalesce("reordered", F.lit(False)).alias("reordered"),
+            F.coalesce("_in_ledger", F.lit(0)).alias("_expected"),
+            got.cast("int").alias("_received_msg"),
+            (got & F.col("_in_ledger").isNull()).cast("int").alias("_unexpected"),
+            (F.col("seq") == F.col("boot_max_seq")).cast("int").alias("_stream"),
+        )
+    pct = F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], accuracy)
+    agg = rows.rollup("qos", "device").agg(
+        F.grouping_id().alias("_gid"),
+        F.sum("_expected").alias("expected"),
+        F.sum("copies").alias("received"),
+        F.sum("_received_msg").alias("unique"),
+        F.sum("_unexpected").alias("unexpected"),
+        F.sum(F.col("reordered").cast("int")).alias("reordered"),
+        F.sum("_stream").alias("streams"),
+        pct.alias("_pct"),
+        F.min("first_recv_ts").alias("first_recv_ts"),
+        F.max("final_recv_ts").alias("last_recv_ts"),
+    )
+    # unique counts received messages that the ledger lists plus unexpected ones; lost only the former
+    lost = F.col("expected") - (F.col("unique") - F.col("unexpected"))
+    return agg.select(
+        F.when(F.col("_gid") == 0, "device").when(F.col("_gid") == 1, "qos")
+        .otherwise("total").alias("level"),
+        "device", "qos",
+        *[F.col(c).cast("long").alias(c) for c in ("expected", "received", "unique")],
+        lost.cast("long").alias("lost"),
+        (F.col("received") - F.col("unique")).cast("long").alias("duplicated"),
+        F.col("reordered").cast("long"), F.col("unexpected").cast("long"),
+        F.col("_pct")[0].alias("latency_p50_ms"),
+        F.col("_pct")[1].alias("latency_p95_ms"),
+        F.col("_pct")[2].alias("latency_p99_ms"),
+        F.coalesce(F.col("streams"), F.lit(0)).cast("long").alias("streams"), "first_recv_ts", "last_recv_ts",
+    )
+
+
+def verdict(per_qos: dict) -> dict:
+    """``{"ok": bool, "reasons": [...]}`` from per-QoS counts (keys are QoS levels as strings)."""
+    reasons = []
+    for q, row in sorted(per_qos.items()):
+        if int(q) >= 1 and row["lost"] > 0:
+            reasons.append(f"QoS {q}: {row['lost']} message(s) lost")
+        if int(q) == 2 and row["duplicated"] > 0:
+            reasons.append(f"QoS {q}: {row['duplicated']} message(s) duplicated")
+    return {"ok": not reasons, "reasons": reasons}
+
+
+def _plain(row) -> dict:
+    d = row.asDict()
+    d.pop("level", None)
+    return d
+
+
+def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = None,
+              ledger_fmt: str = "auto") -> dict:
+    """Audit ``landing`` (and ``ledger``), write ``<out>/devices`` (Parquet, one row per device and
+    QoS) and ``<out>/summary.json``; return the summary."""
+    t0 = time.monotonic()
+    land = read_landing(spark, landing)
+    led = read_ledger(spark, ledger, ledger_fmt) if ledger else None
+    result = audit_frame(land, led).cache()
+    try:
+        devices = (result.filter(F.col("level") == "device").select(*RESULT_COLS)
+                   .orderBy("device", "qos"))
+        devices.write.mode("overwrite").parquet(join(out, "devices"))
+        levels = result.filter(F.col("level") != "device").collect()
+    finally:
+        result.unpersist()
+    total = next((_plain(r) for r in levels if r["level"] == "total"), None)
+    per_qos = {str(r["qos"]): _plain(r) for r in levels if r["level"] == "qos"}
+    for d in [total, *per_qos.values()]:
+        if d:
+            d.pop("device", None)
+            d.pop("qos", None)
+    n_devices = spark.read.parquet(join(out, "devices")).select("device").distinct().count()
+    summary = {
+        "landing": landing,
+        "ledger": ledger,
+        "ledger_format": ledger_format(spark, ledger, ledger_fmt) if ledger else None,
+        "expected_from": "ledger" if ledger else "inferred",
+        "note": None if ledger else TAIL_NOTE,
+        "devices": n_devices,
+        "quarantined": count_quarantine(spark, landing),
+        "totals": total or {c: 0 for c in COUNT_COLS},
+        "per_qos": per_qos,
+        "verdict": verdict(per_qos),
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "elapsed_s": round(time.monotonic() - t0, 3),
+    }
+    write_bytes(spark, join(out, "summary.json"),
+                json.dumps(summary, indent=2, sort_keys=True).encode())
+    return summary
+
+
+def lost_events(landing: DataFrame, ledger: DataFrame | None = None) -> DataFrame:
+    """Where losses happened, for plots: rows ``(device, qos, ts, lost)``.
+
+    With a ledger, one row per lost message at its ``sent_ts``. Without one, one row per gap inside a
+    stream, at the receive time of the first message after the gap (tail losses are invisible).
+    """
+    if ledger is not None:
+        got = landing.select(*KEY).distinct()
+        return (ledger.select(*KEY, "sent_ts").dropDuplicates(KEY).join(got, KEY, "left_anti")
+                .select("device", "qos", F.col("sent_ts").alias("ts"), F.lit(1).alias("lost")))
+    m = landing.groupBy(*KEY).agg(F.min("recv_ts").alias("ts"))
+    w = Window.partitionBy(*STREAM).orderBy("seq")
+    prev = F.lag("seq", 1, -1).over(w)
+    return (m.select("device", "qos", "ts", (F.col("seq") - prev - 1).alias("lost"))
+            .filter(F.col("lost") > 0))

@@ -1,0 +1,156 @@
+"""The ``audit``, ``rollup`` and ``report`` subcommands of ``tern``.
+
+``add_subcommands(subparsers)`` registers them on an argparse subparsers object; each parsed namespace
+has ``func(args) -> exit status``. ``python -m ternlab.pipeline.cli`` runs them standalone.
+
+Exit status: 0 success (audit: verdict PASS), 1 audit verdict FAIL, 2 bad usage or input (including
+Java missing or too old, missing paths, a failed Spark job); errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .session import PipelineError, build_session, check_local_input, parse_confs
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _spark_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Spark")
+    g.add_argument("--master", default=None,
+                   help="Spark master URL (default local[*]), e.g. spark://host:7077 or yarn")
+    g.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark configuration property (repeatable)")
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]
+
+
+def _runner(name: str, job):
+    """Wrap a job(spark, args) -> status with input checks, session handling and one-line errors."""
+
+    def run(args) -> int:
+        from pyspark.sql import SparkSession
+
+        try:
+            confs = parse_confs(args.conf)
+            for what, path in getattr(args, "local_inputs", lambda a: [])(args):
+                check_local_input(path, what)
+            owned = SparkSession.getActiveSession() is None
+            spark = build_session(f"tern-{name}", args.master, confs)
+        except PipelineError as e:
+            print(f"tern {name}: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            return job(spark, args)
+        except PipelineError as e:
+            print(f"tern {name}: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except Exception as e:  # Spark analysis / job failures: one line, not a JVM stack trace
+            print(f"tern {name}: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+            return EXIT_USAGE
+        finally:
+            if owned:
+                spark.stop()
+
+    return run
+
+
+def _audit(spark, args) -> int:
+    from .audit import run_audit
+    from .report import print_summary
+
+    summary = run_audit(spark, args.landing, args.out, ledger=args.ledger,
+                        ledger_fmt=args.ledger_format)
+    if not args.quiet:
+        print_summary(summary)
+    return EXIT_OK if summary["verdict"]["ok"] else EXIT_FAIL
+
+
+def _rollup(spark, args) -> int:
+    from . import rollup
+
+    if args.stream:
+        rollup.run_stream(spark, args.landing, args.out, window=args.window, time_col=args.time,
+                          watermark=args.watermark, checkpoint=args.checkpoint, once=args.once)
+        print(f"streaming rollup {'finished' if args.once else 'stopped'}; output in {args.out}")
+    else:
+        if args.once or args.checkpoint:
+            raise PipelineError("--once and --checkpoint only apply with --stream")
+        n = rollup.run_rollup(spark, args.landing, args.out, window=args.window, time_col=args.time)
+        print(f"{n} rollup rows written to {args.out}")
+    return EXIT_OK
+
+
+def _report(spark, args) -> int:
+    from .report import run_report
+
+    res = run_report(spark, args.audit, args.out, landing=args.landing, ledger=args.ledger,
+                     bucket=args.bucket)
+    print(f"report written to {res['index']}")
+    return EXIT_OK
+
+
+def add_subcommands(subparsers) -> None:
+    """Register ``audit``, ``rollup`` and ``report`` on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "audit", help="delivery audit of a landing set (exit 1 when a guarantee is broken)",
+        description="Per device and QoS: expected, received, unique, lost, duplicated, reordered and "
+                    "latency percentiles. Writes OUT/devices (Parquet) and OUT/summary.json. Exit "
+                    "status 1 when a QoS>=1 message was lost or a QoS 2 message duplicated.")
+    p.add_argument("landing", help="landing root (date=*/hour=* Parquet partitions); any Hadoop path")
+    p.add_argument("--out", required=True, help="output directory (any Hadoop path)")
+    p.add_argument("--ledger", help="what devices published (Parquet or JSON lines); without it, "
+                                    "expected is inferred from the highest seq received per boot")
+    p.add_argument("--ledger-format", choices=("auto", "parquet", "json"), default="auto")
+    p.add_argument("--quiet", action="store_true", help="no summary table on stdout")
+    _spark_options(p)
+    p.set_defaults(func=_runner("audit", _audit), local_inputs=lambda a: [
+        ("landing path", a.landing), *([("ledger path", a.ledger)] if a.ledger else [])])
+
+    p = subparsers.add_parser(
+        "rollup", help="per device and time window count/min/max/mean of each reading",
+        description="Batch (default) or Structured Streaming rollup of the readings.")
+    p.add_argument("landing", help="landing root; any Hadoop path")
+    p.add_argument("--out", required=True, help="output directory (Parquet)")
+    p.add_argument("--window", default="1 minute", help="tumbling window length (default: 1 minute)")
+    p.add_argument("--time", choices=("recv_ts", "sent_ts"), default="recv_ts",
+                   help="time column the window is taken on (default: recv_ts)")
+    p.add_argument("--stream", action="store_true", help="run as Structured Streaming")
+    p.add_argument("--watermark", default="2 minutes",
+                   help="how late data may arrive in --stream mode (default: 2 minutes)")
+    p.add_argument("--once", action="store_true",
+                   help="with --stream: process what is there now and stop (availableNow trigger)")
+    p.add_argument("--checkpoint", help="with --stream: checkpoint location (default OUT/_checkpoint)")
+    _spark_options(p)
+    p.set_defaults(func=_runner("rollup", _rollup), local_inputs=lambda a: [("landing path", a.landing)])
+
+    p = subparsers.add_parser(
+        "report", help="HTML report with plots, and the terminal summary",
+        description="Reads an audit output directory (and the landing data) and writes OUT/index.html "
+                    "with delivery.png, latency.png and gaps.png beside it.")
+    p.add_argument("--audit", required=True, help="audit output directory (from tern audit --out)")
+    p.add_argument("--out", required=True, help="report directory")
+    p.add_argument("--landing", help="landing root (default: the one recorded by the audit)")
+    p.add_argument("--ledger", help="ledger (default: the one recorded by the audit, if any)")
+    p.add_argument("--bucket", type=float, default=None,
+                   help="time bucket in seconds for the time plots (default: about 60 buckets)")
+    _spark_options(p)
+    p.set_defaults(func=_runner("report", _report), local_inputs=lambda a: [
+        ("audit directory", a.audit), *([("landing path", a.landing)] if a.landing else [])])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tern", description="Tern data pipeline (Apache Spark)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The pipeline's data model: what collectors land, what devices publish, what emulated devices log.
+
+Everything here is the contract between three parties -- the device firmware (payload format), the
+collector (landing and quarantine rows) and the Spark jobs (which read both). PySpark is imported lazily
+so that a collector can use :func:`parse_payload` without Spark installed.
+
+Landing set (``<root>/date=YYYY-MM-DD/hour=HH/*.parquet``, partition values from ``recv_ts`` in UTC)
+-----------------------------------------------------------------------------------------------------
+One row per received copy of a message (a duplicate delivery is a second row):
+
+=========== ================= ==========================================================================
+column      type              meaning
+=========== ================= ==========================================================================
+device      string            device id (payload ``d``)
+boot        int               the device's boot counter (payload ``b``)
+seq         long              message sequence number (payload ``s``): starts at 0 at each boot and counts
+                              the messages of one QoS level, i.e. one counter per (device, boot, qos)
+qos         int               QoS the device published with (payload ``q``), 0, 1 or 2
+topic       string            MQTT topic the message arrived on
+sent_ts     double, nullable  device clock when first published, seconds since the epoch (payload ``t``);
+                              a resend keeps the original value
+recv_ts     double            collector clock when the message was received, seconds since the epoch
+recv_idx    long, nullable    per-collector arrival counter, strictly increasing in arrival order; breaks
+                              ties between equal ``recv_ts`` values
+collector   string            which collector received it (several share one subscription)
+readings    map<string,double> sensor readings (payload ``r``)
+payload_raw binary, nullable  the raw payload bytes, if the collector keeps them
+=========== ================= ==========================================================================
+
+Why one counter per QoS level: the audit reports per device and QoS, and without a ledger a gap in a
+counter shared by all levels could not be attributed to a level (a lost QoS 0 message is allowed, a
+lost QoS 1 message is not). A device that publishes at one QoS only sees no difference.
+
+Quarantine (``<root>/quarantine/`` any Parquet files below it): payloads :func:`parse_payload` rejected,
+one row each with ``payload_raw``, ``reason``, ``recv_ts``, ``topic``, ``collector``. The audit does
+not read them as messages; it only counts them in its summary.
+
+Ledger (optional; Parquet, or JSON lines with one object per line): what each emulated device says it
+published, one row per message (not per send attempt): ``device, boot, seq, qos, topic, sent_ts``.
+
+Device payload (JSON, UTF-8)
+----------------------------
+``{"d": device, "b": boot, "s": seq, "q": qos, "t": sent_ts, "r": {name: value, ...}}`` where ``t`` may be
+``null`` or absent (no clock yet) and ``r`` may be empty.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+# Landing columns in the order collectors should write them.
+LANDING_FIELDS = (
+    "device", "boot", "seq", "qos", "topic", "sent_ts", "recv_ts", "recv_idx", "collector",
+    "readings", "payload_raw",
+)
+PARTITION_FIELDS = ("date", "hour")
+QUARANTINE_DIR = "quarantine"
+QUARANTINE_FIELDS = ("payload_raw", "reason", "recv_ts", "topic", "collector")
+LEDGER_FIELDS = ("device", "boot", "seq", "qos", "topic", "sent_ts")
+QOS_LEVELS = (0, 1, 2)
+
+
+def landing_schema():
+    """Spark schema of a landing row (the partition columns ``date``/``hour`` come from the paths)."""
+    from pyspark.sql import types as T
+
+    return T.StructType([
+        T.StructField("device", T.StringType(), False),
+        T.StructField("boot", T.IntegerType(), False),
+        T.StructField("seq", T.LongType(), False),
+        T.StructField("qos", T.IntegerType(), False),
+        T.StructField("topic", T.StringType(), True),
+        T.StructField("sent_ts", T.DoubleType(), True),
+        T.StructField("recv_ts", T.DoubleType(), False),
+        T.StructField("recv_idx", T.LongType(), True),
+        T.StructField("collector", T.StringType(), True),
+        T.StructField("readings", T.MapType(T.StringType(), T.DoubleType(), True), True),
+        T.StructField("payload_raw", T.BinaryType(), True),
+    ])
+
+
+def quarantine_schema():
+    """Spark schema of a quarantined (unparseable) payload."""
+    from pyspark.sql import types as T
+
+    return T.StructType([
+        T.StructField("payload_raw", T.BinaryType(), True),
+        T.StructField("reason", T.StringType(), False),
+        T.StructField("recv_ts", T.DoubleType(), False),
+        T.StructField("topic", T.StringType(), True),
+        T.StructField("collector", T.StringType(), True),
+    ])
+
+
+def ledger_schema():
+    """Spark schema of a ledger row (one per message a device published)."""
+    from pyspark.sql import types as T
+
+    return T.StructType([
+        T.StructField("device", T.StringType(), False),
+        T.StructField("boot", T.IntegerType(), False),
+        T.StructField("seq", T.LongType(), False),
+        T.StructField("qos", T.IntegerType(), False),
+        T.StructField("topic", T.StringType(), True),
+        T.StructField("sent_ts", T.DoubleType(), True),
+    ])
+
+
+def partition_values(recv_ts: float) -> tuple[str, str]:
+    """The ``(date, hour)`` landing partition for a receive time: ``("2024-05-01", "07")``, in UTC."""
+    t = time.gmtime(recv_ts)
+    return time.strftime("%Y-%m-%d", t), time.strftime("%H", t)
+
+
+def _int_field(obj: dict, key: str, name: str, lo: int, hi: int) -> int:
+    if key not in obj:
+        raise ValueError(f"payload has no {name} ({key!r})")
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"payload {name} ({key!r}) is not an integer: {v!r}")
+    if not lo <= v <= hi:
+        raise ValueError(f"payload {name} ({key!r}) out of range {lo}..{hi}: {v}")
+    return v
+
+
+def _number(v, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"payload {what} is not a number: {v!r}")
+    f = float(v)
+    if not math.isfinite(f):
+        raise ValueError(f"payload {what} is not finite: {v!r}")
+    return f
+
+
+def parse_payload(raw) -> dict:
+    """Decode a device payload into landing fields.
+
+    Returns ``{"device", "boot", "seq", "qos", "sent_ts", "readings"}`` (``sent_ts`` may be ``None``).
+    Raises ``ValueError`` with a one-line reason for anything else; collectors store that reason in the
+    quarantine row.
+    """
+    if isinstance(raw, str):
+        raise ValueError("payload must be bytes, not str")
+    try:
+        text = bytes(raw).decode("utf-8")
+    except (TypeError, UnicodeDecodeError) as e:
+        raise ValueError(f"payload is not UTF-8: {e}") from None
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"payload is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"payload is not a JSON object: {type(obj).__name__}")
+    device = obj.get("d")
+    if not isinstance(device, str) or not device:
+        raise ValueError(f"payload device ('d') must be a non-empty string: {device!r}")
+    boot = _int_field(obj, "b", "boot", 0, 2**31 - 1)
+    seq = _int_field(obj, "s", "seq", 0, 2**63 - 1)
+    qos = _int_field(obj, "q", "qos", 0, 2)
+    sent = obj.get("t")
+    sent_ts = None if sent is None else _number(sent, "sent time ('t')")
+    r = obj.get("r", {})
+    if not isinstance(r, dict):
+        raise ValueError(f"payload readings ('r') must be an object: {type(r).__name__}")
+    readings = {}
+    for k, v in r.items():
+        readings[k] = _number(v, f"reading {k!r}")
+    return {"device": device, "boot": boot, "seq": seq, "qos": qos, "sent_ts": sent_ts,
+            "readings": readings}
+
+
+def make_payload(device: str, boot: int, seq: int, qos: int, sent_ts, readings: dict) -> bytes:
+    """The inverse of :func:`parse_payload` (for emulated devices and tests)."""
+    return json.dumps({"d": device, "b": boot, "s": seq, "q": qos, "t": sent_ts, "r": readings},
+                      separators=(",", ":")).encode()

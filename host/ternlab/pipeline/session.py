@@ -1,0 +1,181 @@
+"""Building the SparkSession (after checking Java) and small Hadoop-filesystem helpers.
+
+Paths are Hadoop path strings (``/data/landing``, ``file:///...``, ``hdfs://...``, ``s3a://...``); only
+paths without a scheme (or with ``file:``) are checked locally before Spark starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+MIN_JAVA = 17
+
+
+class PipelineError(Exception):
+    """Bad input or environment; the message is one line that says what was wrong."""
+
+
+class JavaError(PipelineError):
+    """No usable Java for PySpark."""
+
+
+def _java_binary() -> tuple[str | None, str]:
+    """The java PySpark would launch (``$JAVA_HOME/bin/java`` first, else ``java`` on PATH)."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        cand = os.path.join(home, "bin", "java")
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand, f"JAVA_HOME={home}"
+        return None, f"no bin/java under JAVA_HOME={home}"
+    found = shutil.which("java")
+    if found:
+        return found, found
+    return None, "no java on PATH and JAVA_HOME is not set"
+
+
+def java_version(java: str) -> int | None:
+    """The major version of a java binary (8 for ``1.8.0_392``, 17 for ``17.0.15``), or None."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not m:
+        return None
+    major = int(m.group(1))
+    if major == 1 and m.group(2):
+        major = int(m.group(2))
+    return major
+
+
+def check_java() -> str:
+    """Return the java binary PySpark will use; raise JavaError unless it is Java 17 or newer."""
+    java, where = _java_binary()
+    if java is None:
+        raise JavaError(f"Java {MIN_JAVA} or newer is needed for PySpark; found none ({where})")
+    major = java_version(java)
+    if major is None:
+        raise JavaError(f"Java {MIN_JAVA} or newer is needed for PySpark; found {java} but could not "
+                        "read its version (java -version failed)")
+    if major < MIN_JAVA:
+        raise JavaError(f"Java {MIN_JAVA} or newer is needed for PySpark; found Java {major} ({where})")
+    return java
+
+
+def parse_confs(pairs) -> dict[str, str]:
+    """``["k=v", ...]`` -> dict; a pair without ``=`` or with an empty key is a PipelineError."""
+    out = {}
+    for p in pairs or ():
+        k, sep, v = p.partition("=")
+        if not sep or not k.strip():
+            raise PipelineError(f"--conf expects key=value, got {p!r}")
+        out[k.strip()] = v
+    return out
+
+
+def build_session(app_name: str = "tern", master: str | None = None, confs: dict | None = None):
+    """Check Java, then get or create a SparkSession.
+
+    Defaults: ``local[*]``, session time zone UTC (landing partitions and windows are UTC), no progress
+    bars on the console, log level WARN. ``confs`` are applied last, so they override the defaults. If a
+    session is already running in this process (tests, notebooks) it is returned as is.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    check_java()
+    b = SparkSession.builder.appName(app_name).master(master or "local[*]")
+    defaults = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    for k, v in {**defaults, **(confs or {})}.items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+# --- paths ------------------------------------------------------------------------------------------
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def is_local(path: str) -> bool:
+    """True for plain paths and ``file:`` URIs (checked with os.path before Spark starts)."""
+    return not _SCHEME.match(path) or path.startswith("file:")
+
+
+def local_part(path: str) -> str:
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    if path.startswith("file:"):
+        return path[len("file:"):]
+    return path
+
+
+def check_local_input(path: str, what: str) -> None:
+    """Fail early (before Spark starts) for a local input path that does not exist."""
+    if is_local(path) and not os.path.exists(local_part(path)):
+        raise PipelineError(f"{what} not found: {path}")
+
+
+def join(base: str, *parts: str) -> str:
+    """Join Hadoop path strings with '/' (no pathlib: keeps schemes like hdfs:// intact)."""
+    out = base.rstrip("/")
+    for p in parts:
+        out += "/" + p.strip("/")
+    return out
+
+
+def _fs(spark, path: str):
+    jvm = spark.sparkContext._jvm
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    return p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), p
+
+
+def path_exists(spark, path: str) -> bool:
+    fs, p = _fs(spark, path)
+    return bool(fs.exists(p))
+
+
+def glob_paths(spark, pattern: str) -> list[str]:
+    """Paths matching a Hadoop glob pattern (empty list when none)."""
+    fs, p = _fs(spark, pattern)
+    found = fs.globStatus(p)
+    return [] if found is None else sorted(str(st.getPath().toString()) for st in found)
+
+
+def glob_count(spark, pattern: str) -> int:
+    return len(glob_paths(spark, pattern))
+
+
+def write_bytes(spark, path: str, data: bytes) -> None:
+    """Write (overwrite) a small file through the Hadoop FileSystem of ``path``."""
+    fs, p = _fs(spark, path)
+    fs.setWriteChecksum(False)  # no .crc side files beside index.html and the plots
+    out = fs.create(p, True)
+    try:
+        out.write(bytearray(data))
+    finally:
+        out.close()
+
+
+def read_bytes(spark, path: str) -> bytes:
+    """Read a small file through the Hadoop FileSystem of ``path``."""
+    fs, p = _fs(spark, path)
+    if not fs.exists(p):
+        raise PipelineError(f"not found: {path}")
+    jvm = spark.sparkContext._jvm
+    stream = fs.open(p)
+    try:
+        buf = jvm.java.io.ByteArrayOutputStream()
+        jvm.org.apache.hadoop.io.IOUtils.copyBytes(stream, buf, 65536, False)
+        return bytes(buf.toByteArray())
+    finally:
+        stream.close()

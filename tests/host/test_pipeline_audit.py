@@ -1,0 +1,193 @@
+"""The delivery audit on real PySpark: generated sets with known faults, hand-built ordering cases,
+the verdict and the exit status of `audit`, and the Java check."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ternlab.pipeline import audit, cli
+from ternlab.pipeline.generate import generate, landing_frame
+
+COUNTS = ("expected", "received", "unique", "lost", "duplicated", "reordered")
+
+
+def device_rows(spark, out):
+    return {(r["device"], r["qos"]): r.asDict()
+            for r in spark.read.parquet(out + "/devices").collect()}
+
+
+def test_generated_set_really_has_faults(fleet_set):
+    t = fleet_set.totals
+    assert t["lost"] > 0 and t["duplicated"] > 0 and t["reordered"] > 0
+    # some QoS 0 losses sit at the tail of a boot, where only the ledger can see them
+    assert t["lost"] > t["lost_inferred"] > 0
+    assert len(fleet_set.expected) == 3 * 3
+
+
+def test_audit_with_ledger_reports_exactly_the_injected_faults(spark, fleet_set, tmp_path):
+    summary = audit.run_audit(spark, fleet_set.landing, str(tmp_path / "a"), ledger=fleet_set.ledger)
+    got = device_rows(spark, str(tmp_path / "a"))
+    assert set(got) == set(fleet_set.expected)
+    for key, want in fleet_set.expected.items():
+        assert {c: got[key][c] for c in COUNTS} == {c: want[c] for c in COUNTS}, key
+        assert got[key]["unexpected"] == 0
+    assert summary["expected_from"] == "ledger"
+    assert summary["totals"]["lost"] == fleet_set.totals["lost"]
+    assert summary["quarantined"] == fleet_set.quarantined
+
+
+def test_audit_without_ledger_infers_expected_per_boot(spark, fleet_set, fleet_audit):
+    out, summary = fleet_audit
+    got = device_rows(spark, out)
+    for key, want in fleet_set.expected.items():
+        assert got[key]["expected"] == want["expected_inferred"], key
+        assert got[key]["lost"] == want["lost_inferred"], key
+        for c in ("received", "unique", "duplicated", "reordered"):
+            assert got[key][c] == want[c], (key, c)
+    assert summary["expected_from"] == "inferred" and "tail of a boot" in summary["note"]
+    # the summary levels agree with the device rows
+    for q in ("0", "1", "2"):
+        for c in COUNTS:
+            assert summary["per_qos"][q][c] == sum(r[c] for k, r in got.items() if k[1] == int(q))
+    for c in COUNTS:
+        assert summary["totals"][c] == sum(r[c] for r in got.values())
+    assert summary["devices"] == 3
+    # and what was written is what was returned
+    with open(os.path.join(out, "summary.json")) as f:
+        assert json.load(f)["totals"] == summary["totals"]
+
+
+def test_latency_percentiles_are_those_of_first_arrivals(spark, fleet_set, fleet_audit):
+    out, summary = fleet_audit
+    first = {}
+    for r in audit.read_landing(spark, fleet_set.landing).collect():
+        k = (r["device"], r["boot"], r["qos"], r["seq"])
+        first[k] = min(first.get(k, (float("inf"), 0)), (r["recv_ts"], r["sent_ts"]))
+    lat = sorted((recv - sent) * 1000.0 for recv, sent in first.values())
+    for p, col in ((0.5, "latency_p50_ms"), (0.95, "latency_p95_ms"), (0.99, "latency_p99_ms")):
+        # the smallest value with at least p of the values at or below it
+        want = next(v for i, v in enumerate(lat) if (i + 1) >= p * len(lat))
+        assert summary["totals"][col] == pytest.approx(want, abs=1e-6)
+
+
+def test_json_ledger_gives_the_same_result(spark, fleet_set, tmp_path):
+    js = str(tmp_path / "ledger.jsonl")
+    spark.read.parquet(fleet_set.ledger).coalesce(1).write.json(js)
+    s = audit.run_audit(spark, fleet_set.landing, str(tmp_path / "a"), ledger=js)
+    assert s["ledger_format"] == "json"
+    assert {c: s["totals"][c] for c in COUNTS} == {c: fleet_set.totals[c] for c in COUNTS}
+
+
+def _ordering_cases(spark):
+    """Each device is one case: (device, [(seq, recv_ts, recv_idx), ...]) in boot 1, QoS 1."""
+    cases = {
+        # a duplicate of an earlier message arrives after a later one, but every final copy is in order
+        "dup-of-earlier": [(0, 1.0, None), (1, 2.0, None), (2, 3.0, None), (1, 4.0, None),
+                           (2, 5.0, None)],
+        # the final copy of 1 arrives after the final copy of 2
+        "late-final-copy": [(0, 1.0, None), (1, 2.0, None), (2, 3.0, None), (1, 4.0, None)],
+        # an early first copy of 2 does not matter: its final copy comes after 1
+        "early-first-copy": [(0, 1.0, None), (2, 2.0, None), (1, 3.0, None), (2, 4.0, None)],
+        # equal receive times: recv_idx decides the arrival order
+        "tie-idx-swapped": [(0, 1.0, 10), (1, 5.0, 12), (2, 5.0, 11)],
+        "tie-idx-in-order": [(0, 1.0, 10), (1, 5.0, 11), (2, 5.0, 12)],
+        # 3 and 1 both arrive after 4: two reordered messages, and seq 2 is a loss
+        "two-late": [(0, 1.0, None), (4, 2.0, None), (3, 3.0, None), (1, 4.0, None)],
+    }
+    rows = [{"device": d, "boot": 1, "qos": 1, "seq": s, "recv_ts": 100.0 + t, "sent_ts": 100.0,
+             "recv_idx": i} for d, arr in cases.items() for s, t, i in arr]
+    # a second boot whose first message arrives late relative to boot 1 is not reordered:
+    # streams are (device, boot, qos)
+    rows += [{"device": "two-boots", "boot": b, "qos": 2, "seq": s, "recv_ts": t, "sent_ts": None}
+             for b, s, t in ((2, 0, 1.0), (2, 1, 2.0), (1, 0, 3.0), (1, 1, 4.0))]
+    return landing_frame(spark, rows)
+
+
+def test_ordering_definition(spark):
+    res = {r["device"]: r.asDict() for r in audit.audit_frame(_ordering_cases(spark))
+           .filter("level = 'device'").collect()}
+    assert res["dup-of-earlier"]["reordered"] == 0
+    assert res["dup-of-earlier"]["duplicated"] == 2
+    assert res["late-final-copy"]["reordered"] == 1
+    assert res["late-final-copy"]["duplicated"] == 1
+    assert res["early-first-copy"]["reordered"] == 0
+    assert res["tie-idx-swapped"]["reordered"] == 1
+    assert res["tie-idx-in-order"]["reordered"] == 0
+    assert res["two-late"]["reordered"] == 2
+    assert (res["two-late"]["expected"], res["two-late"]["lost"]) == (5, 1)
+    assert res["two-boots"]["reordered"] == 0 and res["two-boots"]["streams"] == 2
+    assert res["two-boots"]["latency_p50_ms"] is None  # no send times, no latency
+
+
+@pytest.mark.parametrize("per_qos, ok", [
+    ({"0": {"lost": 5, "duplicated": 3}, "1": {"lost": 0, "duplicated": 4},
+      "2": {"lost": 0, "duplicated": 0}}, True),
+    ({"0": {"lost": 0, "duplicated": 0}, "1": {"lost": 1, "duplicated": 0}}, False),
+    ({"2": {"lost": 1, "duplicated": 0}}, False),
+    ({"2": {"lost": 0, "duplicated": 1}}, False),
+])
+def test_verdict(per_qos, ok):
+    v = audit.verdict(per_qos)
+    assert v["ok"] is ok
+    assert bool(v["reasons"]) is not ok
+
+
+def test_audit_exit_status(spark, fleet_set, tmp_path, capsys):
+    # the generated fleet loses QoS 1/2 messages and duplicates QoS 2 ones: status 1
+    assert cli.main(["audit", fleet_set.landing, "--out", str(tmp_path / "bad"), "--quiet"]) == 1
+    # losses only at QoS 0, duplicates and reorderings allowed at QoS 1: status 0
+    clean = generate(spark, str(tmp_path / "clean"), n_messages=600, devices=2, boots=1,
+                     qos_levels=(0, 1), loss={0: 0.1}, dup=0.05, reorder=0.05, seed=5,
+                     counts=False)
+    assert cli.main(["audit", clean.landing, "--out", str(tmp_path / "ok")]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out
+    with open(tmp_path / "ok" / "summary.json") as f:
+        s = json.load(f)
+    assert s["verdict"]["ok"] and s["per_qos"]["0"]["lost"] > 0 and s["per_qos"]["1"]["duplicated"] > 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["audit", "/nonexistent/landing", "--out", "/tmp/x"], "landing path not found: /nonexistent"),
+    (["audit", ".", "--out", "/tmp/x", "--ledger", "/nonexistent/ledger"], "ledger path not found"),
+    (["audit", ".", "--out", "/tmp/x", "--conf", "spark.foo"], "--conf expects key=value"),
+])
+def test_bad_input_is_one_clear_line(argv, needle, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and err[0].startswith("tern audit: error:")
+
+
+def _run_cli_without_java(tmp_path, env_update):
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env.update(env_update)
+    return subprocess.run([sys.executable, "-m", "ternlab.pipeline.cli", "audit", str(tmp_path),
+                           "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("how", ["empty-path", "empty-java-home", "java-11"])
+def test_java_missing_or_old_is_one_clear_line(tmp_path, how):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    if how == "empty-path":
+        env = {"PATH": str(empty)}
+    elif how == "empty-java-home":
+        env = {"PATH": str(empty), "JAVA_HOME": str(empty)}
+    else:
+        (empty / "bin").mkdir()
+        fake = empty / "bin" / "java"
+        fake.write_text('#!/bin/sh\necho \'openjdk version "11.0.22" 2024-01-16\' >&2\n')
+        fake.chmod(0o755)
+        env = {"PATH": f"{empty / 'bin'}:/usr/bin:/bin", "JAVA_HOME": str(empty)}
+    r = _run_cli_without_java(tmp_path, env)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Java 17 or newer is needed for PySpark; found" in lines[0]
+    if how == "java-11":
+        assert "found Java 11" in lines[0]
+    assert not (tmp_path / "out").exists()
