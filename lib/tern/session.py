@@ -131,6 +131,7 @@ class Session:
         self._txmv = memoryview(self._tx)
         self._msg = Message()
         self._tcache = {}
+        self._hviews = {}
         self._cap = max_pending
         self._ring = array("H", [0] * max_pending)
         self._rflags = bytearray(max_pending)
@@ -343,6 +344,7 @@ class Session:
         """Send what the window allows, oldest first."""
         if self.state != CONNECTED or not self._unsent:
             return
+        self.store.commit()  # write-ahead: durable before the first byte leaves (group commit)
         limit = self._limit()
         i = self._head
         cap = self._cap
@@ -436,10 +438,21 @@ class Session:
             return WOULD_BLOCK
         pid = self._alloc_pid()
         n = codec.publish_header_into(self._tx, topic, qos, retain, False, pid, plen, self.version, pblock)
-        self.store.append(PUBLISH, pid, self._tx, payload, n)
+        self.store.append(PUBLISH, pid, self._head_view(n), payload)
         self._push(pid, _QOS2 if qos == 2 else 0)
         self._pump(now)
         return pid
+
+    def _head_view(self, n):
+        # The store takes the encoded header as a buffer of exactly n bytes; one
+        # view of the transmit buffer per header length (a device has few
+        # topics) keeps that allocation out of the steady path.
+        v = self._hviews.get(n)
+        if v is None:
+            if len(self._hviews) >= 16:
+                self._hviews.clear()
+            v = self._hviews[n] = self._txmv[:n]
+        return v
 
     def wait_needed(self):
         """True while a QoS 0 publish would have to wait (see publish)."""
@@ -497,7 +510,7 @@ class Session:
 
     def _store_ctrl(self, pkt, pid, now):
         b = codec.encode(pkt, self.version)
-        self.store.append(pkt.type, pid, b, b"", len(b))
+        self.store.append(pkt.type, pid, b, b"")
         self._push(pid, _CTRL)
         self._pump(now)
 

@@ -10,10 +10,9 @@ backend needs no second index and a reboot resends in the original order.
 Contract (MemoryStore is the reference; FlashStore and FileStore keep it across
 power loss):
 - open(): recover; afterwards pending() lists what survived.
-- append(kind, pid, head, body, hlen): record head[:hlen] + body (the encoded
-  packet as first sent, DUP clear) under pid; hlen < 0 means all of head (the
-  session passes its transmit buffer and a length, so nothing is sliced);
-  durable when it returns unless group commit is on, then at commit().
+- append(kind, pid, head, body): record head + body (the encoded packet as
+  first sent, DUP clear; two buffers so the payload is never copied) under
+  pid; durable when it returns unless group commit is on, then at commit().
 - mark(pid): QoS 2 PUBREC seen (PUBREL is what remains to send).
 - unmark(pid): forget a PUBREC (the broker lost the session): the PUBLISH
   must go again. Keeps the record's place in the order.
@@ -48,12 +47,11 @@ class MemoryStore:
     def open(self):
         return self
 
-    def append(self, kind, pid, head, body=b"", hlen=-1):
+    def append(self, kind, pid, head, body=b""):
         if pid in self._rec:
             raise ValueError("packet identifier %d already pending" % pid)
         self._order += 1
-        h = bytes(head) if hlen < 0 else bytes(head[:hlen])
-        self._rec[pid] = [self._order, kind, False, h + bytes(body)]
+        self._rec[pid] = [self._order, kind, False, bytes(head) + bytes(body)]
         self._last = pid
 
     def mark(self, pid):

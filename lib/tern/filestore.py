@@ -1,0 +1,663 @@
+"""FileStore: the session store as append-only segment files in a directory.
+
+Runs on any filesystem: LittleFS on boards (through os/vfs), POSIX on hosts,
+or any object with open/listdir/remove/mkdir passed as `fs` (e.g. a
+littlefs-python filesystem on a host). Same contract as lib/tern/store.py.
+
+Segments are named NNNNNNNN.seg and hold records in the FlashStore format
+(see flashstore.py: 16-byte header with an address-seeded check, body,
+CRC-32; the status bytes are never programmed: every change is an appended
+record). A segment opens with a SEG record carrying the next record sequence
+and the last packet id, so nothing needed survives only in deleted files.
+
+- append writes the record, flushes and syncs (os.fsync on CPython, the file's
+  flush -- a LittleFS file sync -- and os.sync() when present on MicroPython).
+  With group_commit=True, nothing is flushed until commit(), which makes every
+  change since the last commit durable at once.
+- mark/unmark/release/in_release/in_clear/set_meta append small records.
+- every open starts a new segment: a torn tail (caught by the CRC) is never
+  appended to. A segment rotates at `segment_bytes`.
+- the oldest segment is deleted once nothing in it is live; when more than
+  `max_segments` exist, the oldest one's stuck live records are copied forward
+  (same record sequence, so order is kept) and it is deleted. Segments are
+  only ever deleted oldest first, so an appended release always outlives the
+  record it releases.
+"""
+
+import os
+from binascii import crc32
+
+from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
+from .flashstore import (
+    T_INID,
+    T_META,
+    T_OP,
+    T_INCLEAR,
+    F_RELOC,
+    F_MARKED,
+    OP_MARK,
+    OP_UNMARK,
+    OP_RELEASE,
+    OP_INREL,
+    _u16,
+    _u32,
+    _put16,
+    _put32,
+)
+
+try:
+    from array import array
+except ImportError:  # pragma: no cover
+    from uarray import array
+
+T_SEG = const(0x35)
+_RH = const(16)
+_KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
+_MICROPYTHON = __import__("sys").implementation.name == "micropython"
+
+
+def _warn(msg):
+    print("tern.filestore: " + msg)
+
+
+class _OsFs:
+    """The running system's filesystem (LittleFS via vfs on boards, POSIX on hosts)."""
+
+    def open(self, path, mode):
+        return open(path, mode)
+
+    def listdir(self, path):
+        return os.listdir(path)
+
+    def remove(self, path):
+        os.remove(path)
+
+    def mkdir(self, path):
+        os.mkdir(path)
+
+    def sync_file(self, f):
+        f.flush()
+        if hasattr(os, "fsync"):
+            os.fsync(f.fileno())
+        elif hasattr(os, "sync"):
+            os.sync()
+
+    def sync_dir(self, path):
+        if hasattr(os, "fsync") and hasattr(os, "O_RDONLY"):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        elif hasattr(os, "sync"):
+            os.sync()
+
+
+def _oserror(e):
+    """A filesystem object's own error (e.g. littlefs.LittleFSError) as OSError."""
+    if isinstance(e, OSError) or type(e).__name__ != "LittleFSError":
+        return e
+    return OSError(-getattr(e, "code", 5), str(e))
+
+
+class _ObjFs:
+    """An object with open/listdir/remove/mkdir (e.g. littlefs-python's LittleFS)."""
+
+    def __init__(self, fs):
+        self.fs = fs
+
+    def open(self, path, mode):
+        try:
+            return self.fs.open(path, mode)
+        except Exception as e:
+            raise _oserror(e)
+
+    def listdir(self, path):
+        try:
+            return self.fs.listdir(path)
+        except Exception as e:
+            raise _oserror(e)
+
+    def remove(self, path):
+        try:
+            self.fs.remove(path)
+        except Exception as e:
+            raise _oserror(e)
+
+    def mkdir(self, path):
+        try:
+            self.fs.mkdir(path)
+        except Exception as e:
+            raise _oserror(e)
+
+    def sync_file(self, f):
+        f.flush()
+        raw = getattr(f, "raw", None)  # a buffered wrapper: sync the file below it too
+        if raw is not None:
+            raw.flush()
+
+    def sync_dir(self, path):
+        pass
+
+
+class FileStore:
+    durable = True
+
+    def __init__(self, path, fs=None, group_commit=False, segment_bytes=16384, max_segments=4, verbose=True):
+        self.path = path.rstrip("/") or "/"
+        self.fs = _OsFs() if fs is None else _ObjFs(fs)
+        self.group = bool(group_commit)
+        self.segment_bytes = segment_bytes
+        self.max_segments = max(2, max_segments)
+        self.verbose = verbose
+        self._hdr = bytearray(_RH)
+        self._crcb = bytearray(4)
+        self._f = None
+        self._cur = 0
+        self._off = 0
+        self._dirty = False
+        self._segs = []  # segment numbers, oldest first
+        self._live = {}  # segment -> live items
+        # index in record-sequence order (pid 0 = hole)
+        self._ipid = array("H")
+        self._iseg = array("I")
+        self._ioff = array("I")  # offset << 3 | kind code << 1 | marked
+        self._ilen = array("I")  # body length
+        self._irs = array("I")  # record sequence
+        self._lo = 0
+        self._in = {}  # pid -> (segment, offset, rseq)
+        self._meta = {}  # key -> [value, segment, offset, rseq]
+        self._rseq = 1
+        self._last = 0
+        self.stats = {}
+
+    # ------------------------------------------------------------ helpers
+    def _name(self, seg):
+        return "%s/%08d.seg" % (self.path, seg)
+
+    def _say(self, msg):
+        if self.verbose:
+            _warn(msg)
+
+    def _hcheck(self, seed):
+        # (one statement per byte: a tuple swap would allocate on MicroPython)
+        h = self._hdr
+        a = h[10]
+        b = h[11]
+        c = h[12]
+        d = h[13]
+        h[10] = h[11] = h[12] = h[13] = 0xFF
+        v = crc32(h, seed) & 0xFFFF
+        h[10] = a
+        h[11] = b
+        h[12] = c
+        h[13] = d
+        return v
+
+    @staticmethod
+    def _seed(seg, off):
+        return (seg * 0x9E3779B1 + off) & 0xFFFFFFFF
+
+    def _mkhdr(self, t, flags, ln, rseq, pid, seg, off):
+        h = self._hdr
+        h[0] = t
+        h[1] = flags
+        _put16(h, 2, ln)
+        _put32(h, 4, rseq)
+        _put16(h, 8, pid)
+        h[12] = h[13] = h[14] = h[15] = 0xFF
+        _put16(h, 10, self._hcheck(self._seed(seg, off)))
+
+    # ------------------------------------------------------------ boot
+    def open(self):
+        fs = self.fs
+        try:
+            names = fs.listdir(self.path)
+        except OSError:
+            fs.mkdir(self.path)
+            names = []
+        segs = []
+        for n in names:
+            if len(n) == 12 and n.endswith(".seg") and n[:8].isdigit():
+                segs.append(int(n[:8]))
+        segs.sort()
+        ents = {}
+        ins = {}
+        self._bootlast = -1
+        for seg in segs:
+            self._scan(seg, ents, ins)
+        keys = sorted(ents)
+        self._ipid = array("H", [0] * len(keys))
+        self._iseg = array("I", [0] * len(keys))
+        self._ioff = array("I", [0] * len(keys))
+        self._ilen = array("I", [0] * len(keys))
+        self._irs = array("I", [0] * len(keys))
+        self._lo = 0
+        self._segs = segs
+        self._live = {}
+        for s in segs:
+            self._live[s] = 0
+        for i in range(len(keys)):
+            e = ents[keys[i]]
+            self._ipid[i] = e[0]
+            self._iseg[i] = e[1]
+            self._ioff[i] = e[2]
+            self._ilen[i] = e[3]
+            self._irs[i] = keys[i]
+            self._live[e[1]] += 1
+        self._in = {}
+        for r in ins:
+            pid, seg, off = ins[r]
+            self._in[pid] = (seg, off, r)
+            self._live[seg] += 1
+        for k in self._meta:
+            self._live[self._meta[k][1]] += 1
+        self.stats = {"segments": len(segs), "pending": len(keys)}
+        self._new_segment()
+        self._gc()
+        return self
+
+    def _scan(self, seg, ents, ins):
+        try:
+            with self.fs.open(self._name(seg), "rb") as f:
+                data = f.read()
+        except OSError:
+            self._say("segment %d unreadable: skipped" % seg)
+            return
+        h = self._hdr
+        mv = memoryview(data)
+        n = len(data)
+        p = 0
+        while p + _RH + 4 <= n:
+            h[0:_RH] = mv[p : p + _RH]
+            ln = _u16(h, 2)
+            ok = (
+                _u16(h, 10) == self._hcheck(self._seed(seg, p))
+                and p + _RH + ln + 4 <= n
+                and (h[0] in _KINDS or T_INID <= h[0] <= T_SEG)
+            )
+            if ok:
+                h2 = bytearray(h)
+                h2[12] = h2[13] = h2[14] = h2[15] = 0xFF
+                c = crc32(mv[p + _RH : p + _RH + ln], crc32(h2)) & 0xFFFFFFFF
+                ok = _u32(data, p + _RH + ln) == c
+                if not ok:
+                    self._say("segment %d: record at %d fails its CRC: skipped" % (seg, p))
+                    p += _RH + ln + 4
+                    continue
+            if not ok:
+                q = self._resync(seg, mv, p + 1)
+                if q < 0:
+                    if p + _RH <= n and self.verbose:
+                        self._say("segment %d: torn tail at %d ignored" % (seg, p))
+                    return
+                self._say("segment %d: unreadable bytes %d..%d skipped" % (seg, p, q))
+                p = q
+                continue
+            self._record(seg, p, ln, mv, ents, ins)
+            p += _RH + ln + 4
+
+    def _resync(self, seg, mv, p):
+        h = self._hdr
+        n = len(mv)
+        while p + _RH + 4 <= n:
+            h[0:_RH] = mv[p : p + _RH]
+            ln = _u16(h, 2)
+            if (h[0] in _KINDS or T_INID <= h[0] <= T_SEG) and p + _RH + ln + 4 <= n:
+                if _u16(h, 10) == self._hcheck(self._seed(seg, p)):
+                    h2 = bytearray(h)
+                    h2[12] = h2[13] = h2[14] = h2[15] = 0xFF
+                    c = crc32(mv[p + _RH : p + _RH + ln], crc32(h2)) & 0xFFFFFFFF
+                    if _u32(mv, p + _RH + ln) == c:
+                        return p
+            p += 1
+        return -1
+
+    def _record(self, seg, off, ln, mv, ents, ins):
+        h = self._hdr
+        t = h[0]
+        fl = h[1]
+        r = _u32(h, 4)
+        pid = _u16(h, 8)
+        if t == T_SEG:
+            if r > self._rseq:
+                self._rseq = r
+            if r - 1 > self._bootlast:
+                self._bootlast = r - 1
+                self._last = pid
+            return
+        if t == T_OP:
+            if fl == OP_INREL:
+                ins.pop(r, None)
+                return
+            e = ents.get(r)
+            if e is None:
+                return
+            if fl == OP_RELEASE:
+                del ents[r]
+            elif fl == OP_MARK:
+                e[2] |= 1
+            elif fl == OP_UNMARK:
+                e[2] &= ~1
+            return
+        if t == T_INCLEAR:
+            ins.clear()
+            return
+        if r >= self._rseq:
+            self._rseq = r + 1
+        if t in _KINDS:
+            if not fl & F_RELOC and r > self._bootlast:
+                self._bootlast = r
+                self._last = pid
+            ents[r] = [pid, seg, (off << 3) | (_KINDS.index(t) << 1) | (1 if fl & F_MARKED else 0), ln]
+        elif t == T_INID:
+            ins[r] = (pid, seg, off)
+        elif t == T_META:
+            body = mv[off + _RH : off + _RH + ln]
+            kl = body[0] if ln else 0
+            if ln < 1 or kl > ln - 1:
+                return
+            key = bytes(body[1 : 1 + kl])
+            cur = self._meta.get(key)
+            if cur is None or r >= cur[3]:
+                self._meta[key] = [bytes(body[1 + kl :]), seg, off, r]
+
+    # ------------------------------------------------------------ segments
+    def _new_segment(self):
+        if self._f is not None:
+            self._sync()
+            self._f.close()
+        seg = (self._segs[-1] + 1) if self._segs else 1
+        self._f = self.fs.open(self._name(seg), "wb")
+        self._segs.append(seg)
+        self._live[seg] = 0
+        self._cur = seg
+        self._off = 0
+        self._emit(T_SEG, 0, self._rseq, self._last, b"", b"")
+        self._sync()
+        self.fs.sync_dir(self.path)
+
+    def _emit(self, t, flags, rseq, pid, head, body):
+        """Write one record at the end of the current segment; returns its offset."""
+        off = self._off
+        lh = len(head)
+        ln = lh + len(body)
+        self._mkhdr(t, flags, ln, rseq, pid, self._cur, off)
+        h2 = self._hdr
+        c = crc32(body, crc32(head, crc32(h2))) & 0xFFFFFFFF
+        _put32(self._crcb, 0, c)
+        f = self._f
+        f.write(h2)
+        if lh:
+            f.write(head)
+        if ln - lh:
+            f.write(body)
+        f.write(self._crcb)
+        self._off = off + _RH + ln + 4
+        self._dirty = True
+        return off
+
+    def _sync(self):
+        if self._dirty:
+            self.fs.sync_file(self._f)
+            self._dirty = False
+
+    def _done(self):
+        """End of one change: durable now unless group commit defers it."""
+        if not self.group:
+            self._sync()
+        if self._off >= self.segment_bytes:
+            self._new_segment()
+            self._gc()
+
+    def _gc(self):
+        """Delete dead segments, oldest first; move stuck records when too many."""
+        while len(self._segs) > 1:
+            old = self._segs[0]
+            if old == self._cur:
+                return
+            if self._live.get(old, 0):
+                if len(self._segs) <= self.max_segments:
+                    return
+                self._relocate(old)
+                if self._live.get(old, 0):
+                    return
+            self._sync()  # the copies (and releases) are durable before the delete
+            try:
+                self.fs.remove(self._name(old))
+            except OSError:
+                pass
+            self.fs.sync_dir(self.path)
+            self._segs.pop(0)
+            self._live.pop(old, None)
+
+    def _copy(self, seg, off, flags):
+        """Re-append the record at (seg, off) with new flags; returns the new offset or -1."""
+        with self.fs.open(self._name(seg), "rb") as f:
+            f.seek(off)
+            h = f.read(_RH)
+            if len(h) < _RH:
+                return -1
+            ln = _u16(h, 2)
+            rest = f.read(ln + 4)
+        if len(rest) < ln + 4:
+            return -1
+        h2 = bytearray(h)
+        h2[12] = h2[13] = h2[14] = h2[15] = 0xFF
+        if crc32(memoryview(rest)[0:ln], crc32(h2)) & 0xFFFFFFFF != _u32(rest, ln):
+            self._say("segment %d: record at %d went bad: dropped" % (seg, off))
+            return -1
+        return self._emit(h[0], (h[1] & ~(F_RELOC | F_MARKED)) | flags, _u32(h, 4), _u16(h, 8), b"", rest[0:ln])
+
+    def _relocate(self, seg):
+        for i in range(self._lo, len(self._ipid)):
+            if self._ipid[i] and self._iseg[i] == seg:
+                o = self._ioff[i]
+                no = self._copy(seg, o >> 3, F_RELOC | (F_MARKED if o & 1 else 0))
+                self._live[seg] -= 1
+                if no < 0:
+                    self._hole(i)
+                    continue
+                self._iseg[i] = self._cur
+                self._ioff[i] = (no << 3) | (o & 7)
+                self._live[self._cur] += 1
+        for pid in list(self._in):
+            s, o, r = self._in[pid]
+            if s == seg:
+                no = self._copy(seg, o, F_RELOC)
+                self._live[seg] -= 1
+                if no < 0:
+                    del self._in[pid]
+                    continue
+                self._in[pid] = (self._cur, no, r)
+                self._live[self._cur] += 1
+        for k in self._meta:
+            m = self._meta[k]
+            if m[1] == seg:
+                no = self._copy(seg, m[2], F_RELOC)
+                self._live[seg] -= 1
+                if no >= 0:
+                    m[1] = self._cur
+                    m[2] = no
+                    self._live[self._cur] += 1
+
+    # ------------------------------------------------------------ index
+    def _find(self, pid):
+        ip = self._ipid
+        for i in range(self._lo, len(ip)):
+            if ip[i] == pid:
+                return i
+        return -1
+
+    def _get(self, pid):
+        i = self._find(pid) if pid else -1
+        if i < 0:
+            raise KeyError(pid)
+        return i
+
+    def _hole(self, i):
+        self._ipid[i] = 0
+        while self._lo < len(self._ipid) and not self._ipid[self._lo]:
+            self._lo += 1
+        if self._lo > 64 and self._lo * 2 > len(self._ipid):
+            lo = self._lo
+            self._ipid = self._ipid[lo:]
+            self._iseg = self._iseg[lo:]
+            self._ioff = self._ioff[lo:]
+            self._ilen = self._ilen[lo:]
+            self._irs = self._irs[lo:]
+            self._lo = 0
+
+    def _dead(self, seg):
+        self._live[seg] -= 1
+
+    # ------------------------------------------------------------ contract
+    def append(self, kind, pid, head, body=b""):
+        if kind not in _KINDS:
+            raise ValueError("record kind %r" % (kind,))
+        if not 0 < pid < 65536:
+            raise ValueError("packet identifier %r" % (pid,))
+        if self._find(pid) >= 0:
+            raise ValueError("packet identifier %d already pending" % pid)
+        r = self._rseq
+        off = self._emit(kind, 0, r, pid, head, body)
+        self._rseq += 1
+        self._last = pid
+        self._ipid.append(pid)
+        self._iseg.append(self._cur)
+        self._ioff.append((off << 3) | (_KINDS.index(kind) << 1))
+        self._ilen.append(len(head) + len(body))
+        self._irs.append(r)
+        self._live[self._cur] += 1
+        self._done()
+
+    def mark(self, pid):
+        i = self._get(pid)
+        if self._ioff[i] & 1:
+            return
+        self._emit(T_OP, OP_MARK, self._irs[i], pid, b"", b"")
+        self._ioff[i] |= 1
+        self._done()
+
+    def unmark(self, pid):
+        i = self._get(pid)
+        if not self._ioff[i] & 1:
+            return
+        self._emit(T_OP, OP_UNMARK, self._irs[i], pid, b"", b"")
+        self._ioff[i] &= ~1
+        self._done()
+
+    def release(self, pid):
+        i = self._find(pid) if pid else -1
+        if i < 0:
+            return
+        self._emit(T_OP, OP_RELEASE, self._irs[i], pid, b"", b"")
+        self._dead(self._iseg[i])
+        self._hole(i)
+        self._done()
+        self._gc()
+
+    def pending(self):
+        return [p for p in self._ipid[self._lo :] if p]
+
+    def has(self, pid):
+        return bool(pid) and self._find(pid) >= 0
+
+    def kind(self, pid):
+        return _KINDS[(self._ioff[self._get(pid)] >> 1) & 3]
+
+    def marked(self, pid):
+        return bool(self._ioff[self._get(pid)] & 1)
+
+    def size(self, pid):
+        return self._ilen[self._get(pid)]
+
+    def read(self, pid, offset, buf):
+        i = self._get(pid)
+        ln = self._ilen[i]
+        n = ln - offset
+        if n <= 0:
+            return 0
+        if n > len(buf):
+            n = len(buf)
+        if self._iseg[i] == self._cur:
+            self._sync()
+        with self.fs.open(self._name(self._iseg[i]), "rb") as f:
+            f.seek((self._ioff[i] >> 3) + _RH + offset)
+            got = f.readinto(buf if n == len(buf) else memoryview(buf)[0:n])
+        return got or 0
+
+    def count(self):
+        c = 0
+        for i in range(self._lo, len(self._ipid)):
+            if self._ipid[i]:
+                c += 1
+        return c
+
+    def in_add(self, pid):
+        if pid in self._in:
+            return
+        r = self._rseq
+        off = self._emit(T_INID, 0, r, pid, b"", b"")
+        self._rseq += 1
+        self._in[pid] = (self._cur, off, r)
+        self._live[self._cur] += 1
+        self._done()
+
+    def in_has(self, pid):
+        return pid in self._in
+
+    def in_release(self, pid):
+        e = self._in.get(pid)
+        if e is None:
+            return
+        self._emit(T_OP, OP_INREL, e[2], pid, b"", b"")
+        del self._in[pid]
+        self._dead(e[0])
+        self._done()
+        self._gc()
+
+    def in_clear(self):
+        if not self._in:
+            return
+        self._emit(T_INCLEAR, 0, self._rseq, 0, b"", b"")
+        self._rseq += 1
+        for pid in self._in:
+            self._dead(self._in[pid][0])
+        self._in = {}
+        self._done()
+        self._gc()
+
+    def meta(self, key):
+        m = self._meta.get(key.encode() if isinstance(key, str) else bytes(key))
+        return None if m is None else m[0]
+
+    def set_meta(self, key, value):
+        k = key.encode() if isinstance(key, str) else bytes(key)
+        v = bytes(value)
+        if len(k) > 255:
+            raise ValueError("meta key too long")
+        cur = self._meta.get(k)
+        if cur is not None and cur[0] == v:
+            return
+        r = self._rseq
+        off = self._emit(T_META, 0, r, 0, bytes((len(k),)) + k, v)
+        self._rseq += 1
+        self._meta[k] = [v, self._cur, off, r]
+        self._live[self._cur] += 1
+        if cur is not None:
+            self._dead(cur[1])
+        self._done()
+        self._gc()
+
+    def last_pid(self):
+        return self._last
+
+    def commit(self):
+        self._sync()
+
+    def close(self):
+        if self._f is not None:
+            self._sync()
+            self._f.close()
+            self._f = None

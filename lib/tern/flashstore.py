@@ -1,0 +1,1074 @@
+"""FlashStore: the session store as a circular log on a raw flash partition.
+
+The block device speaks MicroPython's extended block protocol (esp32.Partition,
+rp2.Flash, boards/emulated/norflash.py): readblocks(b, buf, off),
+writeblocks(b, buf, off) programs only (bits 1 -> 0), ioctl(6, b) erases.
+It keeps the contract of lib/tern/store.py across power loss at any flash
+operation. Layout (all integers little-endian):
+
+Sector (one erase block) header, 32 bytes:
+    0 magic b"TnF1"  4 version  5 flags (bit0: written in appended-ack mode)
+    8 sector sequence  12 floor (sectors with a lower sequence are void)
+    16 next record sequence  20 last packet id  24 CRC-32 of bytes 0..23
+    28 retired byte (0x00: nothing in this sector is live; in-place mode only)
+
+Record, 8-byte aligned, never crossing a sector:
+    0 type  1 flags  2 body length  4 record sequence  8 packet id
+    10 header check (CRC-32 of the header, seeded with the record's address,
+       low 16 bits: a scanner can trust the length, and a copy of a record
+       inside some payload never passes for a record)
+    12 S0 status (QoS 2 PUBREC seen)  13 S1 status (released)  14..15 0xFF
+    16 body  then CRC-32 over header (status bytes read as 0xFF) and body.
+A status byte counts as set when at least half its bits are 0: a torn
+one-byte program reads either way (the call never returned), a flipped bit
+never changes a state.
+
+Types: the packet types PUBLISH/SUBSCRIBE/UNSUBSCRIBE (body = the packet),
+INID (inbound QoS 2 id), META (body = key length, key, value), OP (appended
+ack: flags = MARK/UNMARK/RELEASE/INREL, sequence/pid = its target), INCLEAR
+(every inbound id before it is void), FLOOR (sequence field = new floor).
+
+Write-ahead and recovery:
+- append programs the record; mark/release program S0/S1 in place (or append
+  an OP record when `append_acks=True`, for flash that cannot be
+  re-programmed); unmark appends a fresh copy of the record (same sequence,
+  relocated flag) and releases the old copy; in_clear appends INCLEAR.
+- reclaim: when only one free sector is left, the live records of the oldest
+  sector are copied into the head (same record sequence, current mark state
+  in the flags), a FLOOR record voids the oldest sector, then it is erased.
+  The head keeps room for that copy, so reclaim never needs another sector.
+  A torn erase leaves a sector below the floor: void whatever it contains.
+- boot reads every sector header (the partition size bounds the work, not the
+  history), orders valid sectors by sequence, skips void and retired ones,
+  scans the rest record by record; a record with a bad CRC is skipped with a
+  warning; a bad header makes the scan look for the next valid record in the
+  sector; the newest copy of a record (by sequence) wins. If the head sector
+  does not end cleanly (torn tail), it is never appended to again.
+- RAM: 8 bytes per pending message (pid, address with kind and mark bits,
+  record size), a few bytes per sector, fixed buffers.
+"""
+
+from binascii import crc32
+
+from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
+
+try:
+    from array import array
+except ImportError:  # pragma: no cover
+    from uarray import array
+
+_MAGIC = b"TnF1"
+_VERSION = const(1)
+_SH = const(32)  # sector header bytes
+_RH = const(16)  # record header bytes
+_FLOOR_SZ = const(24)  # a record with no body
+
+T_INID = const(0x30)
+T_META = const(0x31)
+T_OP = const(0x32)
+T_INCLEAR = const(0x33)
+T_FLOOR = const(0x34)
+
+F_RELOC = const(1)
+F_MARKED = const(2)
+
+OP_MARK = const(1)
+OP_UNMARK = const(2)
+OP_RELEASE = const(3)
+OP_INREL = const(4)
+
+_KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
+_WIN = const(512)
+_CHUNK = const(64)  # index growth step (entries)
+ENOSPC = const(28)
+
+
+def _rsize(n):
+    return (_RH + n + 4 + 7) & ~7
+
+
+def _isset(b):
+    # at least 4 of the 8 bits are 0
+    v = b - ((b >> 1) & 0x55)
+    v = (v & 0x33) + ((v >> 2) & 0x33)
+    return ((v + (v >> 4)) & 0x0F) <= 4
+
+
+def _u16(b, i):
+    return b[i] | (b[i + 1] << 8)
+
+
+def _u32(b, i):
+    return b[i] | (b[i + 1] << 8) | (b[i + 2] << 16) | (b[i + 3] << 24)
+
+
+def _put16(b, i, v):
+    b[i] = v & 0xFF
+    b[i + 1] = (v >> 8) & 0xFF
+
+
+def _put32(b, i, v):
+    b[i] = v & 0xFF
+    b[i + 1] = (v >> 8) & 0xFF
+    b[i + 2] = (v >> 16) & 0xFF
+    b[i + 3] = (v >> 24) & 0xFF
+
+
+def _warn(msg):
+    print("tern.flashstore: " + msg)
+
+
+class FlashCorrupt(Exception):
+    """The partition cannot be used (wrong geometry)."""
+
+
+class FlashStore:
+    durable = True
+
+    def __init__(self, dev, append_acks=False, group_commit=False, group_bytes=512, verbose=True):
+        self.dev = dev
+        self.append_acks = bool(append_acks)
+        self.group = bool(group_commit)
+        self.verbose = verbose
+        bs = dev.ioctl(5, 0)
+        n = dev.ioctl(4, 0)
+        if not bs or bs & (bs - 1) or bs < 256 or bs > 65536:
+            raise FlashCorrupt("block size %r unsupported" % (bs,))
+        if not n or n < 3:
+            raise FlashCorrupt("a FlashStore needs at least 3 erase blocks, got %r" % (n,))
+        self.bs = bs
+        self.nsec = n
+        sh = 0
+        while (1 << sh) < bs:
+            sh += 1
+        self._shift = sh
+        self._mask = bs - 1
+        self._limit = bs - _FLOOR_SZ  # normal records end here; a FLOOR may use the rest
+        self._maxrec = self._limit - _SH
+        # per sector
+        self._sseq = array("I", [0] * n)  # sequence of a data sector, 0 = free
+        self._live = array("H", [0] * n)  # live record bytes
+        self._pin = bytearray(n)  # holds OP/INCLEAR records: never retire
+        self._ret = bytearray(n)  # retired
+        self._blank = bytearray(n)  # known to be erased
+        # buffers
+        self._hdr = bytearray(_RH)
+        self._sh = bytearray(_SH)
+        self._crcb = bytearray(4)
+        self._zero = bytearray(1)
+        self._win = bytearray(_WIN)
+        self._winmv = memoryview(self._win)
+        self._wa = 0
+        self._wl = 0
+        self._gbuf = bytearray(group_bytes if self.group else 0)
+        self._gmv = memoryview(self._gbuf)
+        self._gaddr = 0
+        self._glen = 0
+        # index of pending messages, in record-sequence order (pid 0 = hole)
+        self._ipid = array("H", [0] * _CHUNK)
+        self._iaddr = array("I", [0] * _CHUNK)  # address | kind code << 1 | marked
+        self._isz = array("H", [0] * _CHUNK)  # record bytes on flash
+        self._n = 0
+        self._lo = 0
+        self._count = 0
+        # inbound QoS 2 ids
+        self._inpid = array("H", [0] * 8)
+        self._inaddr = array("I", [0] * 8)
+        self._inn = 0
+        self._meta = {}  # key bytes -> [value, address, record bytes]
+        self._head = -1
+        self._off = 0
+        self._sealed = False
+        self._nextseq = 1
+        self._floor = 0
+        self._rseq = 1
+        self._last = 0
+        self._opened = False
+        self._nfree = -1  # caches
+        self._old = -2
+        self._total = 0
+        self.stats = {}
+
+    # ------------------------------------------------------------ low level
+    def _prog(self, addr, buf):
+        self._wl = 0
+        self._blank[addr >> self._shift] = 0
+        self.dev.writeblocks(addr >> self._shift, buf, addr & self._mask)
+
+    def _read(self, addr, buf):
+        self.dev.readblocks(addr >> self._shift, buf, addr & self._mask)
+
+    def _erase(self, s):
+        self._wl = 0
+        self._blank[s] = 0
+        self.dev.ioctl(6, s)
+        self._blank[s] = 1
+
+    def _at(self, addr, n):
+        """Index into the read window of `n` bytes at `addr` (same sector)."""
+        wa = self._wa
+        if wa <= addr and addr + n <= wa + self._wl:
+            return addr - wa
+        end = (addr | self._mask) + 1
+        ln = end - addr
+        if ln > _WIN:
+            ln = _WIN
+        self._read(addr, self._win if ln == _WIN else self._winmv[0:ln])
+        self._wa = addr
+        self._wl = ln
+        return 0
+
+    def _seed(self, s, off):
+        return (self._sseq[s] * 4099 + off) & 0xFFFFFFFF
+
+    def _hcheck(self, seed):
+        # (one statement per byte: a tuple swap would allocate on MicroPython)
+        h = self._hdr
+        a = h[10]
+        b = h[11]
+        c = h[12]
+        d = h[13]
+        h[10] = h[11] = h[12] = h[13] = 0xFF
+        v = crc32(h, seed) & 0xFFFF
+        h[10] = a
+        h[11] = b
+        h[12] = c
+        h[13] = d
+        return v
+
+    def _hcrc(self):
+        """CRC-32 of the header with its status bytes read as 0xFF."""
+        h = self._hdr
+        c = h[12]
+        d = h[13]
+        h[12] = h[13] = 0xFF
+        v = crc32(h)
+        h[12] = c
+        h[13] = d
+        return v
+
+    def _mkhdr(self, t, flags, ln, rseq, pid, addr):
+        h = self._hdr
+        h[0] = t
+        h[1] = flags
+        _put16(h, 2, ln)
+        _put32(h, 4, rseq)
+        _put16(h, 8, pid)
+        h[12] = h[13] = h[14] = h[15] = 0xFF
+        _put16(h, 10, self._hcheck(self._seed(addr >> self._shift, addr & self._mask)))
+
+    # ------------------------------------------------------------ boot
+    def open(self):
+        dev = self.dev
+        n = self.nsec
+        bs = self.bs
+        sh = self._sh
+        r0 = getattr(dev, "bytes_read", 0)
+        valid = []
+        heads = 0
+        for s in range(n):
+            self._read(s * bs, sh)
+            heads += 1
+            if sh[0:4] == _MAGIC and sh[4] == _VERSION and _u32(sh, 24) == (crc32(memoryview(sh)[0:24]) & 0xFFFFFFFF):
+                q = _u32(sh, 8)
+                if q:
+                    valid.append((q, s))
+                    self._ret[s] = 1 if sh[28] == 0 else 0
+        valid.sort()
+        head = -1
+        floor = 0
+        if valid:
+            head = valid[-1][1]
+            self._read(head * bs, sh)
+            floor = _u32(sh, 12)
+            self._rseq = _u32(sh, 16)
+            self._last = _u16(sh, 20)
+            self._nextseq = valid[-1][0] + 1
+            self._sseq[head] = valid[-1][0]
+            floor = self._scan_floor(head, floor)
+        self._floor = floor
+        data = [s for q, s in valid if q >= floor]
+        for s in range(n):
+            self._sseq[s] = 0
+        for q, s in valid:
+            if q >= floor:
+                self._sseq[s] = q
+        scanned = 0
+        ents = {}
+        ins = {}
+        repair = []
+        self._bootlast = self._rseq - 1
+        end = _SH
+        for s in data:
+            if self._ret[s] and s != head:
+                continue
+            scanned += 1
+            end, torn = self._scan(s, ents, ins, repair)
+            if s == head:
+                self._off = end
+                self._sealed = torn
+        if head >= 0:
+            self._head = head
+            self._ret[head] = 0
+            if not self._sealed and not self._tail_blank(head, self._off):
+                self._sealed = True
+            if self._off > self._limit:
+                self._sealed = True
+        # build the index in record-sequence order
+        keys = sorted(ents)
+        cap = _CHUNK
+        while cap < len(keys) + 1:
+            cap += _CHUNK
+        self._ipid = array("H", [0] * cap)
+        self._iaddr = array("I", [0] * cap)
+        self._isz = array("H", [0] * cap)
+        for i in range(len(keys)):
+            e = ents[keys[i]]
+            self._ipid[i] = e[0]
+            self._iaddr[i] = e[1]
+            self._isz[i] = e[2]
+            self._lv(e[1], e[2])
+        self._n = self._count = len(keys)
+        self._lo = 0
+        ik = sorted(ins)
+        cap = 8
+        while cap < len(ik) + 1:
+            cap += 8
+        self._inpid = array("H", [0] * cap)
+        self._inaddr = array("I", [0] * cap)
+        for i in range(len(ik)):
+            e = ins[ik[i]]
+            self._inpid[i] = e[0]
+            self._inaddr[i] = e[1]
+            self._lv(e[1], _FLOOR_SZ)
+        self._inn = len(ik)
+        for k in self._meta:
+            m = self._meta[k]
+            self._lv(m[1], m[2])
+        self._opened = True
+        self._nfree = -1
+        self._old = -2
+        # superseded copies found alive: release them so retiring stays safe
+        if not self.append_acks:
+            for a in repair:
+                self._prog(a + 13, self._zero)
+            for s in data:
+                self._maybe_retire(s)
+        self.stats = {
+            "sectors": n,
+            "headers_read": heads,
+            "sectors_scanned": scanned,
+            "bytes_read": getattr(dev, "bytes_read", 0) - r0,
+            "pending": self._count,
+        }
+        del ents, ins, repair
+        return self
+
+    def _scan_floor(self, s, floor):
+        """FLOOR records in the head sector raise the floor."""
+        off = _SH
+        base = s * self.bs
+        h = self._hdr
+        while off + _RH <= self.bs:
+            i = self._at(base + off, _RH)
+            if self._win[i] == 0xFF:
+                break
+            h[0:_RH] = self._winmv[i : i + _RH]
+            if not self._good_hdr(s, off):
+                off = self._resync(s, off)  # (leaves a valid header in self._hdr)
+                if off < 0:
+                    break
+            ln = _u16(h, 2)
+            if h[0] == T_FLOOR and self._crc_ok(base + off, ln):
+                f = _u32(h, 4)
+                if f > floor:
+                    floor = f
+            off += _rsize(ln)
+        return floor
+
+    def _good_hdr(self, s, off):
+        """Header in self._hdr is a record that can sit at this offset."""
+        h = self._hdr
+        t = h[0]
+        if not (t == PUBLISH or t == SUBSCRIBE or t == UNSUBSCRIBE or T_INID <= t <= T_FLOOR):
+            return False
+        if _u16(h, 10) != self._hcheck(self._seed(s, off)):
+            return False
+        return off + _rsize(_u16(h, 2)) <= self.bs
+
+    def _crc_ok(self, addr, ln):
+        """CRC of the record at addr whose header is in self._hdr."""
+        c = self._hcrc()
+        p = addr + _RH
+        left = ln
+        while left > 0:
+            k = left if left < _WIN else _WIN
+            i = self._at(p, k)
+            c = crc32(self._winmv[i : i + k], c)
+            p += k
+            left -= k
+        i = self._at(p, 4)
+        return _u32(self._win, i) == c & 0xFFFFFFFF
+
+    def _resync(self, s, off):
+        """Offset of the next valid record in sector s after a bad header, or -1."""
+        base = s * self.bs
+        h = self._hdr
+        off = (off + 8) & ~7
+        while off + _FLOOR_SZ <= self.bs:
+            i = self._at(base + off, _RH)
+            if self._win[i] != 0xFF:
+                h[0:_RH] = self._winmv[i : i + _RH]
+                if self._good_hdr(s, off) and self._crc_ok(base + off, _u16(h, 2)):
+                    return off
+            off += 8
+        return -1
+
+    def _tail_blank(self, s, off):
+        base = s * self.bs
+        while off < self.bs:
+            k = self.bs - off
+            if k > _WIN:
+                k = _WIN
+            i = self._at(base + off, k)
+            w = self._win
+            for j in range(i, i + k):
+                if w[j] != 0xFF:
+                    return False
+            off += k
+        return True
+
+    def _scan(self, s, ents, ins, repair):
+        """Scan sector s in log order. Returns (end offset, torn tail)."""
+        base = s * self.bs
+        h = self._hdr
+        off = _SH
+        torn = False
+        blank16 = True
+        while off + _RH <= self.bs:
+            i = self._at(base + off, _RH)
+            w = self._win
+            blank16 = True
+            for j in range(i, i + _RH):
+                if w[j] != 0xFF:
+                    blank16 = False
+                    break
+            if blank16:
+                break
+            h[0:_RH] = self._winmv[i : i + _RH]
+            if not self._good_hdr(s, off):
+                nxt = self._resync(s, off)
+                if nxt < 0:
+                    torn = True
+                    break
+                self._say("sector %d: unreadable bytes at %d..%d skipped" % (s, off, nxt))
+                off = nxt
+                continue
+            ln = _u16(h, 2)
+            size = _rsize(ln)
+            if not self._crc_ok(base + off, ln):
+                self._say("sector %d: record at %d (type %d, pid %d) fails its CRC: skipped" % (s, off, h[0], _u16(h, 8)))
+                torn = True  # if nothing valid follows, this is a torn tail
+                off += size
+                continue
+            torn = False
+            self._record(s, base + off, size, ents, ins, repair)
+            off += size
+        return off, torn
+
+    def _record(self, s, addr, size, ents, ins, repair):
+        h = self._hdr
+        t = h[0]
+        fl = h[1]
+        r = _u32(h, 4)
+        pid = _u16(h, 8)
+        if t == PUBLISH or t == SUBSCRIBE or t == UNSUBSCRIBE:
+            if r >= self._rseq:
+                self._rseq = r + 1
+            if not fl & F_RELOC and r > self._bootlast:
+                self._bootlast = r
+                self._last = pid
+            old = ents.pop(r, None)
+            if old is not None and not self.append_acks:
+                repair.append(old[1] & ~7)
+            if _isset(h[13]):
+                return
+            mk = 1 if (fl & F_MARKED or _isset(h[12])) else 0
+            ents[r] = [pid, addr | (_KINDS.index(t) << 1) | mk, size]
+        elif t == T_INID:
+            if r >= self._rseq:
+                self._rseq = r + 1
+            old = ins.pop(r, None)
+            if old is not None and not self.append_acks:
+                repair.append(old[1])
+            if not _isset(h[13]):
+                ins[r] = [pid, addr]
+        elif t == T_META:
+            if r >= self._rseq:
+                self._rseq = r + 1
+            ln = _u16(h, 2)
+            body = bytearray(ln)
+            self._read(addr + _RH, body)
+            kl = body[0] if ln else 0
+            if ln < 1 or kl > ln - 1:
+                self._say("meta record at 0x%x malformed: skipped" % addr)
+                return
+            key = bytes(body[1 : 1 + kl])
+            cur = self._meta.get(key)
+            if cur is None or r >= cur[3]:
+                self._meta[key] = [bytes(body[1 + kl :]), addr, size, r]
+        elif t == T_OP:
+            self._pin[s] = 1
+            if fl == OP_INREL:
+                ins.pop(r, None)
+                return
+            e = ents.get(r)
+            if e is None:
+                return
+            if fl == OP_RELEASE:
+                del ents[r]
+            elif fl == OP_MARK:
+                e[1] |= 1
+            elif fl == OP_UNMARK:
+                e[1] &= ~1
+        elif t == T_INCLEAR:
+            self._pin[s] = 1
+            ins.clear()
+        # T_FLOOR: read before the scan
+
+    def _say(self, msg):
+        if self.verbose:
+            _warn(msg)
+
+    # ------------------------------------------------------------ space
+    def _free(self):
+        if self._nfree < 0:
+            c = 0
+            for s in range(self.nsec):
+                if not self._sseq[s]:
+                    c += 1
+            self._nfree = c
+        return self._nfree
+
+    def _oldest(self):
+        if self._old != -2:
+            return self._old
+        best = -1
+        bq = 0
+        for s in range(self.nsec):
+            q = self._sseq[s]
+            if q and s != self._head and (best < 0 or q < bq):
+                best = s
+                bq = q
+        self._old = best
+        return best
+
+    def _alloc(self, size):
+        """Address for a record of `size` bytes in the head; makes room first."""
+        if size > self._maxrec:
+            raise ValueError("record of %d bytes does not fit a %d-byte sector" % (size, self.bs))
+        if self._total + size > (self.nsec - 2) * self._maxrec:
+            raise OSError(ENOSPC, "flash outbox full")
+        for _ in range(4 * self.nsec + 4):
+            if self._head >= 0 and not self._sealed:
+                free = self._free()
+                o = self._oldest() if free <= 1 else -1
+                res = self._live[o] if o >= 0 else 0
+                room = self._limit - self._off
+                if room >= size + res:
+                    a = self._head * self.bs + self._off
+                    self._off += size
+                    return a
+                if o >= 0 and room >= res:
+                    self._gflush()
+                    self._reclaim(o)
+                    continue
+            self._gflush()
+            self._switch()
+        raise OSError(ENOSPC, "flash outbox full")
+
+    def _switch(self):
+        """Open the next free sector (erasing it if needed) as the head."""
+        n = self.nsec
+        start = self._head + 1 if self._head >= 0 else 0
+        s = -1
+        for k in range(n):
+            c = (start + k) % n
+            if not self._sseq[c]:
+                s = c
+                break
+        if s < 0:
+            raise OSError(ENOSPC, "flash outbox full")
+        if not self._blank[s] and not self._tail_blank(s, 0):
+            self._erase(s)
+        old = self._head
+        sh = self._sh
+        for i in range(_SH):
+            sh[i] = 0xFF
+        sh[0:4] = _MAGIC
+        sh[4] = _VERSION
+        sh[5] = 1 if self.append_acks else 0
+        _put32(sh, 8, self._nextseq)
+        _put32(sh, 12, self._floor)
+        _put32(sh, 16, self._rseq)
+        _put16(sh, 20, self._last)
+        _put32(sh, 24, crc32(memoryview(sh)[0:24]) & 0xFFFFFFFF)
+        self._sseq[s] = self._nextseq  # before programming: a torn header is junk
+        self._nfree = -1
+        self._old = -2
+        self._nextseq += 1
+        self._total -= self._live[s]
+        self._live[s] = 0
+        self._pin[s] = 0
+        self._ret[s] = 0
+        try:
+            self._prog(s * self.bs, sh)
+        except BaseException:
+            self._sseq[s] = 0
+            self._nfree = -1
+            self._old = -2
+            raise
+        self._head = s
+        self._off = _SH
+        self._sealed = False
+        if old >= 0:
+            self._maybe_retire(old)
+
+    def _reclaim(self, o):
+        """Copy what is live in sector o into the head, void it, erase it."""
+        lo = o * self.bs
+        hi = lo + self.bs
+        for i in range(self._lo, self._n):
+            if self._ipid[i]:
+                a = self._iaddr[i]
+                if lo <= a < hi:
+                    self._move(i, a & 1)
+        for i in range(self._inn):
+            a = self._inaddr[i]
+            if lo <= a < hi:
+                na = self._take(_FLOOR_SZ)
+                if self._copy(a, na, F_RELOC):
+                    self._inaddr[i] = na
+                    self._lv(na, _FLOOR_SZ)
+        for k in self._meta:
+            m = self._meta[k]
+            if lo <= m[1] < hi:
+                na = self._take(m[2])
+                if self._copy(m[1], na, F_RELOC):
+                    self._lv(na, m[2])
+                    m[1] = na
+        # void the old sector, then erase it
+        f = self._sseq[o] + 1
+        a = self._head * self.bs + self._off
+        self._mkhdr(T_FLOOR, 0, 0, f, 0, a)
+        c = self._hcrc() & 0xFFFFFFFF
+        _put32(self._crcb, 0, c)
+        self._prog(a, self._hdr)
+        self._prog(a + _RH, self._crcb)
+        self._off += _FLOOR_SZ
+        if f > self._floor:
+            self._floor = f
+        self._sseq[o] = 0
+        self._total -= self._live[o]
+        self._live[o] = 0
+        self._nfree = -1
+        self._old = -2
+        self._pin[o] = 0
+        self._ret[o] = 0
+        self._erase(o)
+
+    def _take(self, size):
+        """Room in the head for a copy during reclaim (reserved by _alloc)."""
+        a = self._head * self.bs + self._off
+        self._off += size
+        return a
+
+    def _move(self, i, marked):
+        """Relocate index entry i into the head with the given mark state."""
+        a = self._iaddr[i]
+        size = self._isz[i]
+        src = a & ~7
+        na = self._take(size)
+        if self._copy(src, na, F_RELOC | (F_MARKED if marked else 0)):
+            self._lv(src, -size)
+            self._lv(na, size)
+            self._iaddr[i] = na | (a & 6) | (1 if marked else 0)
+            return True
+        # the source went bad: drop it (its copy stays invalid on flash)
+        self._lv(src, -size)
+        self._drop(i)
+        return False
+
+    def _copy(self, src, dst, flags):
+        """Copy the record at src to dst with new flags; False if src is corrupt."""
+        h = self._hdr
+        self._read(src, h)
+        ln = _u16(h, 2)
+        old = self._hcrc()
+        h[1] = (h[1] & ~(F_RELOC | F_MARKED)) | flags
+        self._mkhdr(h[0], h[1], ln, _u32(h, 4), _u16(h, 8), dst)
+        new = self._hcrc()
+        self._prog(dst, h)
+        p = 0
+        while p < ln:
+            k = ln - p
+            if k > _WIN:
+                k = _WIN
+            mv = self._winmv[0:k]
+            self._read(src + _RH + p, mv)
+            old = crc32(mv, old)
+            new = crc32(mv, new)
+            self._prog(dst + _RH + p, mv)
+            p += k
+        self._read(src + _RH + ln, self._crcb)
+        if _u32(self._crcb, 0) != old & 0xFFFFFFFF:
+            self._say("record at 0x%x went bad on flash: dropped" % src)
+            return False
+        _put32(self._crcb, 0, new & 0xFFFFFFFF)
+        self._prog(dst + _RH + ln, self._crcb)
+        return True
+
+    def _maybe_retire(self, s):
+        if (
+            self.append_acks
+            or s < 0
+            or s == self._head
+            or not self._sseq[s]
+            or self._live[s]
+            or self._pin[s]
+            or self._ret[s]
+        ):
+            return
+        self._zero[0] = 0
+        self._prog(s * self.bs + 28, self._zero)
+        self._ret[s] = 1
+
+    def _early(self):
+        """Reclaim the oldest sector ahead of time once nothing in it is live."""
+        if self._head < 0 or self._sealed or self._free() > 1:
+            return False
+        o = self._oldest()
+        if o < 0 or self._live[o]:
+            return False
+        self._reclaim(o)
+        return True
+
+    def idle(self):
+        """Optional: do deferred flash work (erase the next spare). True if it did."""
+        self._gflush()
+        return self._early()
+
+    # ------------------------------------------------------------ writing
+    def _write(self, t, flags, rseq, pid, head, body, addr):
+        """Program one record (or stage it in the group buffer)."""
+        lh = len(head)
+        lb = len(body)
+        ln = lh + lb
+        self._mkhdr(t, flags, ln, rseq, pid, addr)
+        c = crc32(body, crc32(head, self._hcrc())) & 0xFFFFFFFF
+        _put32(self._crcb, 0, c)
+        if self.group:
+            g = self._gbuf
+            size = _rsize(ln)
+            if self._glen and (self._gaddr + self._glen != addr or self._glen + size > len(g)):
+                self._gflush()
+            if size <= len(g):
+                if not self._glen:
+                    self._gaddr = addr
+                p = self._glen
+                g[p : p + _RH] = self._hdr
+                p += _RH
+                g[p : p + lh] = head
+                p += lh
+                g[p : p + lb] = body
+                p += lb
+                g[p : p + 4] = self._crcb
+                p += 4
+                while p < self._glen + size:
+                    g[p] = 0xFF
+                    p += 1
+                self._glen = p
+                return
+        self._prog(addr, self._hdr)
+        if lh:
+            self._prog(addr + _RH, head)
+        if lb:
+            self._prog(addr + _RH + lh, body)
+        self._prog(addr + _RH + ln, self._crcb)
+
+    def _gflush(self):
+        if self._glen:
+            n = self._glen
+            self._glen = 0
+            self._prog(self._gaddr, self._gmv[0:n])
+
+    def _small(self, t, flags, rseq, pid):
+        """Append a body-less record (OP, INID, INCLEAR)."""
+        a = self._alloc(_FLOOR_SZ)
+        self._write(t, flags, rseq, pid, b"", b"", a)
+        return a
+
+    # ------------------------------------------------------------ index
+    def _find(self, pid):
+        ip = self._ipid
+        for i in range(self._lo, self._n):
+            if ip[i] == pid:
+                return i
+        return -1
+
+    def _get(self, pid):
+        i = self._find(pid) if pid else -1
+        if i < 0:
+            raise KeyError(pid)
+        return i
+
+    def _drop(self, i):
+        self._ipid[i] = 0
+        self._count -= 1
+        while self._lo < self._n and not self._ipid[self._lo]:
+            self._lo += 1
+        if self._lo == self._n:
+            self._lo = self._n = 0
+
+    def _slot(self):
+        if self._n == len(self._ipid):
+            ip, ia, iz = self._ipid, self._iaddr, self._isz
+            j = 0
+            for i in range(self._lo, self._n):
+                if ip[i]:
+                    ip[j], ia[j], iz[j] = ip[i], ia[i], iz[i]
+                    j += 1
+            self._lo = 0
+            self._n = j
+            if j == len(ip):
+                self._ipid = self._grow(ip, "H")
+                self._iaddr = self._grow(ia, "I")
+                self._isz = self._grow(iz, "H")
+        return self._n
+
+    @staticmethod
+    def _grow(a, code):
+        b = array(code, [0] * (len(a) + _CHUNK))
+        for i in range(len(a)):
+            b[i] = a[i]
+        return b
+
+    def _lv(self, addr, d):
+        self._live[addr >> self._shift] += d
+        self._total += d
+
+    def _rseq_of(self, addr):
+        self._read(addr, self._hdr)
+        return _u32(self._hdr, 4)
+
+    # ------------------------------------------------------------ contract
+    def append(self, kind, pid, head, body=b""):
+        if kind == PUBLISH:
+            kc = 0
+        elif kind == SUBSCRIBE:
+            kc = 1
+        elif kind == UNSUBSCRIBE:
+            kc = 2
+        else:
+            raise ValueError("record kind %r" % (kind,))
+        if not 0 < pid < 65536:
+            raise ValueError("packet identifier %r" % (pid,))
+        if self._find(pid) >= 0:
+            raise ValueError("packet identifier %d already pending" % pid)
+        size = _rsize(len(head) + len(body))
+        a = self._alloc(size)
+        self._write(kind, 0, self._rseq, pid, head, body, a)
+        self._rseq += 1
+        self._last = pid
+        i = self._slot()
+        self._ipid[i] = pid
+        self._iaddr[i] = a | (kc << 1)
+        self._isz[i] = size
+        self._n = i + 1
+        self._count += 1
+        self._lv(a, size)
+
+    def mark(self, pid):
+        self._gflush()
+        i = self._get(pid)
+        a = self._iaddr[i]
+        if a & 1:
+            return
+        src = a & ~7
+        if self.append_acks:
+            self._small(T_OP, OP_MARK, self._rseq_of(src), pid)
+            i = self._get(pid)  # a reclaim may have moved it
+            self._iaddr[i] |= 1
+        else:
+            self._zero[0] = 0
+            self._prog(src + 12, self._zero)
+            self._iaddr[i] = a | 1
+
+    def unmark(self, pid):
+        self._gflush()
+        i = self._get(pid)
+        a = self._iaddr[i]
+        if not a & 1:
+            return
+        if self.append_acks:
+            self._small(T_OP, OP_UNMARK, self._rseq_of(a & ~7), pid)
+            i = self._get(pid)
+            self._iaddr[i] &= ~1
+            return
+        size = self._isz[i]
+        na = self._alloc(size)
+        i = self._get(pid)
+        a = self._iaddr[i]
+        src = a & ~7
+        if not self._copy(src, na, F_RELOC):
+            self._lv(src, -size)
+            self._drop(i)
+            return
+        self._lv(na, size)
+        self._iaddr[i] = na | (a & 6)
+        self._zero[0] = 0
+        self._prog(src + 13, self._zero)
+        self._lv(src, -size)
+        self._maybe_retire(src >> self._shift)
+
+    def release(self, pid):
+        self._gflush()
+        i = self._find(pid) if pid else -1
+        if i < 0:
+            return
+        a = self._iaddr[i] & ~7
+        size = self._isz[i]
+        if self.append_acks:
+            self._small(T_OP, OP_RELEASE, self._rseq_of(a), pid)
+            i = self._find(pid)
+            a = self._iaddr[i] & ~7
+        else:
+            self._zero[0] = 0
+            self._prog(a + 13, self._zero)
+        self._lv(a, -size)
+        self._drop(i)
+        self._maybe_retire(a >> self._shift)
+        self._early()
+
+    def pending(self):
+        return [self._ipid[i] for i in range(self._lo, self._n) if self._ipid[i]]
+
+    def has(self, pid):
+        return bool(pid) and self._find(pid) >= 0
+
+    def kind(self, pid):
+        return _KINDS[(self._iaddr[self._get(pid)] >> 1) & 3]
+
+    def marked(self, pid):
+        return bool(self._iaddr[self._get(pid)] & 1)
+
+    def size(self, pid):
+        self._gflush()
+        self._read(self._iaddr[self._get(pid)] & ~7, self._hdr)
+        return _u16(self._hdr, 2)
+
+    def read(self, pid, offset, buf):
+        self._gflush()
+        a = self._iaddr[self._get(pid)] & ~7
+        self._read(a, self._hdr)
+        n = _u16(self._hdr, 2) - offset
+        if n <= 0:
+            return 0
+        if n > len(buf):
+            n = len(buf)
+        self._read(a + _RH + offset, buf if n == len(buf) else memoryview(buf)[0:n])
+        return n
+
+    def count(self):
+        return self._count
+
+    def _infind(self, pid):
+        ip = self._inpid
+        for i in range(self._inn):
+            if ip[i] == pid:
+                return i
+        return -1
+
+    def in_add(self, pid):
+        self._gflush()
+        if self._infind(pid) >= 0:
+            return
+        a = self._small(T_INID, 0, self._rseq, pid)
+        self._rseq += 1
+        if self._inn == len(self._inpid):
+            self._inpid = self._grow(self._inpid, "H")
+            self._inaddr = self._grow(self._inaddr, "I")
+        self._inpid[self._inn] = pid
+        self._inaddr[self._inn] = a
+        self._inn += 1
+        self._lv(a, _FLOOR_SZ)
+
+    def in_has(self, pid):
+        return self._infind(pid) >= 0
+
+    def _in_del(self, i):
+        a = self._inaddr[i]
+        self._inn -= 1
+        self._inpid[i] = self._inpid[self._inn]
+        self._inaddr[i] = self._inaddr[self._inn]
+        self._lv(a, -_FLOOR_SZ)
+        self._maybe_retire(a >> self._shift)
+
+    def in_release(self, pid):
+        self._gflush()
+        i = self._infind(pid)
+        if i < 0:
+            return
+        a = self._inaddr[i]
+        if self.append_acks:
+            self._small(T_OP, OP_INREL, self._rseq_of(a), pid)
+            i = self._infind(pid)
+        else:
+            self._zero[0] = 0
+            self._prog(a + 13, self._zero)
+        self._in_del(i)
+
+    def in_clear(self):
+        self._gflush()
+        if not self._inn:
+            return
+        a = self._small(T_INCLEAR, 0, self._rseq, 0)
+        self._rseq += 1
+        self._pin[a >> self._shift] = 1
+        while self._inn:
+            self._in_del(self._inn - 1)
+
+    def meta(self, key):
+        m = self._meta.get(key.encode() if isinstance(key, str) else bytes(key))
+        return None if m is None else m[0]
+
+    def set_meta(self, key, value):
+        self._gflush()
+        k = key.encode() if isinstance(key, str) else bytes(key)
+        v = bytes(value)
+        if len(k) > 255:
+            raise ValueError("meta key too long")
+        cur = self._meta.get(k)
+        if cur is not None and cur[0] == v:
+            return
+        size = _rsize(1 + len(k) + len(v))
+        a = self._alloc(size)
+        r = self._rseq
+        self._write(T_META, 0, r, 0, bytes((len(k),)) + k, v, a)
+        self._rseq += 1
+        cur = self._meta.get(k)  # the reclaim may have moved the old one
+        self._meta[k] = [v, a, size, r]
+        self._lv(a, size)
+        if cur is not None:
+            self._lv(cur[1], -cur[2])
+            self._maybe_retire(cur[1] >> self._shift)
+
+    def last_pid(self):
+        return self._last
+
+    def commit(self):
+        self._gflush()
+
+    def close(self):
+        self._gflush()
+        self._opened = False

@@ -1,0 +1,524 @@
+"""Store-level crash-point sweep: cut the power at flash operation k, reboot, check.
+
+A scripted workload (appends, marks, unmarks, releases, inbound ids, in_clear,
+meta) runs across several reclaims on a small partition. For a seeded sample
+of k it runs again on a fresh image with the power cut at the k-th flash
+operation (a torn program or erase), then "reboots" (a new device object on
+the same image file), reopens the store and checks, against a model of what
+returned before the cut:
+- the store always opens;
+- every append that returned is pending (unless its release returned), in the
+  original order, with its bytes and kind; marks preserved; releases that
+  returned stay released; inbound ids and the latest meta values kept;
+  last_pid kept. The one call the power cut interrupted may have happened or
+  not, nothing else.
+- the recovered store keeps working: more calls, another reboot, same checks.
+
+tools/store_sweep.py runs the same engine at every k (the full sweep).
+"""
+
+import os
+
+from check import MICROPYTHON, Rng
+from norflash import NorFlash, PowerCut
+from test_norflash import tmppath, rm, rmtree
+from test_store_contract import LfsVolume
+from tern.store import PUBLISH, SUBSCRIBE, UNSUBSCRIBE
+from tern.flashstore import FlashStore
+from tern.filestore import FileStore
+
+MP_HEAPSIZE = "8m"
+MP_TIMEOUT = 280
+
+
+# -- rigs: a medium that can lose power at operation k and boot again -------------
+class FlashRig:
+    name = "flash"
+
+    def __init__(self, blocks=4, block_size=1024, **opts):
+        self.path = tmppath("cut")
+        self.blocks = blocks
+        self.bs = block_size
+        self.opts = opts
+        self.dev = None
+
+    def fresh(self):
+        NorFlash(self.path, blocks=self.blocks, block_size=self.bs, fresh=True).close()
+
+    def boot(self, cut_at=0, seed=1):
+        self.dev = NorFlash(self.path, blocks=self.blocks, block_size=self.bs, cut_at=cut_at, seed=seed)
+        return FlashStore(self.dev, verbose=False, **self.opts).open()
+
+    def dead(self):
+        return self.dev.dead
+
+    def ops(self):
+        return self.dev.ops
+
+    def off(self):
+        if self.dev is not None:
+            self.dev.close()
+            self.dev = None
+
+    def cleanup(self):
+        self.off()
+        rm(self.path)
+
+
+class LfsRig:
+    """FileStore on LittleFS (VfsLfs2 / littlefs-python) on the emulated NOR flash."""
+
+    name = "file-lfs"
+
+    def __init__(self, blocks=24, **opts):
+        self.path = tmppath("cutlfs")
+        self.blocks = blocks
+        self.opts = opts
+        self.vol = None
+
+    def fresh(self):
+        if self.vol is not None:
+            self.vol.unmount()
+        self.vol = LfsVolume(self.path, blocks=self.blocks)
+
+    def boot(self, cut_at=0, seed=1):
+        d, fs = self.vol.mount(cut_at, seed)
+        return FileStore(d, fs=fs, verbose=False, **self.opts).open()
+
+    def dead(self):
+        return self.vol.dev is not None and self.vol.dev.dead
+
+    def ops(self):
+        return self.vol.dev.ops
+
+    def off(self):
+        if self.vol is not None:
+            self.vol.unmount()
+
+    def cleanup(self):
+        if self.vol is not None:
+            self.vol.cleanup()
+
+
+class CutFile:
+    """A real file whose writes count as operations of a CutFs."""
+
+    def __init__(self, cfs, path, mode):
+        self.cfs = cfs
+        self.path = path
+        self.f = open(path, mode)
+        self.writing = "w" in mode or "a" in mode
+        if self.writing:
+            cfs.synced.setdefault(path, 0)
+
+    def write(self, b):
+        self.cfs.op()
+        n = self.f.write(b)
+        if not MICROPYTHON:
+            self.f.flush()  # what a killed process leaves: the OS has it, the disk may not
+        return n
+
+    def flush(self):
+        self.cfs.op()
+        if not MICROPYTHON:  # (MicroPython's files are unbuffered; its flush is an fsync)
+            self.f.flush()
+        self.cfs.synced[self.path] = self.f.tell()
+
+    def read(self, n=-1):
+        return self.f.read(n) if n >= 0 else self.f.read()
+
+    def readinto(self, b):
+        return self.f.readinto(b)
+
+    def seek(self, pos):
+        return self.f.seek(pos)
+
+    def close(self):
+        self.f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+class CutFs:
+    """POSIX files with a power cut at the k-th write/sync/remove: each file
+    keeps what was synced plus a random prefix of what was written after."""
+
+    def __init__(self, cut_at, seed):
+        self.cut_at = cut_at
+        self.n = 0
+        self.dead = False
+        self.rng = Rng(seed * 7919 + 1)
+        self.synced = {}
+
+    def op(self):
+        if self.dead:
+            raise PowerCut("power is off")
+        self.n += 1
+        if self.cut_at and self.n >= self.cut_at:
+            self.dead = True
+            for path in self.synced:
+                try:
+                    size = os.stat(path)[6]
+                except OSError:
+                    continue
+                keep = self.synced[path]
+                if size > keep:
+                    keep += self.rng.below(size - keep + 1)
+                    with open(path, "rb") as f:
+                        data = f.read(keep)
+                    with open(path, "wb") as f:
+                        f.write(data)
+            raise PowerCut("power cut at file operation %d" % self.n)
+
+    def open(self, path, mode):
+        return CutFile(self, path, mode)
+
+    def listdir(self, path):
+        return os.listdir(path)
+
+    def mkdir(self, path):
+        os.mkdir(path)
+
+    def remove(self, path):
+        self.op()
+        os.remove(path)
+
+
+class PosixRig:
+    name = "file-posix"
+
+    def __init__(self, **opts):
+        self.path = tmppath("cutposix")
+        self.opts = opts
+        self.cfs = None
+
+    def fresh(self):
+        rmtree(self.path)
+
+    def boot(self, cut_at=0, seed=1):
+        self.cfs = CutFs(cut_at, seed)
+        return FileStore(self.path, fs=self.cfs, verbose=False, **self.opts).open()
+
+    def dead(self):
+        return self.cfs.dead
+
+    def ops(self):
+        return self.cfs.n
+
+    def off(self):
+        pass
+
+    def cleanup(self):
+        rmtree(self.path)
+
+
+# -- the workload and its model ----------------------------------------------------
+def script(seed, steps):
+    """A deterministic list of store calls."""
+    r = Rng(seed)
+    out = []
+    pend = []
+    marked = []
+    nxt = 0
+    held = []
+    for _ in range(steps):
+        c = r.below(100)
+        if c < 40 and len(pend) < 6 or not pend:
+            nxt = nxt % 65535 + 1
+            kind = (PUBLISH, PUBLISH, PUBLISH, SUBSCRIBE, UNSUBSCRIBE)[r.below(5)]
+            n = 8 + r.below(150)
+            data = bytes(r.bytes(n))
+            out.append(("append", kind, nxt, data))
+            pend.append(nxt)
+        elif c < 70:
+            p = pend[r.below(min(3, len(pend)))]
+            out.append(("release", p))
+            pend.remove(p)
+            if p in marked:
+                marked.remove(p)
+        elif c < 80:
+            p = pend[r.below(len(pend))]
+            out.append(("mark", p))
+            if p not in marked:
+                marked.append(p)
+        elif c < 83 and marked:
+            p = marked.pop(0)
+            out.append(("unmark", p))
+        elif c < 90:
+            p = 1 + r.below(12)
+            out.append(("in_add", p))
+            held.append(p)
+        elif c < 95 and held:
+            out.append(("in_release", held.pop(0)))
+        elif c < 96:
+            out.append(("in_clear",))
+            held = []
+        else:
+            out.append(("set_meta", ("client", "subs", "boot")[r.below(3)], bytes(r.bytes(1 + r.below(40)))))
+    return out
+
+
+class Model:
+    def __init__(self):
+        self.order = []
+        self.data = {}
+        self.kinds = {}
+        self.marked = set()
+        self.ins = set()
+        self.meta = {}
+        self.last = 0
+        self.inflight = None
+
+    def apply(self, st, step):
+        op = step[0]
+        self.inflight = step
+        if op == "append":
+            st.append(step[1], step[2], step[3][:2], step[3][2:])
+        elif op == "set_meta":
+            st.set_meta(step[1], step[2])
+        elif op == "in_clear":
+            st.in_clear()
+        else:
+            getattr(st, op)(step[1])
+
+    def done(self, step):
+        op = step[0]
+        if op == "append":
+            self.order.append(step[2])
+            self.data[step[2]] = step[3]
+            self.kinds[step[2]] = step[1]
+            self.last = step[2]
+        elif op == "release":
+            if step[1] in self.order:
+                self.order.remove(step[1])
+            self.marked.discard(step[1])
+        elif op == "mark":
+            self.marked.add(step[1])
+        elif op == "unmark":
+            self.marked.discard(step[1])
+        elif op == "in_add":
+            self.ins.add(step[1])
+        elif op == "in_release":
+            self.ins.discard(step[1])
+        elif op == "in_clear":
+            self.ins = set()
+        elif op == "set_meta":
+            self.meta[step[1]] = step[2]
+        self.inflight = None
+
+
+def read_all(st, pid):
+    n = st.size(pid)
+    buf = bytearray(n)
+    assert st.read(pid, 0, buf) == n
+    return bytes(buf)
+
+
+def verify(st, m, where):
+    """st holds what m says, give or take the one interrupted call; then m
+    adopts the store's answer for that call."""
+    u = m.inflight
+    op = u[0] if u else None
+    up = u[1] if op in ("release", "mark", "unmark", "in_add", "in_release") else (u[2] if op == "append" else None)
+    got = st.pending()
+    exp = list(m.order)
+    if op == "append" and up in got:
+        exp.append(up)
+    if op == "release" and up not in got and up in exp:
+        exp.remove(up)
+    assert got == exp, "%s: pending %r, expected %r (in flight %r)" % (where, got, exp, u)
+    assert st.count() == len(exp), where
+    for pid in got:
+        d = u[3] if (op == "append" and pid == up) else m.data[pid]
+        k = u[1] if (op == "append" and pid == up) else m.kinds[pid]
+        assert read_all(st, pid) == d, "%s: bytes of %d differ" % (where, pid)
+        assert st.kind(pid) == k, where
+        want = pid in m.marked
+        if (op == "mark" or op == "unmark") and pid == up:
+            want = st.marked(pid)
+        assert st.marked(pid) == want, "%s: mark of %d is %r (in flight %r)" % (where, pid, st.marked(pid), u)
+    for pid in range(1, 13):
+        want = pid in m.ins
+        if (op in ("in_add", "in_release") and pid == up) or op == "in_clear":
+            want = st.in_has(pid) if (want or op != "in_clear") else False
+        assert st.in_has(pid) == want, "%s: inbound id %d is %r (in flight %r)" % (where, pid, st.in_has(pid), u)
+    for k in ("client", "subs", "boot"):
+        v = st.meta(k)
+        ok = v == m.meta.get(k) or (op == "set_meta" and u[1] == k and v == u[2])
+        assert ok, "%s: meta %s is %r, expected %r (in flight %r)" % (where, k, v, m.meta.get(k), u)
+    last = st.last_pid()
+    assert last == m.last or (op == "append" and last == up), "%s: last_pid %d, expected %d" % (where, last, m.last)
+    # adopt what the store says about the interrupted call
+    if u is not None:
+        if op == "append" and up in got:
+            m.done(u)
+        elif op == "release" and up not in got:
+            m.done(u)
+        elif op in ("mark", "unmark") and up in got:
+            if st.marked(up):
+                m.marked.add(up)
+            else:
+                m.marked.discard(up)
+        elif op in ("in_add", "in_release", "in_clear"):
+            m.ins = set(p for p in range(1, 13) if st.in_has(p))
+        elif op == "set_meta" and st.meta(u[1]) == u[2]:
+            m.meta[u[1]] = u[2]
+        m.inflight = None
+
+
+def run(rig, steps, cut_at, seed):
+    """Fresh medium, power cut at op cut_at; returns (model, ops done, cut happened)."""
+    rig.fresh()
+    m = Model()
+    cut = False
+    try:
+        st = rig.boot(cut_at, seed)
+        for step in steps:
+            m.apply(st, step)
+            if rig.dead():
+                raise PowerCut("died inside the call")
+            m.done(step)
+    except Exception as e:  # noqa: B902 - any failure after the cut is the cut
+        if not rig.dead():
+            raise
+        cut = True
+    n = rig.ops()
+    rig.off()
+    return m, n, cut
+
+
+def crash_and_check(rig, steps, k, seed=1):
+    """One crash point: returns True if the power was cut (k within the workload)."""
+    m, n, cut = run(rig, steps, k, seed)
+    where = "%s cut at op %d (seed %d)" % (rig.name, k, seed)
+    st = rig.boot()
+    try:
+        verify(st, m, where)
+        # the recovered store keeps working, and another reboot keeps it all
+        base = 60000 + (k % 1000)
+        for i in range(3):
+            if not st.has(base + i):
+                m.apply(st, ("append", PUBLISH, base + i, b"\x32\x05after%d" % i))
+                m.done(("append", PUBLISH, base + i, b"\x32\x05after%d" % i))
+        if m.order:
+            p = m.order[0]
+            m.apply(st, ("release", p))
+            m.done(("release", p))
+        st.set_meta("boot", b"again")
+        m.meta["boot"] = b"again"
+        st.close()
+    finally:
+        rig.off()
+    st = rig.boot()
+    try:
+        verify(st, m, where + ", second boot")
+        st.close()
+    finally:
+        rig.off()
+    return cut
+
+
+def total_ops(rig, steps):
+    m, n, cut = run(rig, steps, 0, 1)
+    assert not cut
+    return n
+
+
+def sweep(rig, steps, ks, seed=1, report=None):
+    """Cut at every k in ks; returns the list of failures (k, message)."""
+    failures = []
+    for k in ks:
+        try:
+            crash_and_check(rig, steps, k, seed + k)
+        except Exception as e:  # noqa: B902 - collected and reported
+            failures.append((k, "%s: %s" % (type(e).__name__, e)))
+            if report:
+                report("FAIL k=%d %s" % (k, failures[-1][1]))
+    return failures
+
+
+def sample(total, count, seed):
+    r = Rng(seed)
+    ks = set([1, 2, total])
+    while len(ks) < min(count, total):
+        ks.add(1 + r.below(total))
+    return sorted(ks)
+
+
+def _sampled(rig, nsteps, count, seed):
+    steps = script(seed, nsteps)
+    try:
+        total = total_ops(rig, steps)
+        ks = sample(total, count, seed)
+        fails = sweep(rig, steps, ks, seed)
+        assert not fails, "%d of %d crash points failed: %r" % (len(fails), len(ks), fails[:3])
+    finally:
+        rig.cleanup()
+    return total
+
+
+def test_workload_reclaims_several_times():
+    """The sweep's workload really wraps the partition (else it proves little)."""
+    rig = FlashRig()
+    try:
+        steps = script(11, 420)
+        run(rig, steps, 0, 1)
+        dev = NorFlash(rig.path, blocks=rig.blocks, block_size=rig.bs)
+        erases = dev.counters()["erases_total"]
+        dev.close()
+        assert erases >= 6, erases
+    finally:
+        rig.cleanup()
+
+
+def test_powercut_flash_in_place():
+    total = _sampled(FlashRig(), 420, 250, 11)
+    assert total > 500, total
+
+
+def test_powercut_flash_appended_acks():
+    _sampled(FlashRig(append_acks=True), 420, 200, 12)
+
+
+def test_powercut_flash_relocating_unmarks_and_torn_erases():
+    """Cut right at every erase and the program before and after it."""
+    rig = FlashRig(block_size=4096)
+    steps = script(13, 600)
+    try:
+        # find the erase operations of an uncut run
+        rig.fresh()
+        dev = NorFlash(rig.path, blocks=rig.blocks, block_size=rig.bs)
+        erases = []
+        orig = dev.erase
+
+        def spy(block):
+            erases.append(dev.ops + 1)
+            return orig(block)
+
+        dev.erase = spy
+        st = FlashStore(dev, verbose=False).open()
+        m = Model()
+        for s in steps:
+            m.apply(st, s)
+            m.done(s)
+        dev.close()
+        assert len(erases) >= 3, erases
+        ks = []
+        for e in erases[:6]:
+            ks += [e - 1, e, e + 1]
+        fails = sweep(rig, steps, ks, 5)
+        assert not fails, fails[:3]
+    finally:
+        rig.cleanup()
+
+
+def test_powercut_file_posix():
+    _sampled(PosixRig(segment_bytes=1024, max_segments=3), 200, 150, 14)
+
+
+def test_powercut_file_littlefs_on_nor():
+    _sampled(LfsRig(segment_bytes=2048, max_segments=3), 120, 80, 15)
