@@ -10,82 +10,18 @@ import time
 import paho.mqtt.client as mqtt
 import pytest
 
-from tern.codec import Packet, decode, encode, frame_size
+from tern.codec import Packet, encode
 from tern.wire import (CONNACK, CONNECT, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUBLISH,
                        SUBACK, SUBSCRIBE)
 from ternlab.broker import free_port
 from ternlab.chaos import B2C, C2B, ChaosProxy, Rule, packet_id
 
+from rawmqtt import Raw  # noqa: E402
+
 TIMEOUT = 5.0
 
 
 # ---------------------------------------------------------------- clients
-
-class Raw:
-    """A raw MQTT 3.1.1 client over a socket, every read bounded by a timeout."""
-
-    def __init__(self, addr, timeout=TIMEOUT):
-        self.sock = socket.create_connection(addr, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = bytearray()
-
-    def send(self, *packets):
-        self.sock.sendall(b"".join(encode(p) for p in packets))
-
-    def recv(self, timeout=TIMEOUT):
-        """The next packet; socket.timeout if none within timeout, EOFError if closed."""
-        deadline = time.monotonic() + timeout
-        while True:
-            n = frame_size(self.buf, 0, len(self.buf), 1 << 28)
-            if 0 < n <= len(self.buf):
-                frame = bytes(self.buf[:n])
-                del self.buf[:n]
-                return decode(frame)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout("no packet within %.1f s" % timeout)
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(65536)
-            except ConnectionResetError:
-                data = b""
-            if not data:
-                raise EOFError("connection closed")
-            self.buf += data
-
-    def recv_all(self, timeout=TIMEOUT):
-        """Every byte until the peer closes (socket.timeout if it does not)."""
-        out = bytearray(self.buf)
-        self.buf.clear()
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout("connection still open after %.1f s" % timeout)
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(65536)
-            except ConnectionResetError:
-                return bytes(out)
-            if not data:
-                return bytes(out)
-            out += data
-
-    def connect(self, client_id="", **kw):
-        self.send(Packet(CONNECT, client_id=client_id, **kw))
-        p = self.recv()
-        assert p.type == CONNACK and p.reason == 0
-        return p
-
-    def ping(self, timeout=TIMEOUT):
-        t0 = time.monotonic()
-        self.send(Packet(PINGREQ))
-        assert self.recv(timeout).type == PINGRESP
-        return time.monotonic() - t0
-
-    def close(self):
-        self.sock.close()
-
 
 def paho(client_id, **kw):
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, **kw)

@@ -523,14 +523,7 @@ def test_encoder_refuses_what_the_decoder_would_reject():
 # ------------------------------------------------------ steady path vs general
 
 
-class Msg:
-    """What the session preallocates for parse_publish."""
-
-    def __init__(self):
-        self.qos = self.retain = self.dup = self.pid = 0
-        self.topic_start = self.topic_end = self.props_start = self.props_end = 0
-        self.payload_start = self.payload_end = 0
-        self.alias = self.n_sub_ids = self.pfi = 0
+from tern.message import Message as Msg  # what the session preallocates for parse_publish
 
 
 def publish_frames():

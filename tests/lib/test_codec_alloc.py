@@ -16,12 +16,7 @@ MP_HEAPSIZE = "256k"
 CPY_BOUND = 600  # bytes: a handful of int objects at most, never a copy of the data
 
 
-class Msg:
-    def __init__(self):
-        self.qos = self.retain = self.dup = self.pid = 0
-        self.topic_start = self.topic_end = self.props_start = self.props_end = 0
-        self.payload_start = self.payload_end = 0
-        self.alias = self.n_sub_ids = self.pfi = 0
+from tern.message import Message as Msg  # what the session preallocates for parse_publish
 
 
 def check(what, f, *args):

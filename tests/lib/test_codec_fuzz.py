@@ -26,12 +26,7 @@ def hexs(b):
     return " ".join("%02X" % x for x in b)
 
 
-class Msg:
-    def __init__(self):
-        self.qos = self.retain = self.dup = self.pid = 0
-        self.topic_start = self.topic_end = self.props_start = self.props_end = 0
-        self.payload_start = self.payload_end = 0
-        self.alias = self.n_sub_ids = self.pfi = 0
+from tern.message import Message as Msg  # what the session preallocates for parse_publish
 
 
 def seeds(v):
