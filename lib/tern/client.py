@@ -93,6 +93,8 @@ class Client:
     ssl.SSLContext; verification is on unless the context turns it off.
     reconnect: after a lost connection, `loop()` reconnects with exponential
     backoff and jitter between backoff_min and backoff_max seconds.
+    Set handlers (on_message, subscribe(handler=...)) before connect():
+    a persistent session's queued messages can arrive with the CONNACK.
     """
 
     def __init__(self, client_id="", server="127.0.0.1", port=None, version=4, keepalive=60,
@@ -107,6 +109,9 @@ class Client:
         self.backoff_max = backoff_max
         self.connect_timeout = connect_timeout
         self.healthy_after = healthy_after
+        # A board gets 4 KiB; a host can afford packets up to 1 MiB (MQTT 3.1.1
+        # has no way to tell the broker a smaller limit).
+        session_opts.setdefault("rx_size", 4096 if MICROPYTHON else 1 << 20)
         self.session = S.Session(client_id, version, clean, keepalive, store, **session_opts)
         self.session.send = self._send
         self.session.on_event = self._on_event
@@ -115,6 +120,7 @@ class Client:
         self._attempt = 0
         self._next_try = 0
         self._up_since = 0
+        self._up = False
         self._replies = {}
         self._connack = None
         self.on_connect = None  # on_connect(session_present, reason)
@@ -143,11 +149,19 @@ class Client:
     # ------------------------------------------------------------- transport
 
     def _open(self):
-        ai = socket.getaddrinfo(self.server, self.port, 0, socket.SOCK_STREAM)[0]
-        sock = socket.socket(ai[0], socket.SOCK_STREAM)
+        err = None
+        for ai in socket.getaddrinfo(self.server, self.port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(ai[0], socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.connect_timeout)
+                sock.connect(ai[-1])
+                break
+            except OSError as e:  # try the next address (IPv6 first, broker on IPv4 ...)
+                sock.close()
+                err = e
+        else:
+            raise err or OSError("%s does not resolve" % self.server)
         try:
-            sock.settimeout(self.connect_timeout)
-            sock.connect(ai[-1])
             if self.ssl:
                 sock = self._wrap(sock)
             sock.setblocking(False)
@@ -198,11 +212,14 @@ class Client:
             p.poll(50)
 
     def _lost(self, err):
-        was = self.session.state
+        # The session may already have dropped to DISCONNECTED (a protocol
+        # violation, a dead keepalive): the driver keeps its own flag.
+        was = self._up
+        self._up = False
         self.session.connection_lost()
         self._close()
         self.last_error = err
-        if was == S.CONNECTED:
+        if was:
             if ticks_diff(ticks_ms(), self._up_since) >= self.healthy_after * 1000:
                 self._attempt = 0
             if self.on_disconnect:
@@ -230,6 +247,7 @@ class Client:
         elif kind == S.EV_SUBACK or kind == S.EV_UNSUBACK:
             self._replies[a] = b
         elif kind == S.EV_DISCONNECT:
+            self._up = False
             self._close()
             self.last_error = MQTTError(a, "server sent DISCONNECT")
             if self.on_disconnect:
@@ -262,6 +280,7 @@ class Client:
             # Accepted, then lost while reading what followed the CONNACK:
             # connect() succeeded; loop() deals with the loss.
             self._up_since = ticks_ms()
+            self._up = True
             self._lost(e)
             return s.session_present
         p = self._connack
@@ -269,6 +288,7 @@ class Client:
             self._close()
             raise ConnectError(p.reason, "connection refused by the broker: reason 0x%02X" % p.reason)
         self._up_since = ticks_ms()
+        self._up = True
         return s.session_present
 
     def _readable(self, wait_ms):

@@ -86,7 +86,8 @@ class NotConnected(OSError):
 
 class _Sub:
     # One subscription: its filter as bytes (inner filter for $share), handler, id.
-    def __init__(self, flt, match, qos, opts, handler, sid):
+    def __init__(self, flt, match, qos, opts, handler, sid, user_props):
+        self.user_props = user_props  # sent again with every resubscription
         self.filter = flt
         self.match = match
         self.qos = qos
@@ -488,16 +489,17 @@ class Session:
             raise ValueError("subscription identifier must be 1..268435455")
         match = (shared[1] if shared else flt).encode()
         self._subs = [s for s in self._subs if s.filter != flt]
-        s = _Sub(flt, match, qos, opts, handler, sub_id)
+        s = _Sub(flt, match, qos, opts, handler, sub_id, user_props)
         self._subs.append(s)
         if self.state != CONNECTED:
             return 0
-        return self._send_subscribe([s], now, user_props)
+        return self._send_subscribe([s], now)
 
-    def _send_subscribe(self, subs, now, user_props=None):
+    def _send_subscribe(self, subs, now):
         pid = self._alloc_pid()
         props = {}
         sid = subs[0].sid
+        user_props = subs[0].user_props
         if self.version == V5 and sid and self.sid_ok:
             props[P.SUBSCRIPTION_IDENTIFIER] = sid
         if user_props:

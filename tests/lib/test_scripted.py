@@ -69,11 +69,12 @@ SCRIPTS = {
 }
 
 
-def _client(addr, on_message=None, **kw):
+def _client(addr, on_message=None, on_disconnect=None, **kw):
     kw.setdefault("backoff_min", 0.02)
     kw.setdefault("backoff_max", 0.1)
     c = Client("scripted", server=addr[0], port=addr[1], **kw)
     c.on_message = on_message  # before connect: messages may follow CONNACK at once
+    c.on_disconnect = on_disconnect
     c.connect()
     return c
 
@@ -122,9 +123,11 @@ def test_broker_that_lost_the_session_gets_the_qos2_message_again(scripted_addr)
 
 
 def test_oversize_packet_from_server_gets_disconnect_0x95(scripted_addr):
-    c = _client(scripted_addr, version=5, rx_size=256, reconnect=False)
+    told = []
+    c = _client(scripted_addr, on_disconnect=told.append, version=5, rx_size=256, reconnect=False)
     until([c], lambda: not c.connected, what="the disconnect")
     assert c.last_error.code == 0x95, c.last_error
+    assert len(told) == 1 and told[0].code == 0x95, told  # the application hears of it
 
 
 def test_topic_alias_above_maximum_gets_disconnect_0x94(scripted_addr):

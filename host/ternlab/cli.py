@@ -1,0 +1,178 @@
+"""The `tern` command.
+
+Each feature module registers its own subcommands with a function
+`add_subcommands(subparsers)`; each subcommand sets `func(args) -> exit code`
+with `set_defaults`. `ternlab.mqtt_cli` (pub, sub) is always there. Optional
+modules (the Spark pipeline, the demo) are imported only when one of their
+commands is asked for, so `tern pub` never pays for PySpark, and a missing
+module or dependency turns that command into a one-line error instead of
+breaking the whole CLI.
+
+Exit codes: 0 ok, 1 failure, 2 usage error (argparse's); a command may use
+more (`tern sub -W` uses 27, as mosquitto_sub does). Errors are one line on
+stderr; values of secret options (passwords) are masked in every message the
+CLI prints.
+"""
+
+import argparse
+import importlib
+import sys
+
+# module, the commands it is expected to provide, one-line help for them
+# (shown without importing the module), and what to install when it fails.
+OPTIONAL = (
+    ("ternlab.pipeline.cli", {
+        "audit": "delivery audit of landed telemetry (Spark)",
+        "rollup": "per-device, per-window rollups of telemetry (Spark)",
+        "report": "HTML report with plots and a terminal summary (Spark)",
+    }, "pip install 'tern[pipeline]'"),
+    ("ternlab.demo", {"demo": "run the Tern demo"}, None),
+)
+
+_SECRETS = set()
+
+
+def add_secret(value):
+    """Register a value (a password) that must never appear in the CLI's output."""
+    if value:
+        _SECRETS.add(value)
+
+
+def redact(text):
+    """text with every registered secret, and any long piece of one (argparse
+    may quote part of a mistyped argument), replaced by '***'."""
+    for s in sorted(_SECRETS, key=len, reverse=True):
+        if s in text:
+            text = text.replace(s, "***")
+        shortest = min(len(s), max(6, len(s) // 2))
+        for n in range(len(s) - 1, shortest - 1, -1):
+            for i in range(len(s) - n + 1):
+                piece = s[i : i + n]
+                if piece in text:
+                    text = text.replace(piece, "***")
+    return text
+
+
+def version():
+    try:
+        from importlib.metadata import version as _v
+
+        return _v("tern")
+    except Exception:
+        return "unknown"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 2) and secrets masked."""
+
+    def __init__(self, *a, **k):
+        k.setdefault("allow_abbrev", False)
+        super().__init__(*a, **k)
+
+    def error(self, message):
+        self.exit(2, redact("%s: %s (see %s --help)\n" % (self.prog, message, self.prog)))
+
+
+def _command_word(argv):
+    """The subcommand asked for: the first word that is not a top-level option."""
+    for a in argv:
+        if a == "--":
+            return None
+        if not a.startswith("-"):
+            return a
+    return None
+
+
+def _unavailable(subparsers, name, help_text, message):
+    p = subparsers.add_parser(name, help=help_text, add_help=False, prefix_chars="\0")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(args):
+        sys.stderr.write(redact("tern %s: %s\n" % (name, message)))
+        return 1
+
+    p.set_defaults(func=run)
+
+
+def _import_failure(modname, hint, e):
+    if isinstance(e, ModuleNotFoundError) and e.name and (modname == e.name or modname.startswith(e.name + ".")):
+        return "not available: %s is not installed" % modname
+    why = "%s: %s" % (e.__class__.__name__, e)
+    return "not available: %s%s" % (why, " (install with: %s)" % hint if hint else "")
+
+
+def _add_optional(subparsers, modname, commands, hint, load):
+    if not load:
+        for name, help_text in commands.items():
+            _unavailable(subparsers, name, help_text, "internal error: %s was not loaded" % modname)
+        return
+    try:
+        mod = importlib.import_module(modname)
+        before = set(subparsers.choices)
+        try:
+            mod.add_subcommands(subparsers)
+        except Exception:
+            added = set(subparsers.choices) - before  # drop a half registration
+            for name in added:
+                del subparsers.choices[name]
+            subparsers._choices_actions[:] = [a for a in subparsers._choices_actions if a.dest not in added]
+            raise
+    except Exception as e:
+        message = _import_failure(modname, hint, e)
+        for name, help_text in commands.items():
+            if name not in subparsers.choices:
+                _unavailable(subparsers, name, help_text + " [unavailable]", message)
+
+
+def build_parser(argv=()):
+    parser = Parser(prog="tern", description="Tern: an MQTT client that does not lose messages, "
+                    "its test harness and its delivery audit.")
+    parser.add_argument("--version", action="version", version="tern %s" % version())
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command", parser_class=Parser)
+    from . import mqtt_cli
+
+    mqtt_cli.add_subcommands(sub)
+    word = _command_word(argv)
+    known = {name for _, cmds, _ in OPTIONAL for name in cmds}
+    for modname, commands, hint in OPTIONAL:
+        # Import only for the command asked for (or an unknown word, which
+        # may be a command the module adds); help lists the rest unloaded.
+        load = word is not None and word not in sub.choices and (word in commands or word not in known)
+        _add_optional(sub, modname, commands, hint, load)
+    return parser
+
+
+def main(argv=None):
+    """Run `tern` with argv (default: sys.argv[1:]); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    word = _command_word(argv)
+    if word in ("pub", "sub"):
+        from . import mqtt_cli
+
+        k = argv.index(word) + 1
+        argv = argv[:k] + mqtt_cli.prepare_argv(argv[k:])
+    try:
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        func = getattr(args, "func", None)
+        if func is None:
+            names = ", ".join(parser._subparsers._group_actions[0].choices)
+            sys.stderr.write("tern: a command is needed: %s (see tern --help)\n" % names)
+            return 2
+        return int(func(args) or 0)
+    except SystemExit as e:
+        code = e.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        sys.stderr.write(redact("%s\n" % code))
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1190 @@
+"""`tern pub` and `tern sub`: publish and subscribe from a shell, with the flags
+people know from mosquitto_pub and mosquitto_sub (same meanings, same
+defaults), on top of the Tern client library (tern.client.Client).
+
+What differs from mosquitto, on purpose or for now:
+  * usage errors exit with 2 (argparse's code), runtime failures with 1, and
+    `-W` timeouts with 27 as mosquitto_sub does; every failure is one line on
+    stderr;
+  * `tern sub` acknowledges a QoS 1/2 message only after printing it, so a
+    message received after `-C` is satisfied is not acknowledged and stays
+    queued in a persistent session (`-c`) for the next run;
+  * `-F` understands this subset of mosquitto_sub's format language:
+      %%  %t topic  %p payload  %q qos  %r retain flag  %l payload length
+      %m  message id  %x / %X payload in lower / upper case hex
+      %I  ISO 8601 local time  %U  Unix time with nanoseconds
+      %j  JSON object (tst, topic, qos, retain, payloadlen, mid, payload)
+      MQTT 5: %P user properties (key:value, space separated) %C content type
+      %D correlation data  %E message expiry interval  %F payload format
+      indicator  %R response topic  %S subscription identifier(s)
+      @X  strftime's %X, @N nanoseconds, @@ a literal @
+      \\n \\t \\r \\0 \\a \\e \\v \\\\ escapes
+    with printf-style flags, width and precision: `%-10t`, `%05l`, `%.8t`
+    (`-` and `0` flags; zero padding for %E %F %l %m %S %x %X; precision for
+    %C %I %R %t). %A (topic alias) and %J are not supported;
+  * not implemented: -L URL, -A, --unix, --proxy, --psk, -T, -U,
+    --remove-retained, --random-filter, --tls-version, --ciphers, -M.
+
+Credentials: the password is handed to the client and nowhere else; the debug
+trace (-d) never decodes a CONNECT packet, and error messages are built from
+host, port and reason codes only.
+"""
+
+import argparse
+import datetime as _dt
+import json
+import os
+import select
+import socket
+import ssl
+import sys
+import time
+
+from tern import props as P
+from tern.client import Client, ConnectError
+from tern.topic import validate_filter, validate_name
+from tern.wire import CONNECT, DISCONNECT, PUBLISH, SUBSCRIBE, MQTTError
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 27  # mosquitto_sub's exit status when -W runs out (MOSQ_ERR_TIMEOUT)
+
+# Receive and transmit buffers. A board keeps these small; a host tool must
+# handle whatever a broker forwards, so the defaults are generous (an MQTT 5
+# broker is told the receive size as Maximum Packet Size).
+RX_SIZE = 16 * 1024 * 1024
+TX_SIZE = 256 * 1024
+MAX_PACKET = 268435460
+
+# ----------------------------------------------------------------- errors
+
+
+class CLIError(Exception):
+    """A failure to report as one line on stderr; code is the exit status."""
+
+    def __init__(self, msg, code=EXIT_FAIL):
+        super().__init__(msg)
+        self.code = code
+
+
+class UsageError(CLIError):
+    def __init__(self, msg):
+        super().__init__(msg, EXIT_USAGE)
+
+
+_V3_REASONS = {
+    1: "unacceptable protocol version",
+    2: "client identifier rejected",
+    3: "server unavailable",
+    4: "bad user name or password",
+    5: "not authorized",
+}
+
+_V5_REASONS = {
+    0x80: "unspecified error", 0x81: "malformed packet", 0x82: "protocol error",
+    0x83: "implementation specific error", 0x84: "unsupported protocol version",
+    0x85: "client identifier not valid", 0x86: "bad user name or password",
+    0x87: "not authorized", 0x88: "server unavailable", 0x89: "server busy", 0x8A: "banned",
+    0x8B: "server shutting down", 0x8C: "bad authentication method", 0x8D: "keep alive timeout",
+    0x8E: "session taken over", 0x8F: "topic filter invalid", 0x90: "topic name invalid",
+    0x91: "packet identifier in use", 0x92: "packet identifier not found",
+    0x93: "receive maximum exceeded", 0x94: "topic alias invalid", 0x95: "packet too large",
+    0x96: "message rate too high", 0x97: "quota exceeded", 0x98: "administrative action",
+    0x99: "payload format invalid", 0x9A: "retain not supported", 0x9B: "QoS not supported",
+    0x9C: "use another server", 0x9D: "server moved", 0x9E: "shared subscriptions not supported",
+    0x9F: "connection rate exceeded", 0xA0: "maximum connect time",
+    0xA1: "subscription identifiers not supported", 0xA2: "wildcard subscriptions not supported",
+}
+
+
+def reason_text(code, version=5):
+    """'not authorized (reason 0x87)' for a CONNACK/SUBACK/PUBACK... code."""
+    if version < 5 and code < 0x80:
+        name = _V3_REASONS.get(code, "unknown reason")
+        return "%s (reason %d)" % (name, code)
+    return "%s (reason 0x%02X)" % (_V5_REASONS.get(code, "unknown reason"), code)
+
+
+def _os_reason(e):
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return "timed out"
+    if isinstance(e, ConnectionResetError):
+        return "connection reset by peer"
+    if getattr(e, "strerror", None):
+        return e.strerror[0].lower() + e.strerror[1:]
+    return str(e) or e.__class__.__name__
+
+
+# ------------------------------------------------------- argument parsing
+
+
+def _int_range(what, lo, hi):
+    def conv(text):
+        try:
+            v = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%s must be a whole number, not %r" % (what, text))
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError("%s must be %d..%d, not %d" % (what, lo, hi, v))
+        return v
+
+    conv.__name__ = what
+    return conv
+
+
+def _qos(text):
+    if text not in ("0", "1", "2"):
+        raise argparse.ArgumentTypeError("QoS must be 0, 1 or 2, not %r" % text)
+    return int(text)
+
+
+_VERSIONS = {
+    "31": 3, "mqttv31": 3, "3.1": 3,
+    "311": 4, "mqttv311": 4, "3.1.1": 4,
+    "5": 5, "mqttv5": 5, "5.0": 5,
+}
+
+
+def _version(text):
+    v = _VERSIONS.get(text.lower())
+    if v is None:
+        raise argparse.ArgumentTypeError(
+            "protocol version must be 31, 311 or 5 (or mqttv31, mqttv311, mqttv5), not %r" % text)
+    return v
+
+
+def _expiry(text):
+    if text in ("-1", "∞"):
+        return 0xFFFFFFFF
+    return _int_range("session expiry interval", 0, 0xFFFFFFFF)(text)
+
+
+def _seconds(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("timeout must be a number of seconds, not %r" % text)
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError("timeout must be more than 0 seconds, not %r" % text)
+    return v
+
+
+# MQTT 5 properties by mosquitto's names: identifier and the -D commands that may carry it.
+PROPERTY_NAMES = {
+    "payload-format-indicator": (P.PAYLOAD_FORMAT_INDICATOR, ("publish", "will")),
+    "message-expiry-interval": (P.MESSAGE_EXPIRY_INTERVAL, ("publish", "will")),
+    "content-type": (P.CONTENT_TYPE, ("publish", "will")),
+    "response-topic": (P.RESPONSE_TOPIC, ("publish", "will")),
+    "correlation-data": (P.CORRELATION_DATA, ("publish", "will")),
+    "subscription-identifier": (P.SUBSCRIPTION_IDENTIFIER, ("subscribe",)),
+    "session-expiry-interval": (P.SESSION_EXPIRY_INTERVAL, ("connect", "disconnect")),
+    "receive-maximum": (P.RECEIVE_MAXIMUM, ("connect",)),
+    "topic-alias-maximum": (P.TOPIC_ALIAS_MAXIMUM, ("connect",)),
+    "maximum-packet-size": (P.MAXIMUM_PACKET_SIZE, ("connect",)),
+    "request-problem-information": (P.REQUEST_PROBLEM_INFORMATION, ("connect",)),
+    "request-response-information": (P.REQUEST_RESPONSE_INFORMATION, ("connect",)),
+    "will-delay-interval": (P.WILL_DELAY_INTERVAL, ("will",)),
+    "user-property": (P.USER_PROPERTY, ("connect", "publish", "subscribe", "disconnect", "will")),
+}
+# Real MQTT 5 properties tern pub/sub cannot send (they need a protocol
+# exchange the command does not do, or only a server sends them).
+_UNSUPPORTED = ("authentication-method", "authentication-data", "topic-alias", "reason-string",
+                "assigned-client-identifier", "server-keep-alive", "response-information",
+                "server-reference", "maximum-qos", "retain-available",
+                "wildcard-subscription-available", "subscription-identifier-available",
+                "shared-subscription-available")
+_COMMANDS = {"pub": ("connect", "publish", "disconnect", "will"),
+             "sub": ("connect", "subscribe", "disconnect", "will")}
+_PACKET = {"connect": CONNECT, "publish": PUBLISH, "subscribe": SUBSCRIBE,
+           "disconnect": DISCONNECT, "will": P.WILL}
+_SEP = "\0"  # joins the 3 or 4 words of one -D into one argparse value
+
+
+def _parse_property(words, tool):
+    """(command, identifier, value) from the words of one -D; UsageError when wrong."""
+    if len(words) < 3:
+        raise UsageError("-D needs a command, a property name and a value "
+                         "(e.g. -D publish user-property key value)")
+    cmd, name = words[0].lower(), words[1].lower()
+    if cmd not in _COMMANDS[tool]:
+        raise UsageError("-D: unknown command %r for tern %s (one of: %s)"
+                         % (words[0], tool, ", ".join(_COMMANDS[tool])))
+    if name not in PROPERTY_NAMES:
+        if name in _UNSUPPORTED:
+            raise UsageError("-D: property %r is not supported by tern %s" % (words[1], tool))
+        raise UsageError("-D: unknown property %r" % words[1])
+    pid, cmds = PROPERTY_NAMES[name]
+    if cmd not in cmds:
+        raise UsageError("-D: property %s is not allowed in %s (only in: %s)" % (name, cmd, ", ".join(cmds)))
+    t = P.prop_type(pid)
+    want = 4 if t == P.TYPE_PAIR else 3
+    if len(words) != want:
+        raise UsageError("-D %s %s needs %s" % (cmd, name, "a name and a value" if want == 4 else "one value"))
+    text = words[2]
+    if t in (P.TYPE_BYTE, P.TYPE_U16, P.TYPE_U32, P.TYPE_VARINT):
+        hi = {P.TYPE_BYTE: 0xFF, P.TYPE_U16: 0xFFFF, P.TYPE_U32: 0xFFFFFFFF, P.TYPE_VARINT: 268435455}[t]
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise UsageError("-D %s %s: %r is not a whole number" % (cmd, name, text))
+        if not 0 <= value <= hi:
+            raise UsageError("-D %s %s: %d is out of range 0..%d" % (cmd, name, value, hi))
+    elif t == P.TYPE_UTF8:
+        value = text
+    elif t == P.TYPE_BINARY:
+        value = text.encode()  # as mosquitto: the argument's bytes
+    else:
+        value = (words[2], words[3])
+    try:  # the library's own rules (e.g. payload-format-indicator is 0 or 1)
+        P.encode({pid: [value] if t == P.TYPE_PAIR else value}, _PACKET[cmd])
+    except ValueError as e:
+        raise UsageError("-D %s %s: %s" % (cmd, name, e))
+    return cmd, pid, value
+
+
+def _collect_properties(raw, tool):
+    """{command: {identifier: value}} from the -D values (user properties as lists)."""
+    out = {}
+    for joined in raw or ():
+        cmd, pid, value = _parse_property(joined.split(_SEP), tool)
+        d = out.setdefault(cmd, {})
+        if pid == P.USER_PROPERTY:
+            d.setdefault(pid, []).append(value)
+        elif pid in d:
+            raise UsageError("-D: %s given twice for %s" % (_prop_name(pid), cmd))
+        else:
+            d[pid] = value
+    return out
+
+
+def _prop_name(pid):
+    for name, (p, _) in PROPERTY_NAMES.items():
+        if p == pid:
+            return name
+    return "0x%02X" % pid
+
+
+# Options that take a value, for the argv pre-pass below.
+_VALUE_SHORT = set("hptmfqiIkVuPxCWFD")
+_VALUE_LONG = {"--host", "--port", "--topic", "--message", "--file", "--qos", "--id", "--id-prefix",
+               "--keepalive", "--protocol-version", "--username", "--pw", "--session-expiry-interval",
+               "--will-topic", "--will-payload", "--will-qos", "--cafile", "--capath", "--cert",
+               "--key", "--repeat", "--repeat-delay", "--property"}
+_FLAG_SHORT = set("lnsrcdvNRE")
+_SECRET_OPTIONS = ("-P", "--pw")
+
+
+def prepare_argv(argv):
+    """Make argparse read pub/sub arguments the way mosquitto does.
+
+    mosquitto's -D takes 3 words, or 4 for user-property, and argparse wants a
+    fixed count: each -D's words are joined into one value (split again
+    later). An option's value is taken as it is even when it starts with '-'
+    (`-m -5`, `-P -secret`): it is written `-m=-5` for argparse. Clusters of
+    short flags (`-rq1`, `-dv`) are split. Password values are registered
+    with ternlab.cli.add_secret so no error message can show them.
+    """
+    from .cli import add_secret
+
+    out = []
+    i = 0
+    n = len(argv)
+    while i < n:
+        a = argv[i]
+        i += 1
+        if a == "--" or not a.startswith("-") or len(a) < 2:
+            if a == "--":
+                out += argv[i - 1 :]
+                break
+            out.append(a)
+            continue
+        if a in ("-D", "--property"):
+            k = 4 if i + 1 < n and argv[i + 1].lower() == "user-property" else 3
+            words = argv[i : i + k]
+            i += len(words)
+            out.append(a + "=" + _SEP.join(words) if words else a)
+            continue
+        if a.startswith("--"):
+            name, eq, val = a.partition("=")
+            if not eq and name in _VALUE_LONG and i < n:
+                val = argv[i]
+                i += 1
+                a = name + "=" + val
+                eq = "="
+            if eq and name in _SECRET_OPTIONS:
+                add_secret(val)
+            out.append(a)
+            continue
+        # one short option or a cluster of them: -r, -q1, -rq 1, -dv
+        body = a[1:]
+        parts = []
+        ok = True
+        for j, c in enumerate(body):
+            if c in _FLAG_SHORT:
+                parts.append("-" + c)
+                continue
+            if c in _VALUE_SHORT:
+                val = body[j + 1 :]
+                if not val:
+                    if i >= n:
+                        parts.append("-" + c)  # argparse says a value is missing
+                        break
+                    val = argv[i]
+                    i += 1
+                if c == "P":
+                    add_secret(val)
+                parts.append("-" + c + "=" + val)
+                break
+            ok = False  # not one of ours: leave the token to argparse
+            break
+        out += parts if ok else [a]
+    return out
+
+
+def _common_options(p, tool):
+    p.add_argument("--help", action="help", help="show this help and exit")
+    g = p.add_argument_group("connection")
+    g.add_argument("-h", "--host", default="localhost", help="broker host (default: localhost)")
+    g.add_argument("-p", "--port", type=_int_range("port", 1, 65535),
+                   help="broker port (default: 1883, or 8883 with TLS)")
+    g.add_argument("-V", "--protocol-version", dest="version", type=_version, default=4,
+                   metavar="VERSION", help="MQTT version: 31, 311 (default) or 5; mqttv31, mqttv311, mqttv5 too")
+    g.add_argument("-i", "--id", dest="client_id", help="client id (default: chosen by the broker; "
+                   "tern_%s_PID for MQTT 3.1)" % tool)
+    g.add_argument("-I", "--id-prefix", dest="id_prefix", help="client id: this prefix and the process id")
+    g.add_argument("-k", "--keepalive", type=_int_range("keepalive", 0, 65535), default=60,
+                   help="keepalive in seconds (default: 60)")
+    g.add_argument("-c", "--disable-clean-session", dest="persistent", action="store_true",
+                   help="persistent session: no clean session / clean start (needs -i or -I)")
+    g.add_argument("-x", "--session-expiry-interval", dest="expiry", type=_expiry,
+                   help="MQTT 5 session expiry in seconds; -1 never expires (default: -1 with -c, else 0)")
+    g.add_argument("-u", "--username", help="user name")
+    g.add_argument("-P", "--pw", dest="password", help="password (never printed)")
+    g.add_argument("-D", "--property", dest="props", action="append", metavar="CMD NAME VALUE",
+                   help="MQTT 5 property, e.g. '-D connect session-expiry-interval 60' or "
+                   "'-D %s user-property key value'" % ("publish" if tool == "pub" else "subscribe"))
+    g.add_argument("-d", "--debug", action="store_true", help="print packets and events on stderr")
+    g.add_argument("--quiet", action="store_true", help="print no error messages")
+    w = p.add_argument_group("will")
+    w.add_argument("--will-topic", help="topic of the will message")
+    w.add_argument("--will-payload", help="payload of the will message (default: empty)")
+    w.add_argument("--will-qos", type=_qos, default=0, help="QoS of the will message")
+    w.add_argument("--will-retain", action="store_true", help="retain the will message")
+    t = p.add_argument_group("TLS (on with --cafile, --capath or --tls-use-os-certs; the server is verified)")
+    t.add_argument("--cafile", help="CA certificates (PEM) to verify the broker with")
+    t.add_argument("--capath", help="directory of CA certificates")
+    t.add_argument("--tls-use-os-certs", action="store_true", help="trust the system's CA certificates")
+    t.add_argument("--cert", help="client certificate (PEM)")
+    t.add_argument("--key", help="client private key (PEM)")
+    t.add_argument("--insecure", action="store_true",
+                   help="do not check that the certificate names the host (the chain is still verified)")
+
+
+def add_subcommands(subparsers):
+    """Register `pub` and `sub` on the `tern` command's subparsers."""
+    pub = subparsers.add_parser(
+        "pub", add_help=False, help="publish messages (flags as mosquitto_pub)",
+        description="Publish one message, or one per line of stdin, then disconnect. "
+                    "Flags and defaults follow mosquitto_pub.")
+    _common_options(pub, "pub")
+    g = pub.add_argument_group("message")
+    g.add_argument("-t", "--topic", required=True, help="topic to publish to")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("-m", "--message", help="message payload")
+    src.add_argument("-f", "--file", help="send the contents of a file as the message")
+    src.add_argument("-l", "--stdin-line", dest="lines", action="store_true",
+                     help="read stdin, send each line as a message")
+    src.add_argument("-n", "--null-message", dest="null", action="store_true", help="send a zero length message")
+    src.add_argument("-s", "--stdin-file", dest="stdin", action="store_true", help="send all of stdin as one message")
+    g.add_argument("-q", "--qos", type=_qos, default=0, help="QoS 0, 1 or 2 (default: 0)")
+    g.add_argument("-r", "--retain", action="store_true", help="retain the message")
+    g.add_argument("--repeat", type=_int_range("repeat", 1, 1 << 31), default=1,
+                   help="with -m, -f or -s: publish the message N times")
+    g.add_argument("--repeat-delay", type=float, default=0.0, help="seconds between repeats")
+    pub.set_defaults(func=run_pub, tool="pub")
+
+    sub = subparsers.add_parser(
+        "sub", add_help=False, help="subscribe and print messages (flags as mosquitto_sub)",
+        description="Subscribe to topic filters and print the messages. Flags and defaults follow "
+                    "mosquitto_sub; -F supports %%t %%p %%q %%r %%l %%m %%x %%X %%I %%U %%j %%P %%C %%D "
+                    "%%E %%F %%R %%S %%%%, @-strftime and \\n \\t escapes.")
+    _common_options(sub, "sub")
+    g = sub.add_argument_group("subscription and output")
+    g.add_argument("-t", "--topic", dest="topics", action="append", required=True,
+                   help="topic filter; repeat for more ($share/GROUP/FILTER for a shared subscription)")
+    g.add_argument("-q", "--qos", type=_qos, default=0, help="QoS of the subscriptions (default: 0)")
+    g.add_argument("-C", dest="count", type=_int_range("count", 1, 1 << 31),
+                   help="exit after printing this many messages")
+    g.add_argument("-R", dest="no_stale", action="store_true", help="skip stale messages (retain flag set)")
+    g.add_argument("--retained-only", action="store_true",
+                   help="print only retained messages; exit at the first message without the retain flag")
+    g.add_argument("-E", dest="exit_subscribed", action="store_true", help="exit once subscribed")
+    g.add_argument("-W", dest="timeout", type=_seconds,
+                   help="exit after this many seconds (status 27), as mosquitto_sub")
+    g.add_argument("-v", "--verbose", action="store_true", help="print 'topic payload'")
+    g.add_argument("-N", dest="no_eol", action="store_true", help="no newline after each message")
+    g.add_argument("-F", dest="format", help="output format (see the description above)")
+    sub.set_defaults(func=run_sub, tool="sub")
+
+
+# --------------------------------------------------------------- settings
+
+
+def _settings(args, tool):
+    """Check what argparse cannot and build the Client's keyword arguments."""
+    v = args.version
+    props = {}
+    if args.props:
+        if v != 5:
+            raise UsageError("-D needs MQTT 5 (-V 5)")
+        props = _collect_properties(args.props, tool)
+    if args.expiry is not None and v != 5:
+        raise UsageError("-x needs MQTT 5 (-V 5)")
+    if args.client_id is not None and args.id_prefix is not None:
+        raise UsageError("-i and -I cannot be used together")
+    if args.persistent and args.client_id is None and args.id_prefix is None:
+        raise UsageError("-c needs a client id (-i or -I)")
+    if args.password is not None and args.username is None and v != 5:
+        raise UsageError("a password (-P) needs a user name (-u) before MQTT 5")
+    if args.will_topic is None and (args.will_payload is not None or args.will_retain or args.will_qos):
+        raise UsageError("--will-payload, --will-qos and --will-retain need --will-topic")
+    if args.will_topic is not None:
+        try:
+            validate_name(args.will_topic)
+        except ValueError as e:
+            raise UsageError("--will-topic: %s" % e)
+    if args.client_id is not None:
+        cid = args.client_id
+    elif args.id_prefix is not None:
+        cid = "%s%d" % (args.id_prefix, os.getpid())
+    elif v == 3:
+        cid = "tern_%s_%d" % (tool, os.getpid())  # MQTT 3.1 needs 1..23 characters
+    else:
+        cid = ""  # the broker assigns one
+    ctx = _tls_context(args)
+    conn = dict(props.get("connect", {}))
+    opts = {"rx_size": RX_SIZE, "tx_size": TX_SIZE}
+    expiry = conn.pop(P.SESSION_EXPIRY_INTERVAL, None)
+    if args.expiry is not None:
+        expiry = args.expiry
+    if v == 5 and expiry is None and args.persistent:
+        expiry = 0xFFFFFFFF
+    if expiry:
+        opts["session_expiry"] = expiry
+    mps = conn.pop(P.MAXIMUM_PACKET_SIZE, None)
+    if mps is not None:
+        opts["rx_size"] = min(max(mps, 64), MAX_PACKET)  # a CONNACK must fit
+    tam = conn.pop(P.TOPIC_ALIAS_MAXIMUM, None)
+    if tam:
+        opts["topic_alias_max"] = tam
+    kw = dict(
+        client_id=cid, port=args.port, version=v, keepalive=args.keepalive,
+        clean=not args.persistent, ssl=ctx, username=args.username, password=args.password,
+        connect_props=conn or None, **opts)
+    if args.will_topic is not None:
+        kw.update(will_topic=args.will_topic, will_payload=(args.will_payload or "").encode(),
+                  will_qos=args.will_qos, will_retain=args.will_retain, will_props=props.get("will"))
+    elif "will" in props:
+        raise UsageError("-D will ... needs --will-topic")
+    return kw, props
+
+
+def _tls_context(args):
+    tls = args.cafile or args.capath or args.tls_use_os_certs
+    if not tls:
+        for flag, given in (("--cert", args.cert), ("--key", args.key), ("--insecure", args.insecure)):
+            if given:
+                raise UsageError("%s needs TLS: give --cafile, --capath or --tls-use-os-certs" % flag)
+        return None
+    if bool(args.cert) != bool(args.key):
+        raise UsageError("--cert and --key go together")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the host name
+    try:
+        if args.cafile or args.capath:
+            what = "--cafile %s" % args.cafile if args.cafile else "--capath %s" % args.capath
+            ctx.load_verify_locations(cafile=args.cafile, capath=args.capath)
+        if args.tls_use_os_certs:
+            what = "the system's CA certificates"
+            ctx.load_default_certs()
+        if args.cert:
+            what = "--cert %s / --key %s" % (args.cert, args.key)
+            ctx.load_cert_chain(args.cert, args.key)
+    except (OSError, ssl.SSLError) as e:
+        raise CLIError("cannot load %s: %s" % (what, _os_reason(e) if not isinstance(e, ssl.SSLError)
+                                               else e.reason or e))
+    if args.insecure:
+        ctx.check_hostname = False
+    return ctx
+
+
+# ------------------------------------------------------------ debug trace
+
+_NAMES = ("RESERVED", "CONNECT", "CONNACK", "PUBLISH", "PUBACK", "PUBREC", "PUBREL", "PUBCOMP",
+          "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ", "PINGRESP", "DISCONNECT", "AUTH")
+
+
+def _varint(b, i):
+    v = 0
+    shift = 0
+    while True:
+        c = b[i]
+        i += 1
+        v |= (c & 0x7F) << shift
+        if not c & 0x80:
+            return v, i
+        shift += 7
+        if shift > 21:
+            raise ValueError("bad variable byte integer")
+
+
+class Tracer:
+    """Cuts one direction of an MQTT byte stream into packets and describes
+    each in one line. A CONNECT's body is never kept or looked at, so user
+    names and passwords cannot reach the trace."""
+
+    KEEP = 1024  # body bytes kept per packet: enough for topics and ids
+
+    def __init__(self, say, verb, version):
+        self.say = say
+        self.verb = verb
+        self.version = version
+        self.reset()
+
+    def reset(self):
+        self.hdr = bytearray()
+        self.body = bytearray()
+        self.left = -1
+        self.total = 0
+
+    def feed(self, data):
+        i = 0
+        n = len(data)
+        while i < n:
+            if self.left < 0:
+                self.hdr.append(data[i])
+                i += 1
+                if len(self.hdr) >= 2 and not self.hdr[-1] & 0x80:
+                    self.total = self.left = _varint(self.hdr, 1)[0]
+                    if not self.left:
+                        self._done()
+                elif len(self.hdr) > 5:
+                    self.say("%s a malformed fixed header" % self.verb)
+                    self.reset()
+                continue
+            k = min(self.left, n - i)
+            room = 0 if self.hdr[0] >> 4 == CONNECT else self.KEEP - len(self.body)
+            if room > 0:
+                self.body += bytes(data[i : i + min(k, room)])
+            i += k
+            self.left -= k
+            if not self.left:
+                self._done()
+
+    def _done(self):
+        t = self.hdr[0] >> 4
+        flags = self.hdr[0] & 15
+        try:
+            desc = self.describe(t, flags, self.body, self.total)
+        except (IndexError, ValueError, UnicodeError):
+            desc = "%s (%d bytes)" % (_NAMES[t], self.total)
+        self.say("%s %s" % (self.verb, desc))
+        self.reset()
+
+    def _props_end(self, b, i):
+        if self.version != 5:
+            return i
+        n, j = _varint(b, i)
+        return j + n
+
+    def describe(self, t, flags, b, total):
+        name = _NAMES[t]
+        if t == CONNECT or t in (12, 13):
+            return name
+        if t == 2:  # CONNACK
+            return "%s (%d)" % (name, b[1])
+        if t == PUBLISH:
+            q = flags >> 1 & 3
+            tl = b[0] << 8 | b[1]
+            topic = bytes(b[2 : 2 + tl]).decode("utf-8", "replace")
+            if tl > len(b) - 2:
+                topic += "..."
+            i = 2 + tl
+            mid = 0
+            if q:
+                mid = b[i] << 8 | b[i + 1]
+                i += 2
+            if self.version == 5:
+                if i < len(b):
+                    n, j = _varint(b, i)
+                    i = j + n
+            return "%s (d%d, q%d, r%d, m%d, '%s', ... (%d bytes))" % (
+                name, flags >> 3 & 1, q, flags & 1, mid, topic, total - i)
+        if 4 <= t <= 7:
+            mid = b[0] << 8 | b[1]
+            if total >= 3:
+                return "%s (Mid: %d, RC:%d)" % (name, mid, b[2])
+            return "%s (Mid: %d)" % (name, mid)
+        if t in (SUBSCRIBE, 10):
+            mid = b[0] << 8 | b[1]
+            i = self._props_end(b, 2)
+            out = []
+            while i + 2 <= len(b):
+                tl = b[i] << 8 | b[i + 1]
+                flt = bytes(b[i + 2 : i + 2 + tl]).decode("utf-8", "replace")
+                i += 2 + tl
+                if t == SUBSCRIBE:
+                    o = b[i]
+                    i += 1
+                    out.append("Topic: %s, QoS: %d, Options: 0x%02X" % (flt, o & 3, o & 0xFC))
+                else:
+                    out.append("Topic: %s" % flt)
+            return "%s (Mid: %d, %s)" % (name, mid, "; ".join(out))
+        if t in (9, 11):  # SUBACK, UNSUBACK
+            mid = b[0] << 8 | b[1]
+            i = self._props_end(b, 2)
+            codes = ",".join(str(c) for c in b[i:total])
+            return "%s (Mid: %d, RC: %s)" % (name, mid, codes or "-")
+        if t in (DISCONNECT, 15):
+            return "%s (%d)" % (name, b[0]) if total else name
+        return name
+
+
+def _hook_trace(client, say):
+    s = client.session
+    out = Tracer(lambda m: say("Client %s %s" % (s.client_id or "(null)", m)), "sending", s.version)
+    inn = Tracer(lambda m: say("Client %s %s" % (s.client_id or "(null)", m)), "received", s.version)
+    send = s.send
+    feed_n = s.feed_n
+    connect = client.connect
+
+    def traced_send(buf, off, n):
+        send(buf, off, n)
+        out.feed(memoryview(buf)[off : off + n])
+
+    def traced_feed_n(n, now):
+        inn.feed(memoryview(s.rx)[s.rx_len : s.rx_len + n])
+        feed_n(n, now)
+
+    def traced_connect(*a, **k):
+        out.reset()
+        inn.reset()
+        return connect(*a, **k)
+
+    s.send = traced_send
+    s.feed_n = traced_feed_n
+    client.connect = traced_connect
+
+
+# ---------------------------------------------------------------- connect
+
+
+def _say_err(args):
+    from .cli import redact
+
+    def say(msg):
+        if not args.quiet:
+            sys.stderr.write(redact("tern %s: %s\n" % (args.tool, msg)))
+            sys.stderr.flush()
+    return say
+
+
+def _debug(args):
+    if not args.debug:
+        return None
+
+    def say(msg):
+        sys.stderr.write(msg + "\n")
+        sys.stderr.flush()
+    return say
+
+
+def _open(args, kw, reconnect, setup=None):
+    """Connect to the first address of --host that answers; CLIError otherwise.
+    setup(client) runs before connecting: messages of a persistent session
+    may arrive in the same read as CONNACK, so handlers must be in place."""
+    port = args.port or (8883 if kw["ssl"] else 1883)
+    where = "%s:%d" % (args.host, port)
+    try:
+        infos = socket.getaddrinfo(args.host, port, 0, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise CLIError("cannot resolve host %r: %s" % (args.host, getattr(e, "strerror", None) or e))
+    addrs = []
+    for info in infos:
+        if info[4][0] not in addrs:
+            addrs.append(info[4][0])
+    dbg = _debug(args)
+    last = None
+    for ip in addrs:
+        c = Client(server=ip, server_hostname=args.host, reconnect=False, **kw)
+        if dbg:
+            _hook_trace(c, dbg)
+        if setup:
+            setup(c)
+        try:
+            c.connect()
+        except ConnectError as e:
+            raise CLIError("connection to %s refused by the broker: %s" % (where, reason_text(e.reason, args.version)))
+        except ssl.SSLCertVerificationError as e:
+            raise CLIError("TLS: the certificate of %s failed verification: %s" % (where, e.verify_message or e.reason))
+        except ssl.SSLError as e:
+            raise CLIError("TLS handshake with %s failed: %s" % (where, e.reason or e))
+        except MQTTError as e:
+            raise CLIError("connection to %s failed: %s" % (where, e))
+        except OSError as e:
+            last = e
+            continue
+        c.reconnect = reconnect
+        return c
+    raise CLIError("cannot connect to %s: %s" % (where, _os_reason(last)))
+
+
+def _lost(client, e=None):
+    err = client.last_error or e
+    if isinstance(err, MQTTError) and err.args and err.args[0] == "server sent DISCONNECT":
+        return "the broker closed the connection: %s" % reason_text(err.code)
+    if isinstance(err, OSError):
+        return "connection lost: %s" % _os_reason(err)
+    return "connection lost: %s" % (err or "unknown reason")
+
+
+# -------------------------------------------------------------------- pub
+
+
+def _stdin_bytes():
+    s = sys.stdin
+    return getattr(s, "buffer", s)
+
+
+def _stdin_lines(idle):
+    """Lines of stdin without their '\\n' (as mosquitto_pub -l: an empty line is
+    an empty message); idle() runs while waiting so keepalive goes on."""
+    stream = _stdin_bytes()
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        fd = None
+    if fd is None:
+        while True:
+            line = stream.readline()
+            if isinstance(line, str):
+                line = line.encode()
+            if not line:
+                return
+            yield line[:-1] if line.endswith(b"\n") else line
+    buf = b""
+    while True:
+        r, _, _ = select.select([fd], [], [], 0.1)
+        if not r:
+            idle()
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+        while True:
+            k = buf.find(b"\n")
+            if k < 0:
+                break
+            yield buf[:k]
+            buf = buf[k + 1 :]
+    if buf:
+        yield buf
+
+
+def run_pub(args):
+    say = _say_err(args)
+    try:
+        return _pub(args)
+    except CLIError as e:
+        say(str(e))
+        return e.code
+
+
+def _pub(args):
+    kw, props = _settings(args, "pub")
+    try:
+        validate_name(args.topic)
+    except ValueError as e:
+        raise UsageError("-t: %s" % e)
+    payload = None
+    if args.message is not None:
+        payload = args.message.encode()
+    elif args.null:
+        payload = b""
+    elif args.file is not None:
+        try:
+            with open(args.file, "rb") as f:
+                payload = f.read()
+        except OSError as e:
+            raise CLIError("cannot read %s: %s" % (args.file, _os_reason(e)))
+    elif args.stdin:
+        payload = _stdin_bytes().read()
+        if isinstance(payload, str):
+            payload = payload.encode()
+    pprops = props.get("publish")
+    dbg = _debug(args)
+    client = _open(args, kw, reconnect=False)
+    refused = []
+
+    def on_published(pid, reason):
+        if reason >= 0x80:
+            refused.append((pid, reason))
+    client.on_published = on_published
+
+    def send(data):
+        try:
+            client.publish(args.topic, data, args.qos, args.retain, pprops)
+        except ValueError as e:  # what the broker said it accepts (QoS, retain, size)
+            raise CLIError("cannot publish: %s" % e)
+        except OSError as e:
+            raise CLIError(_lost(client, e))
+
+    try:
+        if payload is not None:
+            for k in range(args.repeat):
+                if k and args.repeat_delay > 0:
+                    _pump(client, args.repeat_delay)
+                send(payload)
+        else:
+            for line in _stdin_lines(lambda: client.loop(0)):
+                send(line)
+        s = client.session
+        while s.pending():
+            if not client.loop(100) and s.pending():
+                raise CLIError(_lost(client))
+    except KeyboardInterrupt:
+        client.disconnect()
+        return EXIT_FAIL
+    except BaseException:
+        client.close()
+        raise
+    client.disconnect(props=props.get("disconnect"))
+    if dbg:
+        dbg("Client %s disconnected" % (client.session.client_id or "(null)"))
+    if refused:
+        pid, reason = refused[0]
+        raise CLIError("the broker refused %d message(s): %s" % (len(refused), reason_text(reason)))
+    return EXIT_OK
+
+
+def _pump(client, seconds):
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        if not client.loop(int(min(left, 0.1) * 1000)) and not client.connected:
+            raise CLIError(_lost(client))
+
+
+# ------------------------------------------------------------------ format
+
+_ESCAPES = {"\\": b"\\", "0": b"\0", "a": b"\a", "e": b"\x1b", "n": b"\n", "r": b"\r", "t": b"\t", "v": b"\v"}
+_CONVERSIONS = "%tpqrlmxXIUjPCDEFRS"
+_ZERO_PAD = "EFlmSxX"
+_MAX_WIDTH = "CIRt"
+
+
+def compile_format(fmt):
+    """The -F string as a list of bytes literals and (conversion, left, zero,
+    width, precision) tuples; UsageError naming the first bad sequence."""
+    items = []
+    lit = bytearray()
+    i = 0
+    n = len(fmt)
+    while i < n:
+        c = fmt[i]
+        if c == "\\":
+            e = fmt[i + 1 : i + 2]
+            if e not in _ESCAPES:
+                raise UsageError("-F: invalid escape '\\%s'" % e)
+            lit += _ESCAPES[e]
+            i += 2
+        elif c == "@":
+            e = fmt[i + 1 : i + 2]
+            if not e:
+                raise UsageError("-F: '@' at the end of the format")
+            if e == "@":
+                lit += b"@"
+            else:
+                if lit:
+                    items.append(bytes(lit))
+                    lit = bytearray()
+                items.append(("@", e))
+            i += 2
+        elif c == "%":
+            j = i + 1
+            left = zero = False
+            while j < n and fmt[j] in "-0":
+                left |= fmt[j] == "-"
+                zero |= fmt[j] == "0"
+                j += 1
+            k = j
+            while j < n and fmt[j].isdigit():
+                j += 1
+            width = int(fmt[k:j]) if j > k else 0
+            prec = None
+            if j < n and fmt[j] == ".":
+                j += 1
+                k = j
+                while j < n and fmt[j].isdigit():
+                    j += 1
+                prec = int(fmt[k:j]) if j > k else 0
+            conv = fmt[j : j + 1]
+            if not conv or conv not in _CONVERSIONS:
+                raise UsageError("-F: unsupported format sequence '%s'" % fmt[i : j + 1])
+            if conv == "%":
+                lit += b"%"
+            else:
+                if lit:
+                    items.append(bytes(lit))
+                    lit = bytearray()
+                items.append((conv, left, zero and not left, width, prec))
+            i = j + 1
+        else:
+            lit += c.encode()
+            i += 1
+    if lit:
+        items.append(bytes(lit))
+    return items
+
+
+def _iso(ns, micro=False):
+    t = _dt.datetime.fromtimestamp(ns / 1e9).astimezone()
+    if micro:
+        return t.strftime("%Y-%m-%dT%H:%M:%S.%f%z")
+    return t.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+_JSON_PROPS = ((P.PAYLOAD_FORMAT_INDICATOR, "payload-format-indicator"),
+               (P.MESSAGE_EXPIRY_INTERVAL, "message-expiry-interval"), (P.CONTENT_TYPE, "content-type"),
+               (P.RESPONSE_TOPIC, "response-topic"), (P.CORRELATION_DATA, "correlation-data"),
+               (P.SUBSCRIPTION_IDENTIFIER, "subscription-identifier"), (P.USER_PROPERTY, "user-properties"))
+
+
+def _value(conv, m, now):
+    """Bytes of one conversion for the message snapshot m."""
+    pr = m["props"] or {}
+    if conv == "t":
+        return m["topic"].encode()
+    if conv == "p":
+        return m["payload"]
+    if conv == "q":
+        return b"%d" % m["qos"]
+    if conv == "r":
+        return b"%d" % m["retain"]
+    if conv == "l":
+        return b"%d" % len(m["payload"])
+    if conv == "m":
+        return b"%d" % m["mid"]
+    if conv == "x":
+        return m["payload"].hex().encode()
+    if conv == "X":
+        return m["payload"].hex().upper().encode()
+    if conv == "I":
+        return _iso(now).encode()
+    if conv == "U":
+        return b"%d.%09d" % divmod(now, 1000000000)
+    if conv == "j":
+        d = {"tst": _iso(now, True), "topic": m["topic"], "qos": m["qos"], "retain": m["retain"],
+             "payloadlen": len(m["payload"])}
+        if m["qos"]:
+            d["mid"] = m["mid"]
+        if pr:
+            jp = {}
+            for pid, key in _JSON_PROPS:
+                if pid in pr:
+                    v = pr[pid]
+                    if pid == P.USER_PROPERTY:
+                        v = dict(v)
+                    elif isinstance(v, (bytes, bytearray, memoryview)):
+                        v = bytes(v).decode("utf-8", "backslashreplace")
+                    jp[key] = v
+            d["properties"] = jp
+        d["payload"] = m["payload"].decode("utf-8", "backslashreplace")
+        return json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()
+    if conv == "P":
+        return " ".join("%s:%s" % kv for kv in pr.get(P.USER_PROPERTY, ())).encode()
+    if conv == "S":
+        sids = pr.get(P.SUBSCRIPTION_IDENTIFIER)
+        if sids is None:
+            return b""
+        return ",".join(str(x) for x in (sids if isinstance(sids, list) else [sids])).encode()
+    pid = {"C": P.CONTENT_TYPE, "D": P.CORRELATION_DATA, "E": P.MESSAGE_EXPIRY_INTERVAL,
+           "F": P.PAYLOAD_FORMAT_INDICATOR, "R": P.RESPONSE_TOPIC}[conv]
+    v = pr.get(pid)
+    if v is None:
+        return b""
+    if isinstance(v, int):
+        return b"%d" % v
+    if isinstance(v, str):
+        return v.encode()
+    return bytes(v)
+
+
+def render(items, m, now):
+    out = bytearray()
+    for it in items:
+        if isinstance(it, bytes):
+            out += it
+            continue
+        if it[0] == "@":
+            e = it[1]
+            if e == "N":
+                out += b"%09d" % (now % 1000000000)
+            else:
+                out += time.strftime("%" + e, time.localtime(now // 1000000000)).encode()
+            continue
+        conv, left, zero, width, prec = it
+        v = _value(conv, m, now)
+        if prec is not None and conv in _MAX_WIDTH:
+            v = v[:prec]
+        if len(v) < width:
+            pad = width - len(v)
+            if left:
+                v = v + b" " * pad
+            elif zero and conv in _ZERO_PAD:
+                v = b"0" * pad + v
+            else:
+                v = b" " * pad + v
+        out += v
+    return bytes(out)
+
+
+# -------------------------------------------------------------------- sub
+
+
+def run_sub(args):
+    say = _say_err(args)
+    try:
+        return _sub(args, say)
+    except CLIError as e:
+        say(str(e))
+        return e.code
+
+
+def _sub(args, say):
+    start = time.monotonic()
+    kw, props = _settings(args, "sub")
+    for t in args.topics:
+        try:
+            validate_filter(t)
+        except ValueError as e:
+            raise UsageError("-t: %s" % e)
+    items = compile_format(args.format) if args.format is not None else None
+    sprops = props.get("subscribe", {})
+    if args.timeout:
+        kw["connect_timeout"] = max(0.1, min(10, args.timeout))
+    kw["manual_ack"] = True  # acknowledge only what was printed
+    dbg = _debug(args)
+    out = getattr(sys.stdout, "buffer", None)
+    state = {"printed": 0, "done": False, "code": EXIT_OK}
+    eol = b"" if args.no_eol else b"\n"
+
+    def write(data):
+        if out is not None:
+            out.write(data)
+            out.flush()
+        else:
+            sys.stdout.write(data.decode("utf-8", "replace"))
+            sys.stdout.flush()
+
+    def on_message(msg):
+        if state["done"]:
+            return  # not acknowledged: a persistent session gets it next time
+        retain = msg.retain
+        if args.retained_only and not retain:
+            state["done"] = True
+            return
+        if args.no_stale and retain:
+            if msg.qos:
+                client.ack(msg.ack_id)
+            return
+        payload = bytes(msg.payload)
+        if items is not None:
+            m = {"topic": msg.topic, "payload": payload, "qos": msg.qos, "retain": retain,
+                 "mid": msg.pid if msg.qos else 0,
+                 "props": msg.properties if args.version == 5 else None}
+            line = render(items, m, time.time_ns())
+        elif args.verbose:
+            line = msg.topic.encode() + b" " + (payload if payload else b"(null)")
+        else:
+            line = payload
+        try:
+            write(line + eol)
+        except BrokenPipeError:
+            state["done"] = True
+            state["pipe"] = True
+            return
+        if msg.qos:
+            client.ack(msg.ack_id)
+        state["printed"] += 1
+        if args.count and state["printed"] >= args.count:
+            state["done"] = True
+
+    client = None
+
+    def setup(c):
+        nonlocal client
+        client = c
+        c.on_message = on_message
+        if dbg:
+            c.on_disconnect = lambda err: dbg("tern sub: %s; reconnecting" % _lost(c, err))
+            c.on_connect = lambda sp, rc: dbg("tern sub: connected (session present: %d)" % sp)
+
+    client = _open(args, kw, reconnect=True, setup=setup)
+    try:
+        try:
+            refused = []
+            for t in args.topics:
+                codes = client.subscribe(
+                    t, args.qos, sub_id=sprops.get(P.SUBSCRIPTION_IDENTIFIER),
+                    user_props=sprops.get(P.USER_PROPERTY))
+                if dbg:
+                    dbg("Subscribed to %s: %s" % (t, ",".join(str(c) for c in codes or ())))
+                if codes and codes[0] >= 0x80:
+                    refused.append("subscription to %r refused by the broker: %s"
+                                   % (t, reason_text(codes[0], args.version)))
+            if refused and len(refused) == len(args.topics):
+                raise CLIError(refused[0] if len(refused) == 1 else
+                               "all %d subscriptions refused by the broker (first: %s)" % (
+                                   len(refused), refused[0].split(": ", 1)[1]))
+            for line in refused:
+                say(line)
+            if args.exit_subscribed:
+                state["done"] = True
+            while not state["done"]:
+                wait = 100
+                if args.timeout:
+                    left = args.timeout - (time.monotonic() - start)
+                    if left <= 0:
+                        state["code"] = EXIT_TIMEOUT
+                        say("timed out after %g s" % args.timeout)
+                        break
+                    wait = max(1, min(wait, int(left * 1000)))
+                client.loop(wait)
+        except ConnectError as e:  # a reconnect the broker refused for good
+            raise CLIError("connection refused by the broker: %s" % reason_text(e.reason, args.version))
+        except ValueError as e:
+            raise CLIError(str(e))
+        except OSError as e:
+            raise CLIError(_lost(client, e))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.disconnect(props=props.get("disconnect"))
+    if state.get("pipe"):
+        _quiet_stdout()
+    return state["code"]
+
+
+def _quiet_stdout():
+    # stdout's reader went away (e.g. `| head -1`): no complaint at exit.
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass

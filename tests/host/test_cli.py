@@ -1,0 +1,473 @@
+"""The `tern` command: skeleton, `tern pub` and `tern sub` against a real Mosquitto, with
+mosquitto_pub / mosquitto_sub as the peers. Most runs are in-process (ternlab.cli.main with
+capsys); a few run the installed console script as a real process."""
+
+import io
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ternlab import cli
+from ternlab.broker import Broker, free_port
+
+TERN = str(Path(sys.executable).with_name("tern"))
+MOSQ_PUB = "/usr/bin/mosquitto_pub"
+MOSQ_SUB = "/usr/bin/mosquitto_sub"
+
+
+def tern(capsys, *argv):
+    """Run `tern argv...` in-process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def conn(broker):
+    return ["-h", broker.host, "-p", broker.port]
+
+
+def log_text(broker):
+    return broker.log_path.read_text(errors="replace") if broker.log_path.exists() else ""
+
+
+def wait_log(broker, needle, count=1, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log_text(broker).count(needle) >= count:
+            return
+        time.sleep(0.02)
+    raise AssertionError("broker log never showed %r x%d:\n%s" % (needle, count, broker.log_tail()))
+
+
+class MosqSub:
+    """mosquitto_sub as the receiving peer, started and subscribed before use."""
+
+    def __init__(self, broker, *args, client_id="peer", count=1, timeout=8):
+        self.proc = subprocess.Popen(
+            [MOSQ_SUB, "-h", broker.host, "-p", str(broker.port), "-i", client_id, "-C", str(count),
+             "-W", str(timeout)] + [str(a) for a in args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_log(broker, "Sending SUBACK to " + client_id)
+
+    def result(self):
+        out, err = self.proc.communicate(timeout=15)
+        assert self.proc.returncode == 0, err.decode()
+        return out
+
+
+def mosq_pub(broker, *args):
+    subprocess.run([MOSQ_PUB, "-h", broker.host, "-p", str(broker.port)] + [str(a) for a in args],
+                   check=True, timeout=10)
+
+
+def publish_when_subscribed(broker, client_id, *pubs):
+    """In the background: once `client_id` has its SUBACK, run mosquitto_pub with each args list."""
+    errors = []
+
+    def run():
+        try:
+            wait_log(broker, "Sending SUBACK to " + client_id)
+            for args in pubs:
+                mosq_pub(broker, *args)
+        except BaseException as e:  # reported by the test, not lost in the thread
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, errors
+
+
+def one_line(err):
+    lines = err.splitlines()
+    assert len(lines) == 1, "expected one line on stderr, got %r" % err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ---------------------------------------------------------------- skeleton
+
+
+def test_version_and_help(capsys):
+    rc, out, _ = tern(capsys, "--version")
+    assert rc == 0 and re.fullmatch(r"tern \S+\n", out)
+    rc, out, _ = tern(capsys, "pub", "--help")
+    assert rc == 0 and "-h HOST" in out and "--will-topic" in out
+    rc, _, err = tern(capsys)
+    assert rc == 2 and "pub" in one_line(err)
+
+
+def test_optional_modules_are_lazy_and_failures_are_one_line(capsys, tmp_path, monkeypatch, broker):
+    (tmp_path / "tern_fake_pipeline.py").write_text(
+        "import tern_dependency_that_is_not_installed\n"
+        "def add_subcommands(subparsers):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "OPTIONAL", cli.OPTIONAL + (
+        ("tern_fake_pipeline", {"fakeaudit": "audit things"}, "pip install 'tern[pipeline]'"),
+        ("ternlab.no_such_module", {"ghost": "haunt"}, None),
+    ))
+    # pub works and does not import the optional modules
+    rc, _, err = tern(capsys, "pub", *conn(broker), "-t", "lazy", "-m", "x")
+    assert rc == 0, err
+    assert "tern_fake_pipeline" not in sys.modules
+    # their help lines are listed without importing them
+    rc, out, _ = tern(capsys, "--help")
+    assert rc == 0 and "fakeaudit" in out and "ghost" in out
+    assert "tern_fake_pipeline" not in sys.modules
+    # a missing dependency or module: one line, status 1
+    rc, _, err = tern(capsys, "fakeaudit", "--out", "x")
+    line = one_line(err)
+    assert rc == 1 and "tern_dependency_that_is_not_installed" in line and "pip install" in line
+    rc, _, err = tern(capsys, "ghost")
+    assert rc == 1 and "ternlab.no_such_module is not installed" in one_line(err)
+
+
+# ------------------------------------------------------------------- pub
+
+
+@pytest.mark.parametrize("version,level", [("31", "p1"), ("311", "p2"), ("mqttv5", "p5")])
+def test_pub_each_version_and_qos_reaches_mosquitto_sub(capsys, broker, version, level):
+    peer = MosqSub(broker, "-t", "v/#", "-q", "2", "-F", "%t %q %r %p", count=3)
+    for q in (0, 1, 2):
+        rc, _, err = tern(capsys, "pub", *conn(broker), "-V", version, "-q", q, "-t", "v/%d" % q,
+                          "-m", "hello %d" % q, "-i", "tp%s%d" % (version, q), "-k", 30)
+        assert rc == 0, err
+        assert err == ""
+    lines = sorted(peer.result().decode().splitlines())
+    assert lines == ["v/0 0 0 hello 0", "v/1 1 0 hello 1", "v/2 2 0 hello 2"]
+    log = log_text(broker)
+    for q in (0, 1, 2):  # the broker saw the asked-for protocol level and keepalive
+        assert "as tp%s%d (%s, c1, k30)" % (version, q, level) in log
+
+
+def test_pub_retained_null_and_file(capsys, broker, tmp_path):
+    blob = bytes(range(256)) * 4
+    f = tmp_path / "blob.bin"
+    f.write_bytes(blob)
+    live = MosqSub(broker, "-t", "r/#", "-F", "%t %r %l %x", count=2)
+    rc, _, err = tern(capsys, "pub", *conn(broker), "-t", "r/file", "-f", f, "-r", "-q", 1)
+    assert rc == 0, err
+    rc, _, err = tern(capsys, "pub", *conn(broker), "-t", "r/null", "-n", "-q", 2)
+    assert rc == 0, err
+    # a live subscriber sees no retain flag (MQTT 3.1.1 3.3.1.3)
+    assert live.result().decode().splitlines() == ["r/file 0 1024 " + blob.hex(), "r/null 0 0 "]
+    # retained: a subscriber that comes later still gets it, with the flag
+    got = MosqSub(broker, "-t", "r/#", "-F", "%t %r %l", client_id="late").result()
+    assert got == b"r/file 1 1024\n"
+    # -r -n clears it
+    rc, _, err = tern(capsys, "pub", *conn(broker), "-t", "r/file", "-n", "-r")
+    assert rc == 0, err
+    rc, out, _ = tern(capsys, "sub", *conn(broker), "-t", "r/#", "-W", 0.5)
+    assert rc == 27 and out == ""
+
+
+def test_pub_lines_and_whole_stdin_in_process(capsys, broker, monkeypatch):
+    peer = MosqSub(broker, "-t", "l", "-F", "[%p]", count=5)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a\n\nb\r\nc")))
+    rc, _, err = tern(capsys, "pub", *conn(broker), "-t", "l", "-l", "-q", 1)
+    assert rc == 0, err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"all\nof it\n")))
+    rc, _, err = tern(capsys, "pub", *conn(broker), "-t", "l", "-s")
+    assert rc == 0, err
+    # as mosquitto_pub -l: an empty line is an empty message; only '\n' is stripped
+    assert peer.result() == b"[a]\n[]\n[b\r]\n[c]\n[all\nof it\n]\n"
+
+
+def test_pub_lines_as_a_real_process_keeps_streaming(broker):
+    peer = MosqSub(broker, "-t", "stream", "-q", "1", count=3)
+    p = subprocess.Popen([TERN, "pub", *map(str, conn(broker)), "-t", "stream", "-l", "-q", "1"],
+                         stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write(b"one\ntwo\n")
+    p.stdin.flush()
+    # each line goes out as it is read, while stdin is still open
+    assert peer.proc.stdout.readline() == b"one\n"
+    assert peer.proc.stdout.readline() == b"two\n"
+    assert p.poll() is None
+    p.stdin.write(b"three")  # the last line needs no newline
+    p.stdin.close()
+    assert p.wait(timeout=10) == 0, p.stderr.read().decode()
+    assert peer.result() == b"three\n"
+
+
+def test_pub_properties_reach_a_v5_subscriber(capsys, broker):
+    peer = MosqSub(broker, "-V", "5", "-t", "p5", "-F", "%P|%C|%R|%D|%F|%E|%p")
+    rc, _, err = tern(capsys, "pub", *conn(broker), "-V", "5", "-t", "p5", "-m", "hi", "-q", 1,
+                      "-D", "publish", "user-property", "k", "v",
+                      "-D", "publish", "user-property", "name with space", "-dash",
+                      "-D", "publish", "content-type", "text/plain",
+                      "-D", "publish", "response-topic", "reply/here",
+                      "-D", "publish", "correlation-data", "abc",
+                      "-D", "publish", "payload-format-indicator", "1",
+                      "-D", "publish", "message-expiry-interval", "300",
+                      "-D", "connect", "user-property", "who", "test")
+    assert rc == 0, err
+    fields = peer.result().decode().rstrip("\n").split("|")
+    assert fields[:5] == ["k:v name with space:-dash", "text/plain", "reply/here", "abc", "1"]
+    assert 298 <= int(fields[5]) <= 300 and fields[6] == "hi"
+
+
+def test_pub_debug_trace_and_will(capsys, broker):
+    # the will goes out when the connection drops without DISCONNECT: use tern sub's
+    # connection (killed below) to carry it, and check it at a mosquitto_sub peer
+    peer = MosqSub(broker, "-t", "will/#", "-v", "-V", "5", "-F", "%t %r %p %C", client_id="wpeer")
+    p = subprocess.Popen([TERN, "sub", *map(str, conn(broker)), "-t", "nothing", "-i", "willer",
+                          "-V", "5", "--will-topic", "will/x", "--will-payload", "gone", "--will-qos", "1",
+                          "-D", "will", "content-type", "text/farewell"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_log(broker, "Sending SUBACK to willer")
+    p.kill()
+    p.wait()
+    assert peer.result() == b"will/x 0 gone text/farewell\n"
+
+    rc, _, err = tern(capsys, "pub", *conn(broker), "-t", "dbg", "-m", "12345", "-q", 2, "-d",
+                      "-u", "someone", "-P", "hunter2-password", "-i", "dbg1")
+    assert rc == 0, err
+    assert "Client dbg1 sending CONNECT" in err
+    assert "Client dbg1 received CONNACK (0)" in err
+    assert "sending PUBLISH (d0, q2, r0, m1, 'dbg', ... (5 bytes))" in err
+    assert "received PUBREC (Mid: 1)" in err and "received PUBCOMP (Mid: 1)" in err
+    assert "hunter2" not in err
+
+
+# ------------------------------------------------------------------- sub
+
+
+def test_sub_prints_count_messages_verbosely(capsys, broker):
+    t, errors = publish_when_subscribed(
+        broker, "ts1",
+        ["-t", "s/a", "-m", "first", "-q", "1"],
+        ["-t", "s/b", "-m", "second", "-q", "2"],
+        ["-t", "other", "-n"],
+        ["-t", "s/c", "-m", "not printed"])
+    rc, out, err = tern(capsys, "sub", *conn(broker), "-i", "ts1", "-t", "s/+", "-t", "other",
+                        "-q", 2, "-C", 3, "-v", "-W", 10)
+    t.join(10)
+    assert not errors
+    assert rc == 0, err
+    assert out == "s/a first\ns/b second\nother (null)\n"
+
+
+def test_sub_format_output(capsys, broker):
+    mosq_pub(broker, "-V", "5", "-t", "f/1", "-m", "hé", "-r", "-q", "1",
+             "-D", "publish", "user-property", "a", "b", "-D", "publish", "content-type", "text/x")
+    rc, out, err = tern(capsys, "sub", *conn(broker), "-V", "5", "-q", 1, "-t", "f/#", "-C", 1,
+                        "-F", r"%t|%p|%q|%r|%l|%m|%x|%X|%P|%C|%05l|%-5t|%5t|%.1t|%%|\t|%I|%U|%j")
+    assert rc == 0, err
+    fields = out.rstrip("\n").split("|")
+    assert fields[:16] == ["f/1", "hé", "1", "1", "3", "1", "68c3a9", "68C3A9", "a:b", "text/x",
+                           "00003", "f/1  ", "  f/1", "f", "%", "\t"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", fields[16])
+    assert abs(float(fields[17]) - time.time()) < 30
+    j = json.loads(fields[18])
+    assert (j["topic"], j["qos"], j["retain"], j["payload"], j["payloadlen"]) == ("f/1", 1, 1, "hé", 3)
+    assert j["properties"] == {"user-properties": {"a": "b"}, "content-type": "text/x"}
+    # -N: no newline
+    rc, out, _ = tern(capsys, "sub", *conn(broker), "-t", "f/1", "-C", 1, "-N", "-F", "<%p>")
+    assert rc == 0 and out == "<hé>"
+
+
+def test_sub_retained_handling(capsys, broker):
+    mosq_pub(broker, "-t", "ret/a", "-m", "stale", "-r")
+    # -R skips the retained message; the live one is printed
+    t, errors = publish_when_subscribed(broker, "tr1", ["-t", "ret/a", "-m", "live"])
+    rc, out, err = tern(capsys, "sub", *conn(broker), "-i", "tr1", "-t", "ret/#", "-R", "-C", 1, "-W", 10)
+    t.join(10)
+    assert rc == 0 and out == "live\n" and not errors, err
+    # --retained-only prints the retained one and exits at the first live message
+    t, errors = publish_when_subscribed(broker, "tr2", ["-t", "ret/a", "-m", "live again"])
+    rc, out, err = tern(capsys, "sub", *conn(broker), "-i", "tr2", "-t", "ret/#", "--retained-only",
+                        "-v", "-W", 10)
+    t.join(10)
+    assert rc == 0 and out == "ret/a stale\n" and not errors, err
+
+
+def test_sub_timeout_and_exit_when_subscribed(capsys, broker):
+    start = time.monotonic()
+    rc, out, err = tern(capsys, "sub", *conn(broker), "-t", "quiet", "-W", 0.5)
+    took = time.monotonic() - start
+    assert rc == 27 and out == "" and "timed out" in one_line(err)
+    assert 0.4 < took < 3
+    rc, out, err = tern(capsys, "sub", *conn(broker), "-t", "quiet", "-E", "-i", "te")
+    assert rc == 0 and out == "" and err == ""
+    assert "Sending SUBACK to te" in log_text(broker)
+
+
+@pytest.mark.parametrize("expiry_args,queued", [
+    (["-D", "connect", "session-expiry-interval", "60"], True),
+    (["-x", "0"], False),
+])
+def test_sub_persistent_session(capsys, broker, expiry_args, queued):
+    rc, _, err = tern(capsys, "sub", *conn(broker), "-V", "5", "-c", "-i", "keeper", "-q", 1,
+                      "-t", "persist", "-E", *expiry_args)
+    assert rc == 0, err
+    mosq_pub(broker, "-t", "persist", "-m", "while away", "-q", "1")
+    rc, out, err = tern(capsys, "sub", *conn(broker), "-V", "5", "-c", "-i", "keeper", "-q", 1,
+                        "-t", "persist", "-C", 1, "-W", 1.5, *expiry_args)
+    if queued:
+        assert (rc, out) == (0, "while away\n"), err
+    else:
+        assert (rc, out) == (27, ""), err
+
+
+def test_shared_subscription_splits_between_two_tern_processes(broker, tmp_path):
+    procs = []
+    for name in ("shareA", "shareB"):
+        f = open(tmp_path / name, "wb")
+        procs.append((subprocess.Popen(
+            [TERN, "sub", *map(str, conn(broker)), "-t", "$share/g/job/#", "-q", "1", "-i", name, "-v",
+             "-W", "20"], stdout=f, stderr=subprocess.PIPE), f, tmp_path / name))
+    try:
+        wait_log(broker, "Sending SUBACK to shareA")
+        wait_log(broker, "Sending SUBACK to shareB")
+        n = 20
+        subprocess.run([MOSQ_PUB, *map(str, conn(broker)), "-t", "job/x", "-l", "-q", "1"],
+                       input=b"".join(b"m%d\n" % i for i in range(n)), check=True, timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if sum(len(path.read_bytes().splitlines()) for _, _, path in procs) >= n:
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)  # nothing more may arrive
+    finally:
+        for p, f, _ in procs:
+            p.send_signal(signal.SIGINT)
+        for p, f, _ in procs:
+            assert p.wait(timeout=10) == 0, p.stderr.read().decode()
+            f.close()
+    a, b = (set(path.read_text().splitlines()) for _, _, path in procs)
+    assert a and b, "both members of the share group get messages"
+    assert not a & b, "each message goes to one member only"
+    assert a | b == {"job/x m%d" % i for i in range(n)}
+    assert sum(len(path.read_text().splitlines()) for _, _, path in procs) == n
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["pub", "-t", "x", "-m", "a", "-q", "3"], "QoS must be 0, 1 or 2"),
+    (["pub", "-t", "x", "-m", "a", "-p", "70000"], "port must be 1..65535"),
+    (["pub", "-t", "x", "-m", "a", "-V", "4"], "protocol version must be 31, 311 or 5"),
+    (["pub", "-t", "x", "-m", "a", "-V", "5", "-D", "publish", "no-such-prop", "1"], "unknown property"),
+    (["pub", "-t", "x", "-m", "a", "-V", "5", "-D", "publish", "payload-format-indicator", "2"], "0 or 1"),
+    (["pub", "-t", "x", "-m", "a", "-D", "publish", "content-type", "t"], "needs MQTT 5"),
+    (["pub", "-m", "a"], "-t/--topic"),
+    (["pub", "-t", "x", "-m", "a", "-f", "/etc/hostname"], "not allowed with"),
+    (["pub", "-t", "x"], "one of the arguments"),
+    (["pub", "-t", "a/#", "-m", "a"], "wildcard"),
+    (["pub", "-t", "x", "-m", "a", "-c"], "-c needs a client id"),
+    (["sub", "-t", "x", "-q", "3"], "QoS must be 0, 1 or 2"),
+    (["sub", "-q", "1"], "-t/--topic"),
+    (["sub", "-t", "x", "-F", "%Z"], "'%Z'"),
+    (["sub", "-t", "a/#/b"], "'#'"),
+    (["sub", "-t", "x", "-V", "5", "-D", "publish", "content-type", "x"], "unknown command"),
+])
+def test_usage_errors_are_one_line_and_status_2(capsys, argv, needle):
+    rc, out, err = tern(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert needle in one_line(err)
+    assert one_line(err).startswith("tern ")
+
+
+def test_connection_refused_is_one_line(capsys):
+    port = free_port()  # nothing listens there
+    for cmd in (["pub", "-m", "x"], ["sub"]):
+        rc, out, err = tern(capsys, *cmd, "-h", "127.0.0.1", "-p", port, "-t", "x")
+        assert rc == 1 and out == ""
+        assert one_line(err) == "tern %s: cannot connect to 127.0.0.1:%d: connection refused" % (cmd[0], port)
+
+
+@pytest.fixture
+def locked_broker(tmp_path):
+    b = Broker(tmp_path / "locked", users={"alice": "correct-horse"}).start()
+    yield b
+    b.stop()
+
+
+@pytest.mark.parametrize("version,reason", [("311", "not authorized"), ("5", "not authorized")])
+def test_refused_credentials_are_one_line_and_never_shown(capsys, locked_broker, version, reason):
+    secret = "Wr0ng-Pa55word"
+    for cmd in (["pub", "-m", "x"], ["sub"]):
+        rc, out, err = tern(capsys, *cmd, *conn(locked_broker), "-t", "x", "-V", version, "-d",
+                            "-u", "alice", "-P", secret)
+        assert rc == 1
+        line = err.splitlines()[-1]
+        assert line.startswith("tern %s: connection to " % cmd[0]) and "refused by the broker" in line
+        assert reason in line or "bad user name or password" in line
+        assert secret not in out + err and "correct-horse" not in out + err
+    # the right password works, so the refusal above was about the password
+    rc, _, err = tern(capsys, "pub", *conn(locked_broker), "-t", "x", "-m", "y", "-V", version,
+                      "-u", "alice", "-P", "correct-horse")
+    assert rc == 0, err
+
+
+def test_refusal_as_a_real_process_and_password_in_argparse_errors(locked_broker):
+    secret = "-dash-secret-value"
+    r = subprocess.run([TERN, "pub", *map(str, conn(locked_broker)), "-t", "x", "-m", "y",
+                        "-u", "alice", "-P", secret], capture_output=True, timeout=20)
+    assert r.returncode == 1 and r.stdout == b""
+    assert b"refused by the broker" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert secret.encode() not in r.stderr
+    # even an argument error that echoes the command line does not show it
+    r = subprocess.run([TERN, "pub", "-t", "x", "-m", "y", "-u", "alice", "-P", secret, "stray"],
+                       capture_output=True, timeout=20)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert b"stray" in r.stderr and b"secret-value" not in r.stderr
+    # ... nor a piece of it (argparse would quote 'ash-secret-value' as -d's argument)
+    r = subprocess.run([TERN, "pub", "-t", "x", "-m", "y", "-u", "alice", "-P", secret, secret],
+                       capture_output=True, timeout=20)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert b"secret" not in r.stderr
+
+
+def test_publish_the_broker_refuses(capsys, tmp_path):
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite open/#\n")
+    b = Broker(tmp_path / "acl-broker", extra=["acl_file %s" % acl]).start()
+    try:
+        rc, _, err = tern(capsys, "pub", *conn(b), "-V", "5", "-q", 1, "-t", "closed", "-m", "x")
+        assert rc == 1 and one_line(err) == \
+            "tern pub: the broker refused 1 message(s): not authorized (reason 0x87)"
+        rc, _, err = tern(capsys, "pub", *conn(b), "-V", "5", "-q", 1, "-t", "open/x", "-m", "x")
+        assert rc == 0, err
+    finally:
+        b.stop()
+
+
+def test_tls_verifies_the_broker(capsys, tmp_path):
+    from ternlab import certs
+    from ternlab.broker import Listener
+
+    # a second TLS listener whose certificate names another host, to check host name checking
+    ca2 = certs.make_ca(tmp_path / "ca2", "Elsewhere CA")
+    elsewhere = certs.make_cert(ca2, tmp_path / "ca2", "elsewhere", hosts=("elsewhere.example",))
+    b = Broker(tmp_path / "tls", tls=True, listeners=[Listener(options=[
+        "cafile %s" % ca2.cert_path, "certfile %s" % elsewhere.cert_path,
+        "keyfile %s" % elsewhere.key_path])]).start()
+    try:
+        tls = ["-h", b.host, "-p", b.tls_port]
+        peer = MosqSub(b, "-t", "secure", count=2)
+        rc, _, err = tern(capsys, "pub", *tls, "--cafile", b.ca_path, "-t", "secure", "-m", "over tls", "-q", 1)
+        assert rc == 0, err
+        # a CA that did not sign the broker's certificate: refused, one line
+        rc, _, err = tern(capsys, "pub", *tls, "--cafile", ca2.cert_path, "-t", "secure", "-m", "no")
+        assert rc == 1 and "failed verification" in one_line(err)
+        # signed by the CA given, but for another host name: refused unless --insecure
+        other = ["-h", b.host, "-p", b.listeners[0].port, "--cafile", ca2.cert_path]
+        rc, _, err = tern(capsys, "pub", *other, "-t", "secure", "-m", "no")
+        assert rc == 1 and "failed verification" in one_line(err)
+        rc, _, err = tern(capsys, "pub", *other, "--insecure", "-t", "secure", "-m", "insecure ok")
+        assert rc == 0, err
+        assert peer.result() == b"over tls\ninsecure ok\n"
+        # TLS flags without TLS are a usage error
+        rc, _, err = tern(capsys, "pub", "--insecure", "-t", "x", "-m", "y")
+        assert rc == 2 and "--insecure needs TLS" in one_line(err)
+    finally:
+        b.stop()
