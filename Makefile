@@ -29,6 +29,9 @@ size: setup
 
 bench: setup
 	$(PY) tools/size_report.py --write docs/benchmarks.md
+	$(PY) tools/bench/client_bench.py --write docs/benchmarks.md
+	$(PY) tools/bench/flash_bench.py --write docs/benchmarks.md
+	$(PY) tools/bench/audit_bench.py --sizes 1M,5M --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
