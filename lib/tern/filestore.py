@@ -28,7 +28,8 @@ import os
 from binascii import crc32
 
 from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
-from .flashstore import (
+from .logrec import (
+    RH as _RH,
     T_INID,
     T_META,
     T_OP,
@@ -39,10 +40,11 @@ from .flashstore import (
     OP_UNMARK,
     OP_RELEASE,
     OP_INREL,
-    _u16,
-    _u32,
-    _put16,
-    _put32,
+    u16 as _u16,
+    u32 as _u32,
+    put32 as _put32,
+    header_check,
+    make_header,
 )
 
 try:
@@ -51,7 +53,6 @@ except ImportError:  # pragma: no cover
     from uarray import array
 
 T_SEG = const(0x35)
-_RH = const(16)
 _KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
 _MICROPYTHON = __import__("sys").implementation.name == "micropython"
 
@@ -179,34 +180,12 @@ class FileStore:
         if self.verbose:
             _warn(msg)
 
-    def _hcheck(self, seed):
-        # (one statement per byte: a tuple swap would allocate on MicroPython)
-        h = self._hdr
-        a = h[10]
-        b = h[11]
-        c = h[12]
-        d = h[13]
-        h[10] = h[11] = h[12] = h[13] = 0xFF
-        v = crc32(h, seed) & 0xFFFF
-        h[10] = a
-        h[11] = b
-        h[12] = c
-        h[13] = d
-        return v
-
     @staticmethod
     def _seed(seg, off):
         return (seg * 0x9E3779B1 + off) & 0xFFFFFFFF
 
     def _mkhdr(self, t, flags, ln, rseq, pid, seg, off):
-        h = self._hdr
-        h[0] = t
-        h[1] = flags
-        _put16(h, 2, ln)
-        _put32(h, 4, rseq)
-        _put16(h, 8, pid)
-        h[12] = h[13] = h[14] = h[15] = 0xFF
-        _put16(h, 10, self._hcheck(self._seed(seg, off)))
+        make_header(self._hdr, t, flags, ln, rseq, pid, self._seed(seg, off))
 
     # ------------------------------------------------------------ boot
     def open(self):
@@ -272,7 +251,7 @@ class FileStore:
             h[0:_RH] = mv[p : p + _RH]
             ln = _u16(h, 2)
             ok = (
-                _u16(h, 10) == self._hcheck(self._seed(seg, p))
+                _u16(h, 10) == header_check(self._hdr, self._seed(seg, p))
                 and p + _RH + ln + 4 <= n
                 and (h[0] in _KINDS or T_INID <= h[0] <= T_SEG)
             )
@@ -304,7 +283,7 @@ class FileStore:
             h[0:_RH] = mv[p : p + _RH]
             ln = _u16(h, 2)
             if (h[0] in _KINDS or T_INID <= h[0] <= T_SEG) and p + _RH + ln + 4 <= n:
-                if _u16(h, 10) == self._hcheck(self._seed(seg, p)):
+                if _u16(h, 10) == header_check(self._hdr, self._seed(seg, p)):
                     h2 = bytearray(h)
                     h2[12] = h2[13] = h2[14] = h2[15] = 0xFF
                     c = crc32(mv[p + _RH : p + _RH + ln], crc32(h2)) & 0xFFFFFFFF

@@ -51,6 +51,26 @@ Write-ahead and recovery:
 from binascii import crc32
 
 from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
+from .logrec import (
+    RH as _RH,
+    T_INID,
+    T_META,
+    T_OP,
+    T_INCLEAR,
+    T_FLOOR,
+    F_RELOC,
+    F_MARKED,
+    OP_MARK,
+    OP_UNMARK,
+    OP_RELEASE,
+    OP_INREL,
+    u16 as _u16,
+    u32 as _u32,
+    put16 as _put16,
+    put32 as _put32,
+    header_check,
+    make_header,
+)
 
 try:
     from array import array
@@ -60,23 +80,7 @@ except ImportError:  # pragma: no cover
 _MAGIC = b"TnF1"
 _VERSION = const(1)
 _SH = const(32)  # sector header bytes
-_RH = const(16)  # record header bytes
 _FLOOR_SZ = const(24)  # a record with no body
-
-T_INID = const(0x30)
-T_META = const(0x31)
-T_OP = const(0x32)
-T_INCLEAR = const(0x33)
-T_FLOOR = const(0x34)
-
-F_RELOC = const(1)
-F_MARKED = const(2)
-
-OP_MARK = const(1)
-OP_UNMARK = const(2)
-OP_RELEASE = const(3)
-OP_INREL = const(4)
-
 _KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
 _WIN = const(512)
 _CHUNK = const(64)  # index growth step (entries)
@@ -92,26 +96,6 @@ def _isset(b):
     v = b - ((b >> 1) & 0x55)
     v = (v & 0x33) + ((v >> 2) & 0x33)
     return ((v + (v >> 4)) & 0x0F) <= 4
-
-
-def _u16(b, i):
-    return b[i] | (b[i + 1] << 8)
-
-
-def _u32(b, i):
-    return b[i] | (b[i + 1] << 8) | (b[i + 2] << 16) | (b[i + 3] << 24)
-
-
-def _put16(b, i, v):
-    b[i] = v & 0xFF
-    b[i + 1] = (v >> 8) & 0xFF
-
-
-def _put32(b, i, v):
-    b[i] = v & 0xFF
-    b[i + 1] = (v >> 8) & 0xFF
-    b[i + 2] = (v >> 16) & 0xFF
-    b[i + 3] = (v >> 24) & 0xFF
 
 
 def _warn(msg):
@@ -221,21 +205,6 @@ class FlashStore:
     def _seed(self, s, off):
         return (self._sseq[s] * 4099 + off) & 0xFFFFFFFF
 
-    def _hcheck(self, seed):
-        # (one statement per byte: a tuple swap would allocate on MicroPython)
-        h = self._hdr
-        a = h[10]
-        b = h[11]
-        c = h[12]
-        d = h[13]
-        h[10] = h[11] = h[12] = h[13] = 0xFF
-        v = crc32(h, seed) & 0xFFFF
-        h[10] = a
-        h[11] = b
-        h[12] = c
-        h[13] = d
-        return v
-
     def _hcrc(self):
         """CRC-32 of the header with its status bytes read as 0xFF."""
         h = self._hdr
@@ -248,14 +217,7 @@ class FlashStore:
         return v
 
     def _mkhdr(self, t, flags, ln, rseq, pid, addr):
-        h = self._hdr
-        h[0] = t
-        h[1] = flags
-        _put16(h, 2, ln)
-        _put32(h, 4, rseq)
-        _put16(h, 8, pid)
-        h[12] = h[13] = h[14] = h[15] = 0xFF
-        _put16(h, 10, self._hcheck(self._seed(addr >> self._shift, addr & self._mask)))
+        make_header(self._hdr, t, flags, ln, rseq, pid, self._seed(addr >> self._shift, addr & self._mask))
 
     # ------------------------------------------------------------ boot
     def open(self):
@@ -392,7 +354,7 @@ class FlashStore:
         t = h[0]
         if not (t == PUBLISH or t == SUBSCRIBE or t == UNSUBSCRIBE or T_INID <= t <= T_FLOOR):
             return False
-        if _u16(h, 10) != self._hcheck(self._seed(s, off)):
+        if _u16(h, 10) != header_check(self._hdr, self._seed(s, off)):
             return False
         return off + _rsize(_u16(h, 2)) <= self.bs
 
