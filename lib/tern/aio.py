@@ -62,7 +62,7 @@ import sys
 import asyncio
 
 from . import session as S
-from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _rand
+from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver
 from .wire import MQTTError
 
 try:
@@ -152,7 +152,7 @@ class _Messages:
         return r
 
 
-class Client:
+class Client(_Driver):
     """An MQTT client on asyncio, for MicroPython and CPython.
 
     Arguments as tern.client.Client, plus queue_size: how many received
@@ -167,26 +167,11 @@ class Client:
                  queue_size=16, **session_opts):
         if queue_size < 1:
             raise ValueError("queue_size must be at least 1")
-        self.server = server
-        self.port = port or (8883 if ssl else 1883)
-        self.ssl = ssl
-        self.server_hostname = server_hostname or server
-        self.reconnect = reconnect
-        self.backoff_min = backoff_min
-        self.backoff_max = backoff_max
-        self.connect_timeout = connect_timeout
-        self.healthy_after = healthy_after
+        _Driver.__init__(self, client_id, server, port, version, keepalive, clean, store, ssl, server_hostname,
+                         reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, session_opts)
         self.queue_size = queue_size
-        s = S.Session(client_id, version, clean, keepalive, store, **session_opts)
-        s.send = self._send
-        s.on_event = self._on_event
-        s.on_message = self._enqueue
-        self.session = s
-        self.on_connect = None  # on_connect(session_present, reason)
-        self.on_disconnect = None  # on_disconnect(error) when an established connection is lost
-        self.on_published = None  # on_published(pid, reason)
+        self.session.on_message = self._enqueue
         self.on_error = None  # on_error(exception) for an exception a handler raised
-        self.last_error = None
         self._r = self._w = None
         self._gen = 0  # connection generation: tasks of an older one do nothing
         self._tasks = []  # reader and writer of the current connection
@@ -199,9 +184,6 @@ class Client:
         self._wake = asyncio.Event()  # the supervisor should look again
         self._progress = asyncio.Event()  # an acknowledgement or a connect: the outbox moved
         self._connack = None
-        self._up = False  # an accepted connection is open
-        self._up_since = 0
-        self._attempt = 0
         self._closing = False
         self._waiters = {}  # pid -> Event, for publish(wait_ack) and (un)subscribe
         self._results = {}  # pid -> reason code(s)
@@ -328,14 +310,7 @@ class Client:
     async def _open(self, t_ms):
         kw = {}
         if self.ssl:
-            ctx = self.ssl
-            if ctx is True:
-                if MICROPYTHON:
-                    raise ValueError("on MicroPython pass an ssl.SSLContext with the CA loaded")
-                import ssl as _ssl
-
-                ctx = _ssl.create_default_context()
-            kw["ssl"] = ctx
+            kw["ssl"] = self._tls_context()
             kw["server_hostname"] = self.server_hostname
         coro = asyncio.open_connection(self.server, self.port, **kw)
         try:
@@ -453,14 +428,6 @@ class Client:
     async def _nap(self, ms):
         await _wait(self._wake, ms if ms > 0 else 1)
         self._wake.clear()
-
-    def _backoff_ms(self):
-        d = self.backoff_min * (1 << min(self._attempt, 16))
-        if d > self.backoff_max:
-            d = self.backoff_max
-        d = d * (0.5 + _rand() / 2)  # jitter: fleets must not reconnect in step
-        self._attempt += 1
-        return int(d * 1000)
 
     async def _supervise(self):
         s = self.session

@@ -85,7 +85,57 @@ class ConnectError(OSError):
         self.permanent = reason in _PERMANENT
 
 
-class Client:
+class _Driver:
+    """What the blocking and the asyncio driver share: where to connect, how
+    to back off, the session and the application's callbacks."""
+
+    def __init__(self, client_id, server, port, version, keepalive, clean, store, ssl, server_hostname,
+                 reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, session_opts):
+        self.server = server
+        self.port = port or (8883 if ssl else 1883)
+        self.ssl = ssl
+        self.server_hostname = server_hostname or server
+        self.reconnect = reconnect
+        self.backoff_min = backoff_min
+        self.backoff_max = backoff_max
+        self.connect_timeout = connect_timeout
+        self.healthy_after = healthy_after
+        # A board gets 4 KiB; a host can afford packets up to 1 MiB (MQTT 3.1.1
+        # has no way to tell the broker a smaller limit).
+        session_opts.setdefault("rx_size", 4096 if MICROPYTHON else 1 << 20)
+        s = S.Session(client_id, version, clean, keepalive, store, **session_opts)
+        s.send = self._send
+        s.on_event = self._on_event
+        self.session = s
+        self.on_connect = None  # on_connect(session_present, reason)
+        self.on_disconnect = None  # on_disconnect(error) when an established connection is lost
+        self.on_published = None  # on_published(pid, reason)
+        self.last_error = None
+        self._attempt = 0
+        self._up = False  # an accepted connection is open (the session may already know it is gone)
+        self._up_since = 0
+
+    def _tls_context(self):
+        # ssl=True: the system's CAs, verification on (CPython only)
+        ctx = self.ssl
+        if ctx is True:
+            if MICROPYTHON:
+                raise ValueError("on MicroPython pass an ssl.SSLContext with the CA loaded")
+            import ssl as _ssl
+
+            ctx = _ssl.create_default_context()
+        return ctx
+
+    def _backoff_ms(self):
+        d = self.backoff_min * (1 << min(self._attempt, 16))
+        if d > self.backoff_max:
+            d = self.backoff_max
+        d = d * (0.5 + _rand() / 2)  # jitter: fleets must not reconnect in step
+        self._attempt += 1
+        return int(d * 1000)
+
+
+class Client(_Driver):
     """An MQTT client for MicroPython and CPython.
 
     store: where accepted messages live until acknowledged (default: RAM).
@@ -100,33 +150,13 @@ class Client:
     def __init__(self, client_id="", server="127.0.0.1", port=None, version=4, keepalive=60,
                  clean=True, store=None, ssl=None, server_hostname=None, reconnect=True,
                  backoff_min=0.25, backoff_max=30, connect_timeout=10, healthy_after=10, **session_opts):
-        self.server = server
-        self.port = port or (8883 if ssl else 1883)
-        self.ssl = ssl
-        self.server_hostname = server_hostname or server
-        self.reconnect = reconnect
-        self.backoff_min = backoff_min
-        self.backoff_max = backoff_max
-        self.connect_timeout = connect_timeout
-        self.healthy_after = healthy_after
-        # A board gets 4 KiB; a host can afford packets up to 1 MiB (MQTT 3.1.1
-        # has no way to tell the broker a smaller limit).
-        session_opts.setdefault("rx_size", 4096 if MICROPYTHON else 1 << 20)
-        self.session = S.Session(client_id, version, clean, keepalive, store, **session_opts)
-        self.session.send = self._send
-        self.session.on_event = self._on_event
+        _Driver.__init__(self, client_id, server, port, version, keepalive, clean, store, ssl, server_hostname,
+                         reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, session_opts)
         self.sock = None
         self._poll = None
-        self._attempt = 0
         self._next_try = 0
-        self._up_since = 0
-        self._up = False
         self._replies = {}
         self._connack = None
-        self.on_connect = None  # on_connect(session_present, reason)
-        self.on_disconnect = None  # on_disconnect(reason) when the connection is lost
-        self.on_published = None  # on_published(pid, reason)
-        self.last_error = None
         self._can_publish = self._publish_unblocked  # bound once: no allocation per wait
 
     def _publish_unblocked(self):
@@ -173,14 +203,7 @@ class Client:
         self._poll.register(sock, select.POLLIN)
 
     def _wrap(self, sock):
-        import ssl as _ssl
-
-        ctx = self.ssl
-        if ctx is True:
-            if MICROPYTHON:
-                raise ValueError("on MicroPython pass an ssl.SSLContext with the CA loaded")
-            ctx = _ssl.create_default_context()
-        return ctx.wrap_socket(sock, server_hostname=self.server_hostname)
+        return self._tls_context().wrap_socket(sock, server_hostname=self.server_hostname)
 
     def _close(self):
         if self.sock is not None:
@@ -227,12 +250,7 @@ class Client:
         self._schedule_retry()
 
     def _schedule_retry(self):
-        d = self.backoff_min * (1 << min(self._attempt, 16))
-        if d > self.backoff_max:
-            d = self.backoff_max
-        d = d * (0.5 + _rand() / 2)  # jitter: fleets must not reconnect in step
-        self._attempt += 1
-        self._next_try = ticks_ms() + int(d * 1000)
+        self._next_try = ticks_ms() + self._backoff_ms()
 
     # --------------------------------------------------------------- session
 
