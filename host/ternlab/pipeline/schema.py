@@ -50,62 +50,59 @@ import json
 import math
 import time
 
-# Landing columns in the order collectors should write them.
-LANDING_FIELDS = (
-    "device", "boot", "seq", "qos", "topic", "sent_ts", "recv_ts", "recv_idx", "collector",
-    "readings", "payload_raw",
+# Each table's columns once: (name, Spark type, nullable). Landing columns are
+# in the order collectors write them; a ledger row is a landing row's first six.
+LANDING_COLUMNS = (
+    ("device", "string", False),
+    ("boot", "int", False),
+    ("seq", "long", False),
+    ("qos", "int", False),
+    ("topic", "string", True),
+    ("sent_ts", "double", True),
+    ("recv_ts", "double", False),
+    ("recv_idx", "long", True),
+    ("collector", "string", True),
+    ("readings", "map<string,double>", True),
+    ("payload_raw", "binary", True),
 )
+LEDGER_COLUMNS = LANDING_COLUMNS[:6]
+QUARANTINE_COLUMNS = (
+    ("payload_raw", "binary", True),
+    ("reason", "string", False),
+    ("recv_ts", "double", False),
+    ("topic", "string", True),
+    ("collector", "string", True),
+)
+LANDING_FIELDS = tuple(c[0] for c in LANDING_COLUMNS)
+LEDGER_FIELDS = tuple(c[0] for c in LEDGER_COLUMNS)
+QUARANTINE_FIELDS = tuple(c[0] for c in QUARANTINE_COLUMNS)
 PARTITION_FIELDS = ("date", "hour")
 QUARANTINE_DIR = "quarantine"
-QUARANTINE_FIELDS = ("payload_raw", "reason", "recv_ts", "topic", "collector")
-LEDGER_FIELDS = ("device", "boot", "seq", "qos", "topic", "sent_ts")
 QOS_LEVELS = (0, 1, 2)
+
+
+def _struct(columns):
+    from pyspark.sql import types as T
+
+    types = {"string": T.StringType(), "int": T.IntegerType(), "long": T.LongType(),
+             "double": T.DoubleType(), "binary": T.BinaryType(),
+             "map<string,double>": T.MapType(T.StringType(), T.DoubleType(), True)}
+    return T.StructType([T.StructField(n, types[t], nullable) for n, t, nullable in columns])
 
 
 def landing_schema():
     """Spark schema of a landing row (the partition columns ``date``/``hour`` come from the paths)."""
-    from pyspark.sql import types as T
-
-    return T.StructType([
-        T.StructField("device", T.StringType(), False),
-        T.StructField("boot", T.IntegerType(), False),
-        T.StructField("seq", T.LongType(), False),
-        T.StructField("qos", T.IntegerType(), False),
-        T.StructField("topic", T.StringType(), True),
-        T.StructField("sent_ts", T.DoubleType(), True),
-        T.StructField("recv_ts", T.DoubleType(), False),
-        T.StructField("recv_idx", T.LongType(), True),
-        T.StructField("collector", T.StringType(), True),
-        T.StructField("readings", T.MapType(T.StringType(), T.DoubleType(), True), True),
-        T.StructField("payload_raw", T.BinaryType(), True),
-    ])
+    return _struct(LANDING_COLUMNS)
 
 
 def quarantine_schema():
     """Spark schema of a quarantined (unparseable) payload."""
-    from pyspark.sql import types as T
-
-    return T.StructType([
-        T.StructField("payload_raw", T.BinaryType(), True),
-        T.StructField("reason", T.StringType(), False),
-        T.StructField("recv_ts", T.DoubleType(), False),
-        T.StructField("topic", T.StringType(), True),
-        T.StructField("collector", T.StringType(), True),
-    ])
+    return _struct(QUARANTINE_COLUMNS)
 
 
 def ledger_schema():
     """Spark schema of a ledger row (one per message a device published)."""
-    from pyspark.sql import types as T
-
-    return T.StructType([
-        T.StructField("device", T.StringType(), False),
-        T.StructField("boot", T.IntegerType(), False),
-        T.StructField("seq", T.LongType(), False),
-        T.StructField("qos", T.IntegerType(), False),
-        T.StructField("topic", T.StringType(), True),
-        T.StructField("sent_ts", T.DoubleType(), True),
-    ])
+    return _struct(LEDGER_COLUMNS)
 
 
 def partition_values(recv_ts: float) -> tuple[str, str]:
