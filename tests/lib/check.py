@@ -44,6 +44,14 @@ def allocated(f, *args):
         tracemalloc.stop()
 
 
+def read_all(store, pid):
+    """A stored record's whole packet, checked to be as long as the store says."""
+    n = store.size(pid)
+    buf = bytearray(n)
+    assert store.read(pid, 0, buf) == n
+    return bytes(buf)
+
+
 class Rng:
     """xorshift32: the same sequence on both runtimes for seeded fuzzing."""
 

@@ -3,7 +3,7 @@ records moved forward, torn tails and bit flips caught by the CRC, group commit.
 
 import os
 
-from check import Rng
+from check import Rng, read_all
 from test_norflash import tmppath, rmtree
 from test_store_contract import LfsVolume
 from tern.store import PUBLISH, SUBSCRIBE
@@ -14,13 +14,6 @@ MP_HEAPSIZE = "4m"
 
 def segs(path):
     return sorted(n for n in os.listdir(path) if n.endswith(".seg"))
-
-
-def read_all(st, pid):
-    n = st.size(pid)
-    buf = bytearray(n)
-    assert st.read(pid, 0, buf) == n
-    return bytes(buf)
 
 
 def body(pid):

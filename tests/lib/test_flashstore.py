@@ -1,7 +1,7 @@
 """FlashStore beyond the shared contract: reclaim under long workloads, bounded
 boot, bad partitions, bit flips, group commit, RAM and allocation."""
 
-from check import MICROPYTHON, Rng, allocated, raises
+from check import MICROPYTHON, Rng, allocated, raises, read_all
 from norflash import NorFlash
 from test_norflash import tmppath, rm
 from tern.store import PUBLISH, SUBSCRIBE
@@ -21,13 +21,6 @@ def payload(pid, n=78):
     for i in range(n):
         b[i] = (pid * 7 + i) & 0xFF
     return bytes(b)
-
-
-def read_all(st, pid):
-    n = st.size(pid)
-    buf = bytearray(n)
-    assert st.read(pid, 0, buf) == n
-    return bytes(buf)
 
 
 def long_workload(append_acks):

@@ -19,7 +19,7 @@ tools/store_sweep.py runs the same engine at every k (the full sweep).
 
 import os
 
-from check import MICROPYTHON, Rng
+from check import MICROPYTHON, Rng, read_all
 from norflash import NorFlash, PowerCut
 from test_norflash import tmppath, rm, rmtree
 from test_store_contract import LfsVolume
@@ -311,13 +311,6 @@ class Model:
         self.inflight = None
 
 
-def read_all(st, pid):
-    n = st.size(pid)
-    buf = bytearray(n)
-    assert st.read(pid, 0, buf) == n
-    return bytes(buf)
-
-
 def verify(st, m, where):
     """st holds what m says, give or take the one interrupted call; then m
     adopts the store's answer for that call."""
@@ -382,7 +375,7 @@ def run(rig, steps, cut_at, seed):
             if rig.dead():
                 raise PowerCut("died inside the call")
             m.done(step)
-    except Exception as e:  # noqa: B902 - any failure after the cut is the cut
+    except Exception:  # any failure once the power is gone is the cut itself
         if not rig.dead():
             raise
         cut = True
