@@ -80,17 +80,24 @@ def run_target(name, seed, quick):
 
 
 def main(argv):
-    quick = "--quick" in argv
-    seed = 21
-    only = list(TARGETS)
-    if "--seed" in argv:
-        seed = int(argv[argv.index("--seed") + 1])
-    if "--only" in argv:
-        only = argv[argv.index("--only") + 1].split(",")
-    if "--inner" in argv:  # one target in this process (the MicroPython child)
-        n, f = run_target(argv[argv.index("--inner") + 1], seed, quick)
+    if MICROPYTHON:  # the child running one target: `store_sweep.py --inner NAME --seed S [--quick]`
+        n, f = run_target(argv[argv.index("--inner") + 1], int(argv[argv.index("--seed") + 1]), "--quick" in argv)
         sys.exit(1 if f else 0)
+    import argparse
     import subprocess
+
+    ap = argparse.ArgumentParser(description="Cut power at every flash operation of a store workload, reboot, "
+                                             "check the store contract; prints cut points and failures.")
+    ap.add_argument("--only", default=",".join(TARGETS),
+                    help="comma-separated targets (default all: %s)" % ",".join(TARGETS))
+    ap.add_argument("--seed", type=int, default=21, help="seed of the torn writes (default 21)")
+    ap.add_argument("--quick", action="store_true", help="a sample of cut points instead of every one")
+    a = ap.parse_args(argv)
+    only = a.only.split(",")
+    unknown = [t for t in only if t not in TARGETS]
+    if unknown:
+        ap.error("unknown target(s) %s; choose from %s" % (",".join(unknown), ",".join(TARGETS)))
+    seed, quick = a.seed, a.quick
 
     totals = []
     for name in only:

@@ -353,12 +353,19 @@ def write_section(path, text):
 
 
 def main(argv):
-    n = 3000
-    if "--messages" in argv:
-        n = int(argv[argv.index("--messages") + 1])
-    if "--inner" in argv:
-        inner(n)
+    if MICROPYTHON:  # the measuring child: `flash_bench.py --inner --messages N`
+        inner(int(argv[argv.index("--messages") + 1]))
         return
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Flash cost of the outbox per QoS 1 message, side by side with "
+                                             "LittleFS stores (runs the measurement in the MicroPython unix port).")
+    ap.add_argument("--messages", type=int, default=3000, help="messages per store (default 3000)")
+    ap.add_argument("--write", metavar="FILE", help="rewrite this file's flash_bench section")
+    a = ap.parse_args(argv)
+    if a.messages < 1:
+        ap.error("--messages must be at least 1")
+    n = a.messages
     import datetime
     import json
     import subprocess
@@ -375,8 +382,8 @@ def main(argv):
     cmd = "python tools/bench/flash_bench.py" + (" --messages %d" % n if n != 3000 else "")
     text = render(res, cmd, datetime.date.today().isoformat())
     print(text)
-    if "--write" in argv:
-        write_section(argv[argv.index("--write") + 1], text)
+    if a.write:
+        write_section(a.write, text)
 
 
 if __name__ == "__main__":
