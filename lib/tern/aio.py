@@ -62,7 +62,7 @@ import sys
 import asyncio
 
 from . import session as S
-from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver
+from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, reply_args
 from .wire import MQTTError
 
 try:
@@ -358,7 +358,7 @@ class Client(_Driver):
             if gen == self._gen:
                 s.connection_lost()
                 self._teardown()
-            raise ConnectError(p.reason, "connection refused by the broker: reason 0x%02X" % p.reason)
+            raise ConnectError(p.reason)
         # Accepted. A loss right after the CONNACK does not make connect()
         # fail (as in the blocking client): the supervisor reconnects.
         return s.session_present
@@ -420,8 +420,10 @@ class Client(_Driver):
         elif kind == S.EV_SUBACK or kind == S.EV_UNSUBACK:
             self._wake_waiter(a, b)
             self._progress.set()
+        elif kind == S.EV_AUTH:
+            self._progress.set()
         elif kind == S.EV_DISCONNECT:
-            self._lost(MQTTError(a, "server sent DISCONNECT"))
+            self._lost(server_disconnect(a, b))
 
     # ------------------------------------------------------------ supervisor
 
@@ -592,6 +594,12 @@ class Client(_Driver):
     def ack(self, ack_id):
         """Manual acknowledgement mode: acknowledge a message (its ack_id)."""
         self.session.ack(ack_id, ticks_ms())
+
+    async def reply(self, msg, payload, qos=0, props=None, wait_ack=False, timeout=None):
+        """Answer a request (MQTT 5): publish to msg's Response Topic with its
+        Correlation Data (msg: a Message or a Received record)."""
+        topic, props = reply_args(msg, props)
+        return await self.publish(topic, payload, qos, False, props, wait_ack, timeout)
 
     def messages(self):
         """An async iterator of received messages (`Received` records) that no

@@ -73,16 +73,41 @@ else:
 
 # CONNACK refusals that a retry cannot fix: bad or unknown identity.
 _PERMANENT = (2, 4, 5, 0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C)
+# Names for the refusals a user most often has to act on.
+_WHY = {4: "bad user name or password", 5: "not authorized", 0x86: "bad user name or password",
+        0x87: "not authorized", 0x8A: "banned", 0x8C: "bad authentication method"}
 
 
 class ConnectError(OSError):
     """The broker refused the connection; `reason` is its code, `permanent`
     says whether retrying can help."""
 
-    def __init__(self, reason, msg):
+    def __init__(self, reason, msg=None):
+        if msg is None:
+            w = _WHY.get(reason)
+            msg = "connection refused by the broker: reason 0x%02X%s" % (reason, " (%s)" % w if w else "")
         super().__init__(msg)
         self.reason = reason
         self.permanent = reason in _PERMANENT
+
+
+def server_disconnect(reason, p):
+    """The error for a DISCONNECT from the server, with its reason string."""
+    rs = p.props.get(0x1F) if p is not None and p.props else None
+    return MQTTError(reason, "server sent DISCONNECT" + (": " + rs if rs else ""))
+
+
+def reply_args(msg, props):
+    """(topic, properties) to answer a request message `msg` (MQTT 5
+    request/response): its Response Topic, with its Correlation Data copied."""
+    mp = msg.properties or {}
+    topic = mp.get(0x08)
+    if not topic:
+        raise ValueError("the message has no response topic to reply to")
+    out = dict(props) if props else {}
+    if 0x09 in mp:
+        out[0x09] = mp[0x09]
+    return topic, out
 
 
 class _Driver:
@@ -157,6 +182,7 @@ class Client(_Driver):
         self._next_try = 0
         self._replies = {}
         self._connack = None
+        self._authed = False
         self._can_publish = self._publish_unblocked  # bound once: no allocation per wait
 
     def _publish_unblocked(self):
@@ -264,10 +290,12 @@ class Client(_Driver):
                 self.on_published(a, b)
         elif kind == S.EV_SUBACK or kind == S.EV_UNSUBACK:
             self._replies[a] = b
+        elif kind == S.EV_AUTH:
+            self._authed = True
         elif kind == S.EV_DISCONNECT:
             self._up = False
             self._close()
-            self.last_error = MQTTError(a, "server sent DISCONNECT")
+            self.last_error = server_disconnect(a, b)
             if self.on_disconnect:
                 self.on_disconnect(self.last_error)
             self._schedule_retry()
@@ -304,7 +332,7 @@ class Client(_Driver):
         p = self._connack
         if p.reason:
             self._close()
-            raise ConnectError(p.reason, "connection refused by the broker: reason 0x%02X" % p.reason)
+            raise ConnectError(p.reason)
         self._up_since = ticks_ms()
         self._up = True
         return s.session_present
@@ -445,6 +473,25 @@ class Client(_Driver):
     def ack(self, ack_id):
         """Manual acknowledgement mode: acknowledge a message (msg.ack_id)."""
         self.session.ack(ack_id, ticks_ms())
+
+    def reply(self, msg, payload, qos=0, props=None, timeout=None):
+        """Answer a request (MQTT 5): publish to msg's Response Topic with its
+        Correlation Data. ValueError when msg has no Response Topic."""
+        topic, props = reply_args(msg, props)
+        return self.publish(topic, payload, qos, False, props, timeout)
+
+    def reauthenticate(self, props=None, timeout=None):
+        """Re-authenticate on the open connection (MQTT 5 enhanced
+        authentication; the auth hook answers the server's challenges).
+        Returns once the server accepted; raises MQTTError with the server's
+        DISCONNECT reason when it refused."""
+        s = self.session
+        self._authed = False
+        s.reauthenticate(ticks_ms(), props)
+        t = timeout if timeout is not None else self.connect_timeout
+        self._pump_until(lambda: self._authed or not s._reauth, t * 1000, "re-authentication")
+        if not self._authed:
+            raise self.last_error or OSError("re-authentication failed")
 
     def disconnect(self, reason=0, props=None):
         try:

@@ -18,6 +18,8 @@ from .wire import (
     put_data,
     varint_size,
     utf8,
+    get_varint,
+    check_utf8,
     PUBLISH,
 )
 
@@ -289,3 +291,77 @@ def encode(props, ptype):
             p = put_data(buf, p, utf8(v[0]))
             p = put_data(buf, p, utf8(v[1]))
     return bytes(buf)
+
+
+def scan_publish(m, buf, sub_ids):
+    """Check a PUBLISH's properties in place and pick out what the session
+    needs: m.alias (0 = none), m.n_sub_ids with the identifiers stored into the
+    preallocated sequence sub_ids (extra ones beyond its length are counted
+    but not stored), m.pfi (payload format indicator). Allocates nothing."""
+    p = m.props_start
+    end = m.props_end
+    seen = 0  # one bit per property seen; bit numbers kept below 30 so it stays a small int on 32-bit boards
+    m.alias = 0
+    m.n_sub_ids = 0
+    m.pfi = 0
+    while p < end:
+        pid = get_varint(buf, p, end)
+        if pid < 0:
+            fail("truncated property")
+        p += varint_size(pid)
+        i = _entry(pid)
+        if i < 0 or not (_TABLE[i + 2] << 8 | _TABLE[i + 3]) & (1 << PUBLISH):
+            fail("property 0x%02X not allowed in PUBLISH" % pid)
+        t = _TABLE[i + 1]
+        if t == 1:  # byte
+            if p >= end:
+                fail("truncated property")
+            v = buf[p]
+            if v > 1:
+                raise MQTTError(PROTOCOL_ERROR, "protocol error: payload format indicator must be 0 or 1")
+            m.pfi = v
+            p += 1
+        elif t == 2:  # two-byte integer: topic alias
+            if p + 2 > end:
+                fail("truncated property")
+            v = buf[p] << 8 | buf[p + 1]
+            if not v:
+                raise MQTTError(PROTOCOL_ERROR, "protocol error: topic alias 0")
+            m.alias = v
+            p += 2
+        elif t == 3:  # four-byte integer: message expiry
+            p += 4
+            if p > end:
+                fail("truncated property")
+        elif t == 4:  # variable byte integer: subscription identifier
+            v = get_varint(buf, p, end)
+            if v < 0:
+                fail("truncated property")
+            if not v:
+                raise MQTTError(PROTOCOL_ERROR, "protocol error: subscription identifier 0")
+            p += varint_size(v)
+            k = m.n_sub_ids
+            if k < len(sub_ids):
+                sub_ids[k] = v
+            m.n_sub_ids = k + 1
+        else:  # string, binary or string pair
+            k = 2 if t == 7 else 1
+            while k:
+                if p + 2 > end:
+                    fail("truncated property")
+                n = buf[p] << 8 | buf[p + 1]
+                p += 2
+                if p + n > end:
+                    fail("truncated property")
+                if t != 6:
+                    check_utf8(buf, p, p + n)
+                p += n
+                k -= 1
+        # Repeats are checked once the value is read, as the general decoder does.
+        if pid != 0x26 and pid != 0x0B:
+            k = 1 << (pid if pid < 0x20 else pid - 0x10)  # PUBLISH ids: 0x01..0x09 as is, 0x23 -> bit 19
+            if seen & k:
+                raise MQTTError(PROTOCOL_ERROR, "protocol error: property 0x%02X appears twice" % pid)
+            seen |= k
+    if m.topic_start == m.topic_end and not m.alias:
+        raise MQTTError(PROTOCOL_ERROR, "protocol error: empty topic without a topic alias")

@@ -21,30 +21,9 @@ for applications that make their own write durable first.
 
 from array import array
 
-from .wire import (
-    const,
-    MQTTError,
-    PROTOCOL_ERROR,
-    CONNECT,
-    CONNACK,
-    PUBLISH,
-    PUBACK,
-    PUBREC,
-    PUBREL,
-    PUBCOMP,
-    SUBSCRIBE,
-    SUBACK,
-    UNSUBSCRIBE,
-    UNSUBACK,
-    PINGRESP,
-    DISCONNECT,
-    AUTH,
-    V5,
-    put_u16,
-    fail,
-)
-from . import codec
-from . import props as P
+from .wire import const, MQTTError, fail
+from . import pkt
+from .pkt import Packet
 from .message import Message
 from .store import MemoryStore
 from .topic import matches_bytes, parse_shared, validate_filter, validate_name
@@ -56,6 +35,40 @@ except ImportError:  # CPython: the driver's clock does not wrap
     def ticks_diff(a, b):
         return a - b
 
+
+# Packet types and property identifiers as private constants: folded into the
+# bytecode, so they cost no module globals on a board.
+_CONNECT = const(1)
+_CONNACK = const(2)
+_PUBLISH = const(3)
+_PUBACK = const(4)
+_PUBREC = const(5)
+_PUBREL = const(6)
+_PUBCOMP = const(7)
+_SUBSCRIBE = const(8)
+_SUBACK = const(9)
+_UNSUBSCRIBE = const(10)
+_UNSUBACK = const(11)
+_PINGRESP = const(13)
+_DISCONNECT = const(14)
+_AUTH = const(15)
+_V5 = const(5)
+_PROTOCOL_ERROR = const(0x82)
+_P_SUB_ID = const(0x0B)
+_P_SESSION_EXPIRY = const(0x11)
+_P_ASSIGNED_ID = const(0x12)
+_P_SERVER_KEEPALIVE = const(0x13)
+_P_AUTH_METHOD = const(0x15)
+_P_RECEIVE_MAX = const(0x21)
+_P_ALIAS_MAX = const(0x22)
+_P_ALIAS = const(0x23)
+_P_MAX_QOS = const(0x24)
+_P_RETAIN_OK = const(0x25)
+_P_USER = const(0x26)
+_P_MAX_PACKET = const(0x27)
+_P_WILDCARD_OK = const(0x28)
+_P_SUB_ID_OK = const(0x29)
+_P_SHARED_OK = const(0x2A)
 
 # Connection states.
 DISCONNECTED = const(0)
@@ -69,6 +82,7 @@ EV_SUBACK = const(3)  # a = pid, b = list of reason codes
 EV_UNSUBACK = const(4)  # a = pid, b = list of reason codes
 EV_DISCONNECT = const(5)  # a = reason code, b = DISCONNECT Packet
 EV_RESTORED = const(6)  # a = messages resent after a reconnect, b = broker lost the session
+EV_AUTH = const(7)  # a = 0: a re-authentication succeeded, b = AUTH Packet
 
 # Ring entry flags.
 _SENT = const(1)  # sent on this connection
@@ -97,13 +111,35 @@ class _Sub:
 
 
 class Session:
-    """One MQTT session. See the module docstring for the I/O contract."""
+    """One MQTT session. See the module docstring for the I/O contract.
+
+    topic_alias_max: how many topic aliases the server may use towards us
+    (inbound, announced in CONNECT). outbound_aliases: how many we may use
+    towards the server (MQTT 5; 0 = off, the default), capped by the Topic
+    Alias Maximum in its CONNACK. Only QoS 0 messages carry an outbound alias:
+    aliases live only as long as one network connection, and a QoS 1/2 message
+    is stored as first sent and resent byte for byte after a reconnect, when
+    any alias it used would mean nothing (or something else) to the server.
+    The first message to a topic carries the topic and the alias; later ones
+    only the alias. Aliases are handed out until the cap is reached (no
+    replacement) and forgotten on every new connection.
+
+    auth: enhanced authentication (MQTT 5) as a hook, auth(reason, props) ->
+    props. Put the Authentication Method (and any initial data) in
+    connect_props; each AUTH the server sends (reason 0x18, continue) calls the
+    hook with its reason and properties, and what it returns goes back in an
+    AUTH packet (the method is added when missing). It is also called with
+    reason 0 when a re-authentication (`reauthenticate`) succeeds. A hook that
+    raises ends the connection (DISCONNECT 0x80) and its exception reaches the
+    driver as MQTTError 0x80 naming it. A refusal arrives as a CONNACK reason code (the driver raises
+    ConnectError) or, during re-authentication, as a server DISCONNECT.
+    """
 
     def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
                  window=16, rx_size=4096, tx_size=512, max_pending=256, session_expiry=None,
                  username=None, password=None, will_topic=None, will_payload=b"", will_qos=0,
                  will_retain=False, will_props=None, connect_props=None, topic_alias_max=0,
-                 manual_ack=False, auth=None, ping_timeout=None):
+                 manual_ack=False, auth=None, ping_timeout=None, outbound_aliases=0):
         if version not in (3, 4, 5):
             raise ValueError("protocol version must be 3 (3.1), 4 (3.1.1) or 5")
         self.client_id = client_id
@@ -120,6 +156,16 @@ class Session:
         self.topic_alias_max = topic_alias_max
         self.manual_ack = manual_ack
         self.auth = auth  # enhanced authentication hook: auth(reason, props) -> props
+        self.outbound_aliases = outbound_aliases
+        self._oalias = None  # topic bytes -> encoded property block with its alias (this connection)
+        self._oalias_cap = 0
+        self._reauth = False  # a re-authentication is under way
+        # MQTT 5 properties are loaded only for MQTT 5 (or when properties are given)
+        self._P = None
+        if version == 5:
+            from . import props
+
+            self._P = props
         self.ping_timeout = ping_timeout
         self.send = None  # send(buf, off, n), set by the driver
         self.on_message = None  # default handler
@@ -154,6 +200,8 @@ class Session:
         self.max_qos = 2
         self.retain_ok = True
         self.sid_ok = True
+        self.wildcard_ok = True
+        self.shared_ok = True
         self.server_max_packet = 268435460
         self.session_present = False
         self.stats_sent = 0
@@ -173,7 +221,7 @@ class Session:
             if self._n >= self._cap:
                 raise ValueError("store holds more pending messages than max_pending=%d" % self._cap)
             f = _EVER
-            if st.kind(pid) != PUBLISH:
+            if st.kind(pid) != _PUBLISH:
                 f |= _CTRL
             else:
                 st.read(pid, 0, self._tx)
@@ -241,22 +289,22 @@ class Session:
         self._last_tx = now
 
     def _ack(self, ptype, pid, reason, now):
-        n = codec.ack_into(self._tx, ptype, pid, reason, self.version)
+        n = pkt.ack_into(self._tx, ptype, pid, reason, self.version)
         self._out(self._tx, 0, n, now)
 
-    def _packet(self, pkt, now):
-        b = codec.encode(pkt, self.version)
+    def _packet(self, p, now):
+        b = pkt.encode(p, self.version)
         if len(b) > self.server_max_packet:
-            raise ValueError("%s of %d bytes exceeds the server's maximum packet size %d" % (
-                codec.packet_name(pkt.type), len(b), self.server_max_packet))
+            raise ValueError("packet type %d of %d bytes is over the server's maximum packet size %d" % (
+                p.type, len(b), self.server_max_packet))
         self._out(b, 0, len(b), now)
         return b
 
     def _violation(self, code, msg, now):
         """The server broke the protocol: tell it why (MQTT 5) and stop."""
-        if self.state != DISCONNECTED and self.version == V5 and self.send:
+        if self.state != DISCONNECTED and self.version == _V5 and self.send:
             try:
-                self._packet(codec.Packet(DISCONNECT, reason=code), now)
+                self._packet(Packet(_DISCONNECT, reason=code), now)
             except Exception:
                 pass
         self.connection_lost()
@@ -270,20 +318,20 @@ class Session:
         self.state = CONNECTING
         self._ping_sent = -1
         props = dict(self.connect_props) if self.connect_props else {}
-        if self.version == V5:
+        if self.version == _V5:
             if self.session_expiry:
-                props[P.SESSION_EXPIRY_INTERVAL] = self.session_expiry
-            props[P.MAXIMUM_PACKET_SIZE] = len(self.rx)
+                props[_P_SESSION_EXPIRY] = self.session_expiry
+            props[_P_MAX_PACKET] = len(self.rx)
             if self.topic_alias_max:
-                props[P.TOPIC_ALIAS_MAXIMUM] = self.topic_alias_max
+                props[_P_ALIAS_MAX] = self.topic_alias_max
         wt, wp, wq, wr, wprops = self.will
-        pkt = codec.Packet(
-            CONNECT, version=self.version, clean=self.clean, keepalive=self.keepalive,
+        self._reauth = False
+        self._last_rx = now
+        self._packet(Packet(
+            _CONNECT, version=self.version, clean=self.clean, keepalive=self.keepalive,
             client_id=self.client_id, props=props or None, username=self.username,
             password=self.password, will_topic=wt, will_payload=wp, will_qos=wq,
-            will_retain=wr, will_props=wprops)
-        self._last_rx = now
-        self._packet(pkt, now)
+            will_retain=wr, will_props=wprops), now)
 
     def _on_connack(self, p, now):
         if p.reason:
@@ -294,17 +342,23 @@ class Session:
         self.session_present = sp = p.session_present
         props = p.props or {}
         self.server = props
-        self.receive_max = props.get(P.RECEIVE_MAXIMUM, 65535)
-        self.max_qos = props.get(P.MAXIMUM_QOS, 2)
-        self.retain_ok = props.get(P.RETAIN_AVAILABLE, 1) == 1
-        self.sid_ok = props.get(P.SUBSCRIPTION_IDENTIFIER_AVAILABLE, 1) == 1
-        self.server_max_packet = props.get(P.MAXIMUM_PACKET_SIZE, 268435460)
-        if P.ASSIGNED_CLIENT_IDENTIFIER in props:
-            self.client_id = props[P.ASSIGNED_CLIENT_IDENTIFIER]
-        self.server_keepalive = props.get(P.SERVER_KEEP_ALIVE)
+        self.receive_max = props.get(_P_RECEIVE_MAX, 65535)
+        self.max_qos = props.get(_P_MAX_QOS, 2)
+        self.retain_ok = props.get(_P_RETAIN_OK, 1) == 1
+        self.sid_ok = props.get(_P_SUB_ID_OK, 1) == 1
+        self.wildcard_ok = props.get(_P_WILDCARD_OK, 1) == 1
+        self.shared_ok = props.get(_P_SHARED_OK, 1) == 1
+        self.server_max_packet = props.get(_P_MAX_PACKET, 268435460)
+        if _P_ASSIGNED_ID in props:
+            self.client_id = props[_P_ASSIGNED_ID]
+        self.server_keepalive = props.get(_P_SERVER_KEEPALIVE)
         if self.server_keepalive is not None:
             self.keepalive = self.server_keepalive
         self._aliases = None
+        # Outbound aliases start afresh on every connection.
+        self._oalias = None
+        c = props.get(_P_ALIAS_MAX, 0)
+        self._oalias_cap = c if c < self.outbound_aliases else self.outbound_aliases
         lost = not sp and self._n > 0
         if not sp:
             # The broker has no session for us (clean start, expiry, or it
@@ -368,7 +422,7 @@ class Session:
 
     def _send_record(self, pid, f, now):
         if f & _MARKED:
-            self._ack(PUBREL, pid, 0, now)
+            self._ack(_PUBREL, pid, 0, now)
             return
         st = self.store
         size = st.size(pid)
@@ -406,16 +460,18 @@ class Session:
                     self._tcache.clear()
                 self._tcache[topic] = t
             topic = t
-        if self.state == CONNECTED:
-            if qos > self.max_qos:
-                raise ValueError("the server accepts QoS up to %d" % self.max_qos)
-            if retain and not self.retain_ok:
-                raise ValueError("the server does not support retained messages")
+        # What the server's last CONNACK said it supports (MQTT 5; before any
+        # CONNACK everything is allowed): refused here, before a byte is sent
+        # or stored, rather than by a DISCONNECT from the server.
+        if qos > self.max_qos:
+            raise ValueError("the server accepts QoS up to %d (CONNACK Maximum QoS)" % self.max_qos)
+        if retain and not self.retain_ok:
+            raise ValueError("the server does not support retained messages (CONNACK Retain Available = 0)")
         pblock = None
         if props:
-            if self.version != V5:
+            if self.version != _V5:
                 raise ValueError("properties need MQTT 5")
-            pblock = P.encode(props, PUBLISH)
+            pblock = self._P.encode(props, _PUBLISH)
         plen = len(payload)
         hlen = 2 + len(topic) + 2 + 5 + (len(pblock) if pblock else 1)
         if hlen > len(self._tx):
@@ -428,7 +484,26 @@ class Session:
                 raise NotConnected("not connected: QoS 0 messages are not kept")
             if self._unsent or (self._inflight and self._limit() == 1):
                 return WOULD_BLOCK  # keep order behind queued messages
-            n = codec.publish_header_into(self._tx, topic, 0, retain, False, 0, plen, self.version, pblock)
+            if self._oalias_cap and not (props and _P_ALIAS in props):
+                # Outbound topic alias (see the class docstring): the
+                # property block for each topic is built once, so a repeat
+                # allocates nothing.
+                d = self._oalias
+                if d is None:
+                    d = self._oalias = {}
+                blk = d.get(topic)
+                if blk is not None:
+                    topic = b""
+                elif len(d) < self._oalias_cap:
+                    a = len(d) + 1
+                    blk = d[topic] = bytes((3, _P_ALIAS, a >> 8, a & 0xFF))
+                if blk is not None:
+                    if props:
+                        pp = dict(props)
+                        pp[_P_ALIAS] = blk[2] << 8 | blk[3]
+                        blk = self._P.encode(pp, _PUBLISH)
+                    pblock = blk
+            n = pkt.publish_header_into(self._tx, topic, 0, retain, False, 0, plen, self.version, pblock)
             self.send(self._tx, 0, n)
             if plen:
                 self.send(payload, 0, plen)
@@ -438,8 +513,8 @@ class Session:
         if self._n >= self._cap:
             return WOULD_BLOCK
         pid = self._alloc_pid()
-        n = codec.publish_header_into(self._tx, topic, qos, retain, False, pid, plen, self.version, pblock)
-        self.store.append(PUBLISH, pid, self._head_view(n), payload)
+        n = pkt.publish_header_into(self._tx, topic, qos, retain, False, pid, plen, self.version, pblock)
+        self.store.append(_PUBLISH, pid, self._head_view(n), payload)
         self._push(pid, _QOS2 if qos == 2 else 0)
         self._pump(now)
         return pid
@@ -472,7 +547,15 @@ class Session:
         """Register a subscription (and its handler) and send SUBSCRIBE when
         connected. Returns the SUBSCRIBE's packet id, or 0 if not connected
         (it is sent on connect). A filter subscribed again replaces the old
-        entry: its handler and its identifier."""
+        entry: its handler and its identifier.
+
+        What the server's last CONNACK said it lacks is refused here with
+        ValueError, before anything is registered or sent: wildcards,
+        shared subscriptions, an explicit sub_id. A handler alone does not
+        need identifiers: without them, dispatch falls back to topic
+        matching (a documented downgrade, not an error). A subscription
+        registered before the first CONNACK is sent as it is; a server that
+        lacks the feature refuses it in SUBACK."""
         validate_filter(flt)
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
@@ -481,45 +564,47 @@ class Session:
         shared = parse_shared(flt)
         if shared and no_local:
             raise ValueError("No Local cannot be set on a shared subscription")
-        opts = qos | (4 if no_local else 0) | (8 if retain_as_published else 0) | retain_handling << 4
-        if sub_id is None and handler is not None and self.version == V5:
+        match = (shared[1] if shared else flt).encode()
+        if shared and not self.shared_ok:
+            raise ValueError("the server does not support shared subscriptions (CONNACK: Shared Subscription Available = 0)")
+        if not self.wildcard_ok and (b"+" in match or b"#" in match):
+            raise ValueError("the server does not support wildcard subscriptions (CONNACK: Wildcard Subscription Available = 0)")
+        if sub_id is not None:
+            if not 0 < sub_id <= 268435455:
+                raise ValueError("subscription identifier must be 1..268435455")
+            if not self.sid_ok:
+                raise ValueError("the server does not support subscription identifiers (CONNACK: Subscription Identifiers Available = 0)")
+        elif handler is not None and self.version == _V5 and self.sid_ok:
             sub_id = self._next_sid
             self._next_sid += 1
-        if sub_id is not None and not 0 < sub_id <= 268435455:
-            raise ValueError("subscription identifier must be 1..268435455")
-        match = (shared[1] if shared else flt).encode()
+        opts = qos | (4 if no_local else 0) | (8 if retain_as_published else 0) | retain_handling << 4
         self._subs = [s for s in self._subs if s.filter != flt]
         s = _Sub(flt, match, qos, opts, handler, sub_id, user_props)
         self._subs.append(s)
         if self.state != CONNECTED:
             return 0
-        return self._send_subscribe([s], now)
+        return self._send_subscribe(s, now)
 
-    def _send_subscribe(self, subs, now):
-        pid = self._alloc_pid()
+    def _send_subscribe(self, s, now):
         props = {}
-        sid = subs[0].sid
-        user_props = subs[0].user_props
-        if self.version == V5 and sid and self.sid_ok:
-            props[P.SUBSCRIPTION_IDENTIFIER] = sid
-        if user_props:
-            props[P.USER_PROPERTY] = list(user_props)
-        opts_mask = 0xFF if self.version == V5 else 3
-        pkt = codec.Packet(SUBSCRIBE, pid=pid, topics=[(s.filter, s.opts & opts_mask) for s in subs],
-                           props=props or None)
-        self._store_ctrl(pkt, pid, now)
-        return pid
+        if self.version == _V5 and s.sid and self.sid_ok:
+            props[_P_SUB_ID] = s.sid
+        if s.user_props:
+            props[_P_USER] = list(s.user_props)
+        return self._store_ctrl(_SUBSCRIBE, (s.filter, s.opts & (0xFF if self.version == _V5 else 3)), props, now)
 
-    def _store_ctrl(self, pkt, pid, now):
-        b = codec.encode(pkt, self.version)
-        self.store.append(pkt.type, pid, b, b"")
+    def _store_ctrl(self, t, topic, props, now):
+        pid = self._alloc_pid()
+        b = pkt.encode(Packet(t, pid=pid, topics=[topic], props=props or None), self.version)
+        self.store.append(t, pid, b, b"")
         self._push(pid, _CTRL)
         self._pump(now)
+        return pid
 
     def _resubscribe(self, now):
         # One SUBSCRIBE per subscription: each may carry its own identifier.
         for s in self._subs:
-            self._send_subscribe([s], now)
+            self._send_subscribe(s, now)
 
     def unsubscribe(self, flt, now, user_props=None):
         """Forget the filter's handler and send UNSUBSCRIBE (when connected)."""
@@ -527,10 +612,7 @@ class Session:
         self._subs = [s for s in self._subs if s.filter != flt]
         if self.state != CONNECTED:
             return 0
-        pid = self._alloc_pid()
-        props = {P.USER_PROPERTY: list(user_props)} if user_props else None
-        self._store_ctrl(codec.Packet(UNSUBSCRIBE, pid=pid, topics=[flt], props=props), pid, now)
-        return pid
+        return self._store_ctrl(_UNSUBSCRIBE, flt, {_P_USER: list(user_props)} if user_props else None, now)
 
     # ------------------------------------------------------------------- input
 
@@ -558,7 +640,7 @@ class Session:
         pos = 0
         try:
             while pos < end:
-                size = codec.frame_size(rx, pos, end, len(rx))
+                size = pkt.frame_size(rx, pos, end, len(rx))
                 if size < 0 or pos + size > end:
                     break
                 start = pos
@@ -583,59 +665,92 @@ class Session:
         rx = self.rx
         b0 = rx[pos]
         t = b0 >> 4
-        if self.state == CONNECTING and t != CONNACK and t != AUTH:
-            self._violation(PROTOCOL_ERROR, "%s before CONNACK" % codec.packet_name(t), now)
-        if t == PUBLISH:
+        if self.state == CONNECTING and t != _CONNACK and t != _AUTH:
+            self._violation(_PROTOCOL_ERROR, "packet type %d before CONNACK" % t, now)
+        if t == _PUBLISH:
             self._on_publish(pos, end, now)
             return
         body = end - pos
-        if PUBACK <= t <= PUBCOMP and (body == 4 or (body == 5 and self.version == V5)):
+        if _PUBACK <= t <= _PUBCOMP and (body == 4 or (body == 5 and self.version == _V5)):
             # Fast path: fixed header, packet id and (MQTT 5) a reason code.
-            if b0 & 15 != (2 if t == PUBREL else 0):
-                fail("reserved flags of %s" % codec.packet_name(t))
+            if b0 & 15 != (2 if t == _PUBREL else 0):
+                fail("reserved flags of packet type %d" % t)
             pid = rx[pos + 2] << 8 | rx[pos + 3]
             if not pid:
-                fail("packet identifier 0")
+                fail("packet id 0")
             reason = rx[pos + 4] if body == 5 else 0
-            if body == 5:
-                ok = codec._PUBREL_RC if t >= PUBREL else codec._PUBACK_RC
-                if reason not in ok:
-                    raise MQTTError(PROTOCOL_ERROR, "protocol error: reason code 0x%02X in %s" % (
-                        reason, codec.packet_name(t)))
+            if body == 5 and reason not in (pkt.PUBREL_RC if t >= _PUBREL else pkt.PUBACK_RC):
+                raise MQTTError(_PROTOCOL_ERROR, "protocol error: reason code 0x%02X in packet type %d" % (
+                    reason, t))
             self._on_ack(t, pid, reason, now)
             return
-        if t == PINGRESP and body == 2 and b0 == 0xD0:
+        if t == _PINGRESP and body == 2 and b0 == 0xD0:
             return
-        p = codec.decode(self._rxmv[pos:end], self.version, len(rx))
-        if PUBACK <= t <= PUBCOMP:
+        p = pkt.decode(self._rxmv[pos:end], self.version, len(rx))
+        if _PUBACK <= t <= _PUBCOMP:
             self._on_ack(t, p.pid, p.reason, now)
-        elif t == CONNACK:
+        elif t == _CONNACK:
             if self.state != CONNECTING:
-                self._violation(PROTOCOL_ERROR, "unexpected CONNACK", now)
+                self._violation(_PROTOCOL_ERROR, "unexpected CONNACK", now)
             self._on_connack(p, now)
-        elif t == SUBACK or t == UNSUBACK:
+        elif t == _SUBACK or t == _UNSUBACK:
             i = self._find(p.pid)
             if i < 0 or not self._rflags[i] & _CTRL:
                 return  # not ours (any more): nothing to update
             self.store.release(p.pid)
             self._drop(i)
-            self._event(EV_SUBACK if t == SUBACK else EV_UNSUBACK, p.pid, p.reasons)
-        elif t == DISCONNECT:
+            self._event(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, p.pid, p.reasons)
+        elif t == _DISCONNECT:
             self.connection_lost()
             self._event(EV_DISCONNECT, p.reason, p)
-        elif t == AUTH:
-            if not self.auth:
-                self._violation(PROTOCOL_ERROR, "AUTH received but no authentication hook is set", now)
-            out = self.auth(p.reason, p.props)
-            if out is not None:
-                self._packet(codec.Packet(AUTH, reason=0x18, props=out), now)
-        elif t == PINGRESP:
-            pass
-        else:
-            self._violation(PROTOCOL_ERROR, "a client does not receive %s" % codec.packet_name(t), now)
+        elif t == _AUTH:
+            self._on_auth(p, now)
+
+    # ------------------------------------------------- enhanced authentication
+
+    def _auth_method(self):
+        cp = self.connect_props
+        return cp.get(_P_AUTH_METHOD) if cp else None
+
+    def _on_auth(self, p, now):
+        # AUTH from the server: a challenge (0x18) while connecting or
+        # re-authenticating, or success (0) at the end of a re-authentication.
+        r = p.reason
+        if not self.auth or not self._auth_method():
+            self._violation(_PROTOCOL_ERROR, "AUTH without enhanced authentication", now)
+        if not (self.state == CONNECTING or self._reauth) or r == 0x19 or (r == 0 and not self._reauth):
+            self._violation(_PROTOCOL_ERROR, "unexpected AUTH (reason 0x%02X)" % r, now)
+        try:
+            out = self.auth(r, p.props)
+        except Exception as e:
+            self._violation(0x80, "authentication hook failed: %r" % e, now)
+        if not r:
+            self._reauth = False
+            self._event(EV_AUTH, 0, p)
+            return
+        out = dict(out) if out else {}
+        if _P_AUTH_METHOD not in out:
+            out[_P_AUTH_METHOD] = self._auth_method()
+        self._packet(Packet(_AUTH, reason=0x18, props=out), now)
+
+    def reauthenticate(self, now, props=None):
+        """Start a re-authentication on the open connection (MQTT 5 enhanced
+        authentication): AUTH 0x19 with the Authentication Method and `props`
+        (e.g. fresh Authentication Data). The hook answers the server's
+        challenges; EV_AUTH (a = 0) reports success, a refusal comes as a
+        server DISCONNECT."""
+        if self.state != CONNECTED:
+            raise NotConnected("not connected")
+        m = self._auth_method()
+        if not m or not self.auth:
+            raise ValueError("re-authentication needs auth= and an Authentication Method (0x15) in connect_props")
+        out = dict(props) if props else {}
+        out[_P_AUTH_METHOD] = m
+        self._reauth = True
+        self._packet(Packet(_AUTH, reason=0x19, props=out), now)
 
     def _on_ack(self, t, pid, reason, now):
-        if t == PUBREL:
+        if t == _PUBREL:
             # The server releases an inbound QoS 2 message.
             known = self.store.in_has(pid)
             if known:
@@ -644,26 +759,26 @@ class Session:
                 self._inq.append([pid, 7, 1])  # PUBCOMP, in order with other acks
                 self._flush_acks(now)
             else:
-                self._ack(PUBCOMP, pid, 0 if known else 0x92, now)
+                self._ack(_PUBCOMP, pid, 0 if known else 0x92, now)
             return
         i = self._find(pid)
         f = self._rflags[i] if i >= 0 else 0
         if i < 0 or f & _CTRL or not f & _SENT:
             # Unknown identifier: nothing pending changes (a late ack after a
             # reboot or a confused server). PUBREC still needs an answer.
-            if t == PUBREC:
-                self._ack(PUBREL, pid, 0x92, now)
+            if t == _PUBREC:
+                self._ack(_PUBREL, pid, 0x92, now)
             return
-        if t == PUBACK and not f & _QOS2 or t == PUBCOMP and f & _QOS2 and f & _MARKED:
+        if t == _PUBACK and not f & _QOS2 or t == _PUBCOMP and f & _QOS2 and f & _MARKED:
             self._complete(i, pid, reason, now)
-        elif t == PUBREC and f & _QOS2:
+        elif t == _PUBREC and f & _QOS2:
             if reason >= 0x80:
                 self._complete(i, pid, reason, now)
                 return
             if not f & _MARKED:
                 self.store.mark(pid)
                 self._rflags[i] = f | _MARKED
-            self._ack(PUBREL, pid, 0, now)
+            self._ack(_PUBREL, pid, 0, now)
         # other combinations (PUBACK for QoS 2, PUBCOMP before PUBREC) change nothing
 
     def _complete(self, i, pid, reason, now):
@@ -677,12 +792,12 @@ class Session:
     def _on_publish(self, pos, end, now):
         m = self._msg
         rx = self.rx
-        codec.parse_publish(m, rx, pos, end, self.version)
+        pkt.parse_publish(m, rx, pos, end, self.version)
         m.buf = rx
         m.tbuf = rx
         m.version = self.version
-        if self.version == V5:
-            codec.scan_publish_props(m, rx, m.sub_ids)
+        if self.version == _V5:
+            self._P.scan_publish(m, rx, m.sub_ids)
             a = m.alias
             if a:
                 if a > self.topic_alias_max:
@@ -694,12 +809,12 @@ class Session:
                 else:
                     t = self._aliases.get(a)
                     if t is None:
-                        self._violation(PROTOCOL_ERROR, "unknown topic alias %d" % a, now)
+                        self._violation(_PROTOCOL_ERROR, "unknown topic alias %d" % a, now)
                     m.tbuf = t
                     m.topic_start = 0
                     m.topic_end = len(t)
             elif m.topic_end == m.topic_start:
-                self._violation(PROTOCOL_ERROR, "empty topic without a topic alias", now)
+                self._violation(_PROTOCOL_ERROR, "empty topic without a topic alias", now)
         else:
             m.n_sub_ids = 0
         q = m.qos
@@ -710,7 +825,7 @@ class Session:
                 self._inq.append([pid, 5, 1])
                 self._flush_acks(now)
             else:
-                self._ack(PUBREC, pid, 0, now)
+                self._ack(_PUBREC, pid, 0, now)
             return
         if self.manual_ack and q:
             if self._inq is None:
@@ -722,7 +837,7 @@ class Session:
             self.store.in_add(pid)
         self._dispatch(m)
         if q:
-            self._ack(PUBACK if q == 1 else PUBREC, pid, 0, now)
+            self._ack(_PUBACK if q == 1 else _PUBREC, pid, 0, now)
 
     def _dispatch(self, m):
         delivered = False
@@ -800,7 +915,7 @@ class Session:
             return limit - waited
         idle = ticks_diff(now, self._last_tx)
         if idle >= ka:
-            self._out(codec.PINGREQ_BYTES, 0, 2, now)
+            self._out(pkt.PINGREQ_BYTES, 0, 2, now)
             self._ping_sent = now
             return ka
         return ka - idle
@@ -808,8 +923,8 @@ class Session:
     def disconnect(self, now, reason=0, props=None):
         """Send DISCONNECT (the will is discarded) and close the session."""
         if self.state == CONNECTED:
-            if self.version == V5 and (reason or props):
-                self._packet(codec.Packet(DISCONNECT, reason=reason, props=props), now)
+            if self.version == _V5 and (reason or props):
+                self._packet(Packet(_DISCONNECT, reason=reason, props=props), now)
             else:
                 self._out(b"\xe0\x00", 0, 2, now)
         self.connection_lost()
@@ -821,5 +936,6 @@ class Session:
         self.rx_len = 0
         self._inflight = 0
         self._ping_sent = -1
+        self._reauth = False
         if self._inq is not None:
             self._inq = []

@@ -88,3 +88,52 @@ def test_tern_receives_what_paho_publishes_with_properties(broker):
     t.disconnect()
     p.loop_stop()
     p.disconnect()
+
+
+def test_tern_answers_a_paho_request_with_reply(broker):
+    """Request/response: paho asks with a Response Topic and Correlation Data;
+    Tern's reply() answers there, the correlation data carried back."""
+    answers, answered = [], threading.Event()
+
+    def on_answer(client, userdata, msg):
+        answers.append(msg)
+        answered.set()
+
+    subscribed = threading.Event()
+    p = paho_client(broker, "paho-req", on_answer)
+    p.on_subscribe = lambda *a: subscribed.set()
+    p.subscribe("rr/answers/paho", qos=1)
+    assert subscribed.wait(5)
+    t = Client("tern-rr", server=broker.host, port=broker.port, version=5)
+    t.connect()
+    requests = []
+
+    def serve(m):
+        requests.append(m.properties)
+        t.reply(m, b"pong:" + bytes(m.payload), 1, props={P.CONTENT_TYPE: "text/plain"})
+
+    t.subscribe("rr/requests", 1, handler=serve)
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = "rr/answers/paho"
+    props.CorrelationData = b"req-42"
+    props.MessageExpiryInterval = 30
+    p.publish("rr/requests", b"ping", qos=1, properties=props).wait_for_publish(5)
+    for _ in range(200):
+        t.loop(20)
+        if answered.is_set():
+            break
+    assert answered.wait(2), "paho got no answer"
+    assert 0 < requests[0][P.MESSAGE_EXPIRY_INTERVAL] <= 30  # expiry reaches the receiver
+    a = answers[0]
+    assert (a.topic, a.payload) == ("rr/answers/paho", b"pong:ping")
+    assert a.properties.CorrelationData == b"req-42" and a.properties.ContentType == "text/plain"
+    # a message without a response topic cannot be answered
+    try:
+        t.reply(type("M", (), {"properties": {}})(), b"x")
+    except ValueError as e:
+        assert "response topic" in str(e)
+    else:
+        raise AssertionError("reply() without a response topic did not raise")
+    t.disconnect()
+    p.loop_stop()
+    p.disconnect()
