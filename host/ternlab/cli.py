@@ -27,6 +27,12 @@ OPTIONAL = (
         "report": "HTML report with plots and a terminal summary (Spark)",
     }, "pip install 'tern[pipeline]'"),
     ("ternlab.demo", {"demo": "run the Tern demo"}, None),
+    ("ternlab.boards.cli", {
+        "board": "run an emulated board in the foreground (tern board run)",
+        "deploy": "compile lib/tern and firmware/ with mpy-cross and copy them to a board",
+        "flash": "write a MicroPython image and the profile's partition table to an ESP32 (esptool)",
+        "repl": "a terminal on a board's REPL",
+    }, None),
 )
 
 _SECRETS = set()

@@ -1,0 +1,347 @@
+"""The emulated board's device side: what the unix port needs to boot like a board.
+
+The host (ternlab.boards.emulated) starts
+
+    micropython -X heapsize=H -i -c "import gc;gc.collect();b=gc.mem_alloc();import emuboard;emuboard.boot(globals(),b);del emuboard,b"
+
+with TERN_EMU_CONFIG naming a JSON file: {"profile": {...}, "id": "...",
+"image": path, "cut_at": N, "seed": S, "mode": "friendly"|"raw", "reserve": R,
+"cut_file": path, "host_paths": [...]}. boot() then does what a board's
+firmware does before its REPL:
+
+- opens ONE emulated NOR flash image (norflash.NorFlash semantics, read and
+  written through the file, no RAM copy: the image may be larger than the
+  board's heap) and splits it into the LittleFS region (first `fs_blocks`
+  blocks) and the raw outbox partition (the blocks after it);
+- mounts the LittleFS region at "/" in place of the host's filesystem
+  (formatting it on first boot, as boards do), so files are reached with
+  the same paths as on a board, and puts "/lib" on sys.path;
+- hides the emulator's own heap use: the process gets `reserve` bytes more
+  than the profile's heap and keeps what the emulator did not use as ballast,
+  so gc.mem_free() at the REPL is about what the board would have;
+- runs boot.py, then main.py (friendly REPL only, as boards do: a soft reset
+  in raw REPL mode runs boot.py only), then hands over to the REPL.
+
+A power cut kills the process with SIGKILL at once (no finally, no flush):
+at the N-th flash operation (the torn write is on the image first) or from
+the host at any time. reset() is machine.reset(): the process is killed
+with SIGUSR1 and the host boots it again.
+"""
+
+import gc
+import json
+import os
+import sys
+from array import array
+
+import vfs
+from norflash import _WEAR_HDR, NorFlash, NorViolation, PowerCut, _put_u
+
+PROFILE = None
+flash = None
+_id = b""
+_parts = {}
+_cut_file = None
+_ballast = None
+_CHUNK = 256
+
+
+def _kill(sig):
+    # The shell's parent is this process: SIGKILL ends it at once, with no
+    # exception unwinding through the application's finally blocks.
+    os.system("kill -%s $PPID" % sig)
+
+
+class Flash(NorFlash):
+    """NorFlash on the image file with no RAM mirror (same rules, counters,
+    wear file and torn writes); dying means SIGKILL, not an exception."""
+
+    def __init__(self, path, blocks, block_size, cut_at=0, seed=1):
+        self.path = path
+        self.blocks = blocks
+        self.block_size = block_size
+        self.size = blocks * block_size
+        self.cut_at = cut_at
+        self.ops = 0
+        self.arm_base = 0  # ops when the cut was armed (arm_cut)
+        self.dead = False
+        self.torn = None
+        self._off = PowerCut("flash is powered off")
+        self._rng = ((seed * 2654435761) & 0xFFFFFFFF) or 1
+        for _ in range(8):
+            self._rand()
+        self.reads = 0
+        self.bytes_read = 0
+        self._s = bytearray(_CHUNK)
+        self._sv = memoryview(self._s)
+        self._wbuf = bytearray(16)
+        self.erase_counts = array("I", [0] * blocks)
+        self.programs = 0
+        self.bytes_programmed = 0
+        self._wf = None
+        if os.stat(path)[6] != self.size:
+            raise ValueError("%s: image is not %d bytes" % (path, self.size))
+        self._f = open(path, "r+b")
+        self._load_wear()
+
+    def _chunk(self, pos, k):
+        f = self._f
+        f.seek(pos)
+        v = self._sv if k == _CHUNK else self._sv[:k]
+        f.readinto(v)
+        return v
+
+    def _put(self, pos, v):
+        self._f.seek(pos)
+        self._f.write(v)
+
+    def readblocks(self, block, buf, offset=0):
+        self._alive()
+        n = len(buf)
+        pos = self._pos(block, offset, n)
+        self._f.seek(pos)
+        self._f.readinto(buf)
+        self.reads += 1
+        self.bytes_read += n
+        return 0
+
+    def writeblocks(self, block, buf, offset=0):
+        self._alive()
+        n = len(buf)
+        pos = self._pos(block, offset, n)
+        s = self._s
+        i = 0
+        while i < n:  # NOR rule first: a program can only clear bits
+            k = min(_CHUNK, n - i)
+            self._chunk(pos + i, k)
+            for j in range(k):
+                b = buf[i + j]
+                if s[j] & b != b:
+                    raise NorViolation("program would set bits at 0x%x: flash holds 0x%02x, data 0x%02x" % (pos + i + j, s[j], b))
+            i += k
+        if self._tick():
+            return self._torn_program(pos, buf, n)
+        i = 0
+        while i < n:
+            k = min(_CHUNK, n - i)
+            v = self._chunk(pos + i, k)
+            for j in range(k):
+                s[j] &= buf[i + j]
+            self._put(pos + i, v)
+            i += k
+        self.programs += 1
+        self.bytes_programmed += n
+        self._persist_counts()
+        return 0
+
+    def erase(self, block):
+        self._alive()
+        pos = self._pos(block, 0, self.block_size)
+        if self._tick():
+            return self._torn_erase(block, pos)
+        s = self._s
+        for j in range(_CHUNK):
+            s[j] = 0xFF
+        for i in range(0, self.block_size, _CHUNK):
+            self._put(pos + i, self._sv)
+        self.erase_counts[block] += 1
+        self._persist_erase(block)
+        return 0
+
+    def _torn_program(self, pos, buf, n):
+        # the same choices, in the same order of random draws, as NorFlash
+        s = self._s
+        prefix = n and self._rand() & 1
+        k = self._rand() % n if prefix else 0
+        i = 0
+        while i < n:
+            c = min(_CHUNK, n - i)
+            v = self._chunk(pos + i, c)
+            for j in range(c):
+                if prefix:
+                    if i + j < k:
+                        s[j] &= buf[i + j]
+                else:
+                    s[j] &= buf[i + j] | (self._rand() & 0xFF)
+            self._put(pos + i, v)
+            i += c
+        self.torn = ("program-prefix", pos, n, k) if prefix else ("program-bits", pos, n)
+        self.programs += 1
+        self.bytes_programmed += n
+        self._persist_counts()
+        self._die()
+
+    def _torn_erase(self, block, pos):
+        bs = self.block_size
+        mode = self._rand() % 3
+        lo = hi = 0
+        if mode == 0:
+            hi = 1 + self._rand() % (bs - 1)
+        elif mode == 1:
+            lo = 1 + self._rand() % (bs - 1)
+            hi = bs
+        s = self._s
+        for i in range(0, bs, _CHUNK):
+            v = self._chunk(pos + i, _CHUNK)
+            for j in range(_CHUNK):
+                if mode == 2:
+                    s[j] |= self._rand() & 0xFF
+                elif lo <= i + j < hi:
+                    s[j] = 0xFF
+            self._put(pos + i, v)
+        self.torn = ("erase", block, mode)
+        self.erase_counts[block] += 1
+        self._persist_erase(block)
+        self._die()
+
+    def _persist_counts(self):
+        wb = self._wbuf
+        _put_u(wb, 0, self.programs, 8)
+        _put_u(wb, 8, self.bytes_programmed, 8)
+        self._wf.seek(8)
+        self._wf.write(wb)
+
+    def _persist_erase(self, block):
+        wb = self._wbuf
+        _put_u(wb, 0, self.erase_counts[block], 4)
+        self._wf.seek(_WEAR_HDR + 4 * block)
+        self._wf.write(memoryview(wb)[0:4])
+
+    def _die(self):
+        self.dead = True
+        if _cut_file is not None:
+            _cut_file.write(json.dumps({"op": self.ops, "nth": self.ops - self.arm_base, "torn": self.torn}))
+            _cut_file.close()
+        _kill("KILL")
+        raise PowerCut("power cut at flash operation %d" % self.ops)  # only if kill failed
+
+
+class Partition:
+    """A run of blocks of the flash, as its own block device (extended protocol)."""
+
+    def __init__(self, dev, label, start, blocks):
+        self.dev = dev
+        self.label = label
+        self.start = start
+        self.blocks = blocks
+
+    def _check(self, block, offset, n):
+        end = block * self.dev.block_size + offset + n
+        if block < 0 or offset < 0 or end > self.blocks * self.dev.block_size:
+            raise ValueError("%s: block %d offset %d length %d is outside the partition" % (self.label, block, offset, n))
+
+    def readblocks(self, block, buf, offset=0):
+        self._check(block, offset, len(buf))
+        return self.dev.readblocks(self.start + block, buf, offset)
+
+    def writeblocks(self, block, buf, offset=0):
+        self._check(block, offset, len(buf))
+        return self.dev.writeblocks(self.start + block, buf, offset)
+
+    def ioctl(self, op, arg=0):
+        if op == 4:
+            return self.blocks
+        if op == 6:
+            self._check(arg, 0, 0)
+            return self.dev.ioctl(6, self.start + arg)
+        return self.dev.ioctl(op, arg)
+
+
+def partition(label):
+    """The raw partition `label` (e.g. "outbox"), or None if the board has none."""
+    return _parts.get(label)
+
+
+def unique_id():
+    """Stable per board, like machine.unique_id(): from the id the host gave."""
+    return _id
+
+
+def reset():
+    """machine.reset(): the process restarts and the board boots again."""
+    _kill("USR1")
+
+
+def arm_cut(n, seed=None):
+    """Cut the power at the n-th flash operation from now (1 = the next)."""
+    flash.arm_base = flash.ops
+    flash.cut_at = flash.ops + n
+    if seed is not None:
+        flash._rng = ((seed * 2654435761) & 0xFFFFFFFF) or 1
+        for _ in range(8):
+            flash._rand()
+
+
+def _run(name, g):
+    try:
+        os.stat(name)
+    except OSError:
+        return
+    try:
+        execfile(name, g)  # noqa: F821 - a MicroPython builtin
+    except SystemExit:
+        pass
+    except BaseException as e:  # noqa: B036 - a board prints it (Ctrl-C too) and goes on to the REPL
+        sys.print_exception(e)
+
+
+def boot(g, base):
+    """base: gc.mem_alloc() before this module was loaded (the interpreter's own use)."""
+    global PROFILE, flash, _id, _cut_file, _ballast
+    with open(os.getenv("TERN_EMU_CONFIG")) as f:
+        cfg = json.load(f)
+    PROFILE = cfg["profile"]
+    _id = cfg["id"].encode()
+    fl = PROFILE["flash"]
+    fs_blocks = fl["fs_blocks"]
+    ob = fl.get("outbox")
+    total = fs_blocks + (ob["blocks"] if ob else 0)
+    flash = Flash(cfg["image"], total, fl["block_size"], cfg.get("cut_at") or 0, cfg.get("seed") or 1)
+    if cfg.get("cut_file"):
+        _cut_file = open(cfg["cut_file"], "w")
+    fs = Partition(flash, "vfs", 0, fs_blocks)
+    if ob:
+        _parts[ob["label"]] = Partition(flash, ob["label"], fs_blocks, ob["blocks"])
+    mode = cfg.get("mode", "friendly")
+    host_paths = cfg.get("host_paths") or ()
+    reserve = cfg.get("reserve") or 0
+    cfg = f = None
+    try:
+        lfs = vfs.VfsLfs2(fs)
+    except OSError:  # first boot: an erased flash, as boards format it
+        vfs.VfsLfs2.mkfs(fs)
+        lfs = vfs.VfsLfs2(fs)
+    vfs.umount("/")
+    vfs.mount(lfs, "/")
+    os.chdir("/")
+    sys.path[:] = ["", ".frozen", "/lib"]
+    for i, p in enumerate(host_paths):
+        mp = "/host%d" % i
+        vfs.mount(vfs.VfsPosix(p), mp)
+        sys.path.append(mp)
+    gc.collect()
+    spare = reserve - (gc.mem_alloc() - base)
+    if spare > 64:  # in pieces: one block this size may not fit a small heap
+        _ballast = []
+        while spare > 1100:
+            _ballast.append(bytearray(1024))
+            spare -= 1040
+    elif reserve:
+        print("emuboard: the emulator uses %d bytes more than its reserve" % -spare)
+    gc.collect()
+    # From here on the host may send Ctrl-C: a KeyboardInterrupt stops the
+    # step it lands in (boot.py, main.py: printed by _run), never the boot.
+    step = 0
+    while step < 3:
+        step += 1
+        try:
+            if step == 1:
+                sys.stdout.write("\x00TERN:UP\x00")  # the host may talk to the board from now on
+            elif step == 2:
+                _run("boot.py", g)
+            elif mode == "raw":
+                sys.stdout.write("\x00TERN:RAW\x00")  # the host swallows the banner and enters the raw REPL
+            else:
+                _run("main.py", g)
+        except KeyboardInterrupt:
+            pass

