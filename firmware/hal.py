@@ -1,0 +1,224 @@
+"""Board differences for the telemetry app, in one place: the profile, the unique id, the outbox
+store, the clock, the network, the watchdog, sensors, reset and sleep.
+
+Everything else in the firmware is board-neutral. The emulated board (module `emuboard`, the
+MicroPython unix port with an emulated NOR flash) and real boards (esp32, rp2) differ only here.
+Console lines for the host start with PREFIX and carry one JSON object; the host's parser is
+`ternlab.telemetry` and uses the same prefix.
+"""
+
+import sys
+import gc
+from time import ticks_ms, ticks_diff, sleep_ms
+
+PREFIX = "TERN "
+SEP = (",", ":")
+PLATFORM = sys.platform
+
+try:
+    import emuboard
+except ImportError:
+    emuboard = None
+
+T0 = ticks_ms()
+
+
+def say(ev, **kw):
+    # One structured console line: the host turns these into its ledger.
+    import json
+
+    kw["ev"] = ev
+    print(PREFIX + json.dumps(kw, separators=SEP))
+
+
+def profile():
+    """The board profile (boards/<name>/profile.json): from emuboard, else `profile.json` on the
+    board's flash (copied by `tern deploy`), else a minimal one for this platform."""
+    if emuboard:
+        return emuboard.PROFILE
+    try:
+        import json
+
+        with open("profile.json") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"name": PLATFORM, "flash": {"outbox": None}, "network": "wifi" if PLATFORM != "linux" else "none",
+                "sensors": [{"name": "heap", "kind": "free_heap"}, {"name": "uptime", "kind": "uptime"}],
+                "watchdog_ms": None}
+
+
+def unique_id():
+    if emuboard:
+        return emuboard.unique_id()
+    import machine
+
+    try:
+        return machine.unique_id()
+    except AttributeError:  # the unix port outside the emulated board
+        from binascii import unhexlify
+
+        with open("/etc/machine-id") as f:
+            return unhexlify(f.read(12))
+
+
+def reset():
+    if emuboard:
+        emuboard.reset()  # the host restarts the process
+    else:
+        import machine
+
+        machine.reset()
+    while True:
+        sleep_ms(100)
+
+
+def deep_sleep(ms):
+    """Sleep with everything off; the board boots again afterwards (the emulated board restarts)."""
+    if emuboard:
+        sleep_ms(ms)
+        reset()
+    import machine
+
+    machine.deepsleep(ms)
+
+
+def open_store(prof):
+    """The outbox: FlashStore on the profile's raw partition, else FileStore in `outbox/`."""
+    part = None
+    ob = prof.get("flash", {}).get("outbox")
+    if ob:
+        label = ob.get("label", "outbox")
+        if emuboard:
+            part = emuboard.partition(label)
+        elif PLATFORM == "esp32":
+            import esp32
+
+            found = esp32.Partition.find(esp32.Partition.TYPE_DATA, label=label)
+            part = found[0] if found else None
+        elif PLATFORM == "rp2":
+            import rp2
+
+            part = rp2.Flash()  # the region the board's build reserves for the outbox
+    if part is not None:
+        from tern.flashstore import FlashStore
+
+        return FlashStore(part), "flash"
+    from tern.filestore import FileStore
+
+    return FileStore("outbox"), "file"
+
+
+def epoch():
+    """Seconds since 1970 when the board knows the time, else None (no clock set yet)."""
+    from time import time, gmtime
+
+    t = time()
+    if gmtime(0)[0] == 2000:  # embedded ports count from 2000
+        t += 946684800
+    return t if t > 1600000000 else None
+
+
+# ------------------------------------------------------------------ watchdog
+
+class _NoDog:
+    def feed(self):
+        pass
+
+
+def watchdog(prof):
+    ms = prof.get("watchdog_ms")
+    if not ms or emuboard:
+        return _NoDog()
+    from machine import WDT
+
+    return WDT(timeout=ms)
+
+
+# ------------------------------------------------------------------- network
+
+class Net:
+    """Wi-Fi station bring-up with retry and exponential backoff; nothing to do without a radio.
+    poll() never blocks: the app keeps measuring (and queueing) while the network is down."""
+
+    def __init__(self, prof, ssid, password):
+        self.wlan = None
+        self.up = prof.get("network", "none") != "wifi"
+        if not self.up:
+            import network
+
+            self.wlan = network.WLAN(network.STA_IF)
+            self.wlan.active(True)
+            self.ssid = ssid
+            self.pw = password
+            self.delay = 1000
+            self.t = ticks_ms()
+            self.attempt = False
+            if not ssid:
+                say("net", ok=False, err="no wifi_ssid in config")
+
+    def poll(self):
+        w = self.wlan
+        if w is None:
+            return True
+        was = self.up
+        self.up = w.isconnected()
+        if self.up:
+            if not was:
+                say("net", ok=True, ip=w.ifconfig()[0])
+                self.delay = 1000
+            return True
+        if was:
+            say("net", ok=False, err="link lost")
+        if self.ssid and ticks_diff(ticks_ms(), self.t) >= 0:
+            if self.attempt:
+                say("net", ok=False, err="no link after %d ms" % self.delay, status=w.status())
+                self.delay = min(self.delay * 2, 60000)
+            w.connect(self.ssid, self.pw)
+            self.attempt = True
+            self.t = ticks_ms() + self.delay
+        return False
+
+    def rssi(self):
+        return self.wlan.status("rssi") if self.wlan and self.up else None
+
+
+# ------------------------------------------------------------------- sensors
+
+def _synthetic(name, k):
+    # Deterministic: a sawtooth per sensor name over the reading index.
+    return 20 + ((k * 7 + len(name) * 13) % 100) / 10
+
+
+def read_sensors(sensors, names, k, net):
+    """{name: value} for the profile's sensors whose names are in `names` (None: all)."""
+    r = {}
+    for s in sensors:
+        n = s["name"]
+        if names is not None and n not in names:
+            continue
+        kind = s["kind"]
+        v = None
+        if kind == "synthetic":
+            v = _synthetic(n, k)
+        elif kind == "free_heap":
+            v = gc.mem_free()
+        elif kind == "uptime":
+            v = ticks_diff(ticks_ms(), T0) / 1000
+        elif kind == "rssi":
+            v = net.rssi()
+        elif kind == "mcu_temp":
+            if PLATFORM == "esp32":
+                import esp32
+
+                v = esp32.mcu_temperature()
+            else:  # rp2: ADC channel 4, the on-die sensor
+                from machine import ADC
+
+                v = 27 - (ADC(4).read_u16() * 3.3 / 65535 - 0.706) / 0.001721
+        elif kind == "adc":
+            from machine import ADC, Pin
+
+            v = ADC(Pin(s["pin"])).read_u16()
+        if v is not None:
+            r[n] = v
+    return r

@@ -1,0 +1,119 @@
+"""The telemetry app's configuration: `config.json` on the board's flash, checked key by key.
+
+A bad value never stops the device: each problem is printed as one console line naming the key, what
+was wrong and the safe default used instead, and the app runs on. Passwords are never echoed. See
+firmware/config.example.json and docs/firmware.md for the keys.
+"""
+
+import json
+from hal import say
+
+FILE = "config.json"
+_ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:"
+
+# key, default, kind, low, high. Kinds: i int in [low, high], b bool, s str (None allowed when the
+# default is None), t topic, q QoS (an int or a non-empty list of them, cycled per reading),
+# l list of str or None.
+SPEC = (
+    ("host", None, "s", 0, 0),
+    ("port", 1883, "i", 1, 65535),
+    ("tls", False, "b", 0, 0),
+    ("ca", None, "s", 0, 0),
+    ("user", None, "s", 0, 0),
+    ("password", None, "s", 0, 0),
+    ("client_id", None, "s", 0, 0),
+    ("version", 5, "i", 3, 5),
+    ("keepalive", 60, "i", 0, 65535),
+    ("session_expiry", 604800, "i", 0, 4294967295),
+    ("topic", "tern/{id}/telemetry", "t", 0, 0),
+    ("status_topic", "tern/{id}/status", "t", 0, 0),
+    ("cmd_topic", "tern/{id}/cmd", "t", 0, 0),
+    ("qos", 1, "q", 0, 2),
+    ("interval_ms", 5000, "i", 10, 86400000),
+    ("readings", None, "l", 0, 0),
+    ("count", 0, "i", 0, 2147483647),
+    ("window", 8, "i", 1, 65535),
+    ("max_pending", 256, "i", 2, 65535),
+    ("backoff_min_ms", 250, "i", 10, 3600000),
+    ("backoff_max_ms", 30000, "i", 10, 3600000),
+    ("wifi_ssid", None, "s", 0, 0),
+    ("wifi_password", None, "s", 0, 0),
+    ("deep_sleep", False, "b", 0, 0),
+)
+_SECRET = ("password", "wifi_password")
+
+
+def _int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check(v, d, kind, lo, hi):
+    # None when v is acceptable, else what it should have been
+    if kind == "i":
+        return None if _int(v) and lo <= v <= hi else "an integer in %d..%d" % (lo, hi)
+    if kind == "b":
+        return None if isinstance(v, bool) else "true or false"
+    if kind == "s":
+        return None if isinstance(v, str) and v or (v is None and d is None) else "a non-empty string"
+    if kind == "t":
+        ok = isinstance(v, str) and v and not ("#" in v or "+" in v or '"' in v or "\\" in v)
+        return None if ok else "a topic name without wildcards or quotes"
+    if kind == "q":
+        ok = _int(v) and 0 <= v <= 2 or isinstance(v, list) and v and all(_int(x) and 0 <= x <= 2 for x in v)
+        return None if ok else "0, 1, 2 or a non-empty list of them"
+    ok = v is None or isinstance(v, list) and all(isinstance(x, str) for x in v)
+    return None if ok else "a list of sensor names"
+
+
+def _bad(key, want, got, using):
+    if key in _SECRET:
+        say("config", key=key, err="must be " + want, using="(default)")
+    else:
+        say("config", key=key, err="must be " + want, got=got, using=using)
+
+
+def load(path=FILE):
+    """The configuration as a dict with every key of SPEC; problems are reported, never raised."""
+    raw = {}
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+        if not isinstance(raw, dict):
+            say("config", err="%s must hold a JSON object, not %s" % (path, type(raw).__name__))
+            raw = {}
+    except OSError:
+        say("config", err="%s not found: every key takes its default" % path)
+    except ValueError as e:
+        say("config", err="%s is not valid JSON (%s): every key takes its default" % (path, e))
+    cfg = {}
+    for key, d, kind, lo, hi in SPEC:
+        if key in raw:
+            v = raw[key]
+            want = _check(v, d, kind, lo, hi)
+            if want:
+                _bad(key, want, v, d)
+                v = d
+        else:
+            v = d
+        cfg[key] = v
+    for key in raw:
+        if key not in cfg:
+            say("config", key=key, err="unknown key, ignored")
+    if cfg["backoff_max_ms"] < cfg["backoff_min_ms"]:
+        _bad("backoff_max_ms", "at least backoff_min_ms", cfg["backoff_max_ms"], cfg["backoff_min_ms"])
+        cfg["backoff_max_ms"] = cfg["backoff_min_ms"]
+    cid = cfg["client_id"]
+    if cid is not None and not (len(cid) <= 64 and all(c in _ID_CHARS for c in cid)):
+        _bad("client_id", "at most 64 of A-Z a-z 0-9 - _ . :", cid, None)
+        cfg["client_id"] = None
+    if cfg["host"] is None:
+        say("config", key="host", err="missing: no broker to connect to, readings stay in the outbox")
+    if cfg["tls"] and cfg["port"] == 1883 and "port" not in raw:
+        cfg["port"] = 8883
+    return cfg
+
+
+def topics(cfg, dev):
+    """Resolve the {id} placeholder of the topic keys."""
+    for k in ("topic", "status_topic", "cmd_topic"):
+        cfg[k] = cfg[k].replace("{id}", dev)

@@ -1,0 +1,352 @@
+"""The telemetry firmware on emulated boards against a real Mosquitto.
+
+Each test boots an EmulatedBoard (the MicroPython unix port with emulated NOR flash, the outbox a
+FlashStore on the profile's raw partition) running firmware/main.py, reads its console through
+ternlab.telemetry, and checks what a subscriber on the broker really received.
+"""
+
+import json
+import random
+import threading
+import time
+
+import pytest
+
+from ternlab.boards.emulated import EmulatedBoard
+from ternlab.broker import Broker, free_port
+from ternlab.chaos import ChaosProxy
+from ternlab.pipeline.schema import parse_payload
+from ternlab.telemetry import FIRMWARE_DIR, LIB_DIR, TelemetryLog, compile_mpy, install
+from tern.client import Client
+
+PATHS = [str(LIB_DIR), str(FIRMWARE_DIR)]
+
+
+class Device:
+    """An emulated board running the app, with its console parsed as it comes."""
+
+    def __init__(self, tmp_path, config, profile="unix-emulated", board_id="dev-1", paths=PATHS, name="board"):
+        self.board = EmulatedBoard(profile, workdir=tmp_path / name, board_id=board_id, host_paths=paths)
+        install(self.board, config)
+        self.tlog = TelemetryLog()
+        self.tracebacks = 0
+        self._seen = len(self.board.log.lines)  # what setting up the files printed is not the app's
+
+    def pump(self):
+        lines = self.board.log.lines
+        n = len(lines)
+        for line in lines[self._seen:n]:
+            if line.kind == "out":
+                self.tlog.feed(line.text)
+                self.tracebacks += line.text.startswith("Traceback (most recent call last)")
+        self._seen = n
+        return self.tlog
+
+    def until(self, pred, timeout, what):
+        deadline = time.monotonic() + timeout
+        while not pred(self.pump()):
+            late = time.monotonic() > deadline
+            if late or self.tracebacks:
+                tail = "\n".join(x.text for x in self.board.log.lines[-25:])
+                why = "timed out" if late else "the device raised"
+                raise AssertionError(f"{why} waiting for {what}; console tail:\n{tail}")
+            time.sleep(0.02)
+        return self.tlog
+
+    def close(self):
+        self.board.close()
+
+
+class Watcher:
+    """A subscriber on the broker (Tern on CPython, persistent session, QoS 2 so each reading arrives at
+    the QoS it was published with), recording every copy it receives."""
+
+    def __init__(self, addr, flt="tern/+/telemetry", cid="watcher"):
+        self.got = []
+        self.c = Client(cid, server=addr[0], port=addr[1], version=5, clean=False, session_expiry=3600,
+                        backoff_min=0.05, backoff_max=0.5)
+        self.c.on_message = lambda m: self.got.append((m.topic, bytes(m.payload), m.qos))
+        self.c.connect()
+        self.c.subscribe(flt, 2)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.c.loop(20)
+            except OSError:
+                time.sleep(0.05)
+
+    def keys(self):
+        return [(p["device"], p["boot"], p["qos"], p["seq"]) for p in (parse_payload(b) for _, b, _ in list(self.got))]
+
+    def close(self):
+        self._stop.set()
+        self._t.join(2)
+        self.c.disconnect()
+
+
+def send(addr, topic, payload, qos=2):
+    c = Client("cmd-sender", server=addr[0], port=addr[1], version=5)
+    c.connect()
+    c.wait_published(c.publish(topic, payload, qos)) if qos else c.publish(topic, payload, 0)
+    c.disconnect()
+
+
+def check_delivery(ledger, keys):
+    """Every QoS >= 1 reading of the ledger arrived (at least once), and the ledger's sequence numbers
+    are 0..n-1 per (device, boot, qos). Returns the number of QoS >= 1 readings.
+
+    Exactly-once for QoS 2 is not asserted here: across a broker restart a QoS 2 reading was seen
+    twice at the subscriber in a few runs, cause not yet established (tests/host/test_crash_sweep.py
+    is where exactly-once is proven across power cuts)."""
+    got = set(keys)
+    streams = {}
+    for r in ledger:
+        streams.setdefault((r["device"], r["boot"], r["qos"]), []).append(r["seq"])
+    for k, seqs in streams.items():
+        assert seqs == list(range(len(seqs))), f"{k}: sequence numbers {seqs[:10]}... are not 0..n-1 in order"
+    lost = [(r["device"], r["boot"], r["qos"], r["seq"]) for r in ledger if r["qos"]
+            and (r["device"], r["boot"], r["qos"], r["seq"]) not in got]
+    assert not lost, f"{len(lost)} accepted QoS >= 1 readings never arrived: {lost[:10]}"
+    return sum(1 for r in ledger if r["qos"])
+
+
+# --------------------------------------------------------------------------- config
+
+
+BAD_CONFIGS = {
+    "wrong-types": ('{"port": "1883", "qos": 3, "interval_ms": 40, "password": 5, "topic": "a/#", '
+                    '"colour": "red", "client_id": "dev-1"}',
+                    ["port", "qos", "password", "topic", "colour", "host"]),
+    "not-json": ('{"host": "127.0.0.1", "port": 1883,', ["config.json is not valid JSON"]),
+    "missing-file": (None, ["config.json not found", "host"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_is_reported_by_key_and_the_device_runs_on(tmp_path, case):
+    text, named = BAD_CONFIGS[case]
+    dev = Device(tmp_path, text)
+    try:
+        dev.board.power_cycle()
+        log = dev.until(lambda t: t.counts["published"] >= 1, 20, "a reading after a bad config")
+        msgs = [e for e in log.of("config")]
+        said = " ".join(json.dumps(e) for e in msgs)
+        for word in named:
+            assert word in said, f"no config line names {word!r}: {msgs}"
+        assert "5" not in [str(e.get("got")) for e in msgs if e.get("key") == "password"], "password echoed"
+        time.sleep(1.0)
+        dev.pump()
+        assert log.counts["boot"] == 1 and not log.counts["crash"], "the device rebooted over its config"
+        # the safe defaults are in force: QoS 1 readings are accepted into the outbox while offline
+        assert all(r["qos"] == 1 for r in log.ledger) and log.ledger[0]["seq"] == 0
+    finally:
+        dev.close()
+
+
+def test_unreachable_broker_then_a_broker_appears(tmp_path):
+    port = free_port()
+    cfg = {"host": "127.0.0.1", "port": port, "client_id": "dev-1", "interval_ms": 30, "qos": 1,
+           "backoff_min_ms": 50, "backoff_max_ms": 300}
+    dev = Device(tmp_path, cfg)
+    broker = None
+    try:
+        dev.board.power_cycle()
+        log = dev.until(lambda t: t.counts["connect_failed"] >= 3 and t.counts["published"] >= 10, 20,
+                        "connect failures while readings queue")
+        assert "111" in log.of("connect_failed")[0]["err"] or "refused" in log.of("connect_failed")[0]["err"].lower()
+        broker = Broker(tmp_path / "broker", port=port).start()
+        watch = Watcher(broker.address)
+        log = dev.until(lambda t: t.counts["connected"] >= 1, 10, "connect once the broker is up")
+        assert log.of("connected")[0]["pending"] >= 10  # what queued offline went out after CONNACK
+        dev.until(lambda t: t.counts["published"] >= 40, 10, "more readings")
+        ledger = list(log.ledger)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not set((r["device"], r["boot"], r["qos"], r["seq"]) for r in ledger) <= set(watch.keys()):
+            time.sleep(0.05)
+        assert check_delivery(ledger, watch.keys()) >= 40
+        assert log.counts["boot"] == 1
+        watch.close()
+    finally:
+        dev.close()
+        if broker:
+            broker.stop()
+
+
+# ------------------------------------------------------------------------- commands
+
+
+def test_commands_interval_read_status_and_reboot_once(tmp_path, broker):
+    addr = broker.address
+    cfg = {"host": addr[0], "port": addr[1], "client_id": "dev-1", "interval_ms": 60000, "qos": 1}
+    dev = Device(tmp_path, cfg)
+    status = []
+    sc = Client("status-watch", server=addr[0], port=addr[1], version=5)
+    sc.on_message = lambda m: status.append(json.loads(bytes(m.payload)))
+    sc.connect()
+    sc.subscribe("tern/dev-1/status", 1)
+    try:
+        dev.board.power_cycle()
+        dev.until(lambda t: t.counts["status"] >= 1 and t.counts["published"] == 1, 15, "first reading and status")
+        base = "tern/dev-1/cmd/"
+        send(addr, base + "read", b"")
+        dev.until(lambda t: t.counts["published"] == 2, 10, "a reading on request")
+        send(addr, base + "interval", b"abc")
+        dev.until(lambda t: any(e.get("err") for e in t.of("cmd")), 10, "a refused interval")
+        send(addr, base + "interval", b"50")
+        dev.until(lambda t: t.counts["published"] >= 12, 10, "readings at the new interval")
+        send(addr, base + "status", b"")
+        dev.until(lambda t: t.counts["status"] >= 2, 10, "status on request")
+        sc.loop(300)
+        assert status and status[0]["online"] is True and status[0]["d"] == "dev-1"
+        send(addr, base + "reboot", b"")
+        log = dev.until(lambda t: t.counts["boot"] >= 2 and t.counts["connected"] >= 2, 15, "reboot")
+        time.sleep(1.0)
+        dev.pump()
+        assert log.boots == [0, 1], f"the reboot command looped or was lost: boots {log.boots}"
+        assert [e["cmd"] for e in log.of("cmd")].count("reboot") == 1
+        t = time.monotonic()
+        while time.monotonic() - t < 3 and not any(s.get("online") is False for s in status):
+            sc.loop(100)
+        assert any(s.get("online") is False for s in status), "the will did not mark the device offline"
+    finally:
+        sc.disconnect()
+        dev.close()
+
+
+# -------------------------------------------------------------- faults: the main test
+
+
+def run_under_faults(tmp_path, n_readings, n_cuts, n_net_cuts, seed, profile="unix-emulated"):
+    """The app publishes readings at QoS 0/1/2 through a chaos proxy while the power fails at seeded
+    random flash operations (torn writes included), the network is cut, and the broker restarts once.
+    Returns the ledger, what the watcher received, the device log and the faults injected."""
+    rng = random.Random(seed)
+    broker = Broker(tmp_path / "broker", persistence=True).start()
+    proxy = ChaosProxy(broker.address, seed=seed).start()
+    watch = Watcher(broker.address)
+    cfg = {"host": proxy.address[0], "port": proxy.address[1], "client_id": "dev-1", "interval_ms": 15,
+           "qos": [0, 1, 2], "backoff_min_ms": 20, "backoff_max_ms": 200, "keepalive": 5}
+    dev = Device(tmp_path, cfg, profile=profile)
+    net_points = sorted(rng.sample(range(10, n_readings - 10), n_net_cuts))
+    restart_at = rng.randrange(n_readings // 3, 2 * n_readings // 3)
+    faults = []
+
+    def boot():
+        # each boot but the last dies at a random flash operation (counted from power-on)
+        cut = rng.randint(30, 250) if len(faults_of("power cut")) < n_cuts else 0
+        if cut:
+            faults.append(("power cut", len(dev.tlog.ledger), cut))
+        b = dev.board
+        (b.power_cycle if b.is_on else b.power_on)(cut_at=cut, seed=rng.randrange(1, 1 << 30))
+
+    def faults_of(kind):
+        return [f for f in faults if f[0] == kind]
+
+    try:
+        boot()
+        log = dev.tlog
+        while len(log.ledger) < n_readings:
+            before = len(log.ledger)
+            dev.until(lambda t: len(t.ledger) > before or not dev.board.is_on, 30, "progress")
+            k = len(log.ledger)
+            if not dev.board.is_on:
+                boot()
+                continue
+            if net_points and k >= net_points[0]:
+                net_points.pop(0)
+                if rng.random() < 0.5:
+                    proxy.cut_now()
+                    faults.append(("network cut", k))
+                else:  # the next connection dies at a random packet, in either direction
+                    proxy.cut_at_random_packet(rng.randrange(1 << 30), max_nth=6, connections=1)
+                    proxy.cut_now()
+                    faults.append(("network cut, then a cut at a random packet", k))
+            if restart_at is not None and k >= restart_at:
+                restart_at = None
+                broker.restart()
+                faults.append(("broker restart", k))
+        # stop measuring (a QoS 2 command: delivered once); the outbox drains
+        send(broker.address, "tern/dev-1/cmd/interval", b"86400000")
+        dev.until(lambda t: any(e.get("ms") == 86400000 for e in t.of("cmd")) or not dev.board.is_on, 20,
+                  "the stop command")
+        ledger = list(dev.pump().ledger)
+        want = {(r["device"], r["boot"], r["qos"], r["seq"]) for r in ledger if r["qos"]}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not want <= set(watch.keys()):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        return ledger, watch.keys(), dev.pump(), faults
+    finally:
+        watch.close()
+        dev.close()
+        proxy.stop()
+        broker.stop()
+
+
+def test_readings_survive_power_cuts_network_cuts_and_a_broker_restart(tmp_path):
+    ledger, keys, log, faults = run_under_faults(tmp_path, n_readings=300, n_cuts=3, n_net_cuts=4, seed=5)
+    n = check_delivery(ledger, keys)
+    assert n >= 190, n
+    assert [f[0] for f in faults].count("power cut") == 3, faults
+    assert any(f[0] == "broker restart" for f in faults)
+    assert log.boots == sorted(set(log.boots)) and len(log.boots) == 4, log.boots
+    assert log.counts["disconnected"] >= 4, log.counts
+    assert log.recovered() >= 1, "no boot recovered anything from the outbox: the cuts did not test it"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_readings_survive_faults_long(tmp_path, seed):
+    ledger, keys, log, faults = run_under_faults(tmp_path, n_readings=900, n_cuts=10, n_net_cuts=12, seed=seed)
+    assert check_delivery(ledger, keys) >= 590
+    assert len(log.boots) == 11, (log.boots, faults)
+
+
+# ------------------------------------------------------------------------- small heap
+
+
+def run_long_with_outage(tmp_path, profile, n=1000, outage=(200, 340)):
+    """n QoS 1 readings; between the outage's ledger sizes the broker is unreachable (the proxy refuses
+    connections), so the outbox fills up to about their difference. Returns the device log and what
+    the watcher received."""
+    broker = Broker(tmp_path / "broker").start()
+    proxy = ChaosProxy(broker.address, seed=3).start()
+    watch = Watcher(broker.address)
+    cfg = {"host": proxy.address[0], "port": proxy.address[1], "client_id": "dev-1", "interval_ms": 10,
+           "qos": 1, "count": n, "max_pending": 160, "backoff_min_ms": 20, "backoff_max_ms": 100}
+    dev = Device(tmp_path, cfg, profile=profile, paths=[str(compile_mpy(tmp_path / "mpy"))])
+    try:
+        dev.board.power_cycle()
+        dev.until(lambda t: len(t.ledger) >= outage[0], 60, "readings before the outage")
+        proxy.refuse_connections(1000)
+        proxy.cut_now()
+        dev.until(lambda t: len(t.ledger) >= outage[1], 60, "readings during the outage")
+        proxy.clear_rules()
+        log = dev.until(lambda t: t.counts["done"] or t.counts["crash"], 120, "all readings")
+        want = {(r["device"], r["boot"], r["qos"], r["seq"]) for r in log.ledger}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not want <= set(watch.keys()):
+            time.sleep(0.05)
+        return dev.pump(), watch.keys(), [x.text for x in dev.board.log.lines]
+    finally:
+        watch.close()
+        dev.close()
+        proxy.stop()
+        broker.stop()
+
+
+# Known gap, measured by tools/bench/firmware_bench.py (docs/benchmarks.md): importing the app and the
+# library from .mpy needs about 160 KiB of heap today; the library's heap work (issue 3) is what can
+# bring it under 32 KiB. Strict: the day it runs, this turns red until the mark is removed.
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="the app + tern from .mpy do not fit the tight profile's 32 KiB heap yet")
+def test_tight_heap_runs_1000_readings_with_100_pending(tmp_path):
+    log, keys, console = run_long_with_outage(tmp_path, "tight")
+    assert not [x for x in console if "MemoryError" in x], [x for x in console if "Error" in x][:5]
+    assert log.counts["done"] == 1 and log.boots == [0], (log.boots, dict(log.counts))
+    assert max(e["pending"] for e in log.of("connected")) >= 100, log.of("connected")
+    assert check_delivery(log.ledger, keys) == 1000
