@@ -1,28 +1,26 @@
-"""Fixtures shared by every suite: a real Mosquitto on a free loopback port."""
+"""Shared fixtures (`broker`, `broker_addr`, `chaos`, `board`, `fleet`) come from the tern pytest plugin,
+host/ternlab/pytest_plugin.py, which installing tern registers (entry point ``pytest11: tern``).
 
-import pytest
+A checkout whose editable install predates that entry point, or a run with plugin autoloading turned
+off, still gets the plugin: it is then loaded from here. `pytester` is for the plugin's own tests
+(tests/host/test_plugin*.py), which run inner pytest sessions.
+"""
 
-from ternlab.broker import Broker
+import os
+from importlib.metadata import entry_points
 
-
-@pytest.fixture
-def broker(tmp_path):
-    """A fresh Mosquitto for this test (no persistence); its log is kept in tmp_path."""
-    b = Broker(tmp_path / "broker").start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture
-def broker_addr(broker):
-    """The broker's address as JSON-friendly values, for tests that also run under MicroPython."""
-    return [broker.host, broker.port]
+_installed = any(ep.value == "ternlab.pytest_plugin" for ep in entry_points(group="pytest11"))
+pytest_plugins = ["pytester"]
+if not _installed or os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+    pytest_plugins.append("ternlab.pytest_plugin")
 
 
-@pytest.fixture
-def chaos(broker):
-    """An MQTT-aware chaos proxy in front of the test's broker."""
-    from ternlab.chaos import ChaosProxy
-
-    with ChaosProxy(broker.address, seed=1) as proxy:
-        yield proxy
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow (scale runs of minutes) run only when asked for with -m (e.g. `-m slow`);
+    a plain run deselects them, so `make test` keeps its pace. Each has a fast seeded sibling."""
+    if config.getoption("markexpr"):
+        return
+    slow = [i for i in items if i.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [i for i in items if not i.get_closest_marker("slow")]

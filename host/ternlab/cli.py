@@ -27,6 +27,7 @@ OPTIONAL = (
         "report": "HTML report with plots and a terminal summary (Spark)",
     }, "pip install 'tern[pipeline]'"),
     ("ternlab.demo", {"demo": "run the Tern demo"}, None),
+    ("ternlab.fleet.cli", {"fleet": "run a fleet of emulated boards under a seeded fault scenario"}, None),
     ("ternlab.boards.cli", {
         "board": "run an emulated board in the foreground (tern board run)",
         "deploy": "compile lib/tern and firmware/ with mpy-cross and copy them to a board",

@@ -1,0 +1,93 @@
+"""`tern fleet run SCENARIO --seed N`: run a fleet of emulated boards under a scenario's faults.
+
+Prints the seed first, one line per fault as it happens, live per-board progress, and a summary; the
+output directory gets each board's console log, the fault log, the ledger and the observer's copies.
+Any failure -- a check that does not hold, or the run breaking down -- ends with ``seed=N`` and the exact
+command that replays it (same scenario, seed, boards and duration), exit status 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+
+def add_subcommands(sub) -> None:
+    p = sub.add_parser("fleet", help="run a fleet of emulated boards under a fault scenario",
+                       description="Fleets of emulated boards under seeded fault scenarios.")
+    fs = p.add_subparsers(title="fleet commands", metavar="ACTION", dest="fleet_action",
+                          parser_class=sub._parser_class)
+    r = fs.add_parser("run", help="run a scenario (TOML) with a seed",
+                      description="Run N emulated boards with the scenario's fault schedule (drawn from the "
+                      "seed), then check the ledger against what reached the broker.")
+    r.add_argument("scenario", help="scenario file (TOML), e.g. scenarios/smoke.toml")
+    r.add_argument("--seed", type=_seed, default=None,
+                   help="seed of the fault schedule (default: a random one, printed)")
+    r.add_argument("--boards", type=int, default=None, help="number of boards (overrides the scenario)")
+    r.add_argument("--duration", type=float, default=None, help="seconds under faults (overrides the scenario)")
+    r.add_argument("--out", default=None, help="output directory (default: fleet-out/<name>-seed<N>)")
+    r.add_argument("--quiet", action="store_true", help="no live progress, only faults and the summary")
+    r.set_defaults(func=run)
+    p.set_defaults(func=lambda args: (p.print_usage(sys.stderr), 2)[1])
+
+
+def _seed(text: str) -> int:
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, not {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, not {text!r}")
+    return v
+
+
+def replay_command(source: str, seed: int, boards: int, duration: float) -> str:
+    return "tern fleet run %s --seed %d --boards %d --duration %g" % (shlex.quote(source), seed, boards, duration)
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    from .scenario import ScenarioError, load_scenario
+
+    console = Console(highlight=False, soft_wrap=True)
+    err = sys.stderr  # plain lines: an error or a replay command must never be wrapped
+    try:
+        scenario = load_scenario(args.scenario).with_overrides(boards=args.boards, duration=args.duration)
+    except ScenarioError as e:
+        err.write(f"tern fleet run: {e}" + "\n")
+        return 2
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
+    replay = replay_command(args.scenario, seed, scenario.boards, scenario.duration)
+    out = Path(args.out or Path("fleet-out") / f"{scenario.name}-seed{seed}")
+    console.print(f"fleet [bold]{scenario.name}[/]: {scenario.boards} boards ({scenario.profile}), "
+                  f"{scenario.duration:g} s, seed={seed}, output in {out}")
+    from .runner import Fleet
+    from .view import FleetView
+
+    view = FleetView(console, live=not args.quiet)
+    t0 = time.monotonic()
+    try:
+        fleet = Fleet(scenario, seed=seed, out=out, replay=replay, callbacks=view)
+        with view:
+            result = fleet.run()
+    except KeyboardInterrupt:
+        err.write(f"interrupted; seed={seed}\nreplay: {replay}" + "\n")
+        return 130
+    except Exception as e:  # the run broke down: still say how to get here again
+        err.write(f"tern fleet run: {e.__class__.__name__}: {e}" + "\n")
+        err.write(f"seed={seed}\nreplay: {replay}" + "\n")
+        return 1
+    view.summary(result, time.monotonic() - t0)
+    if not result.ok:
+        for f in result.failures:
+            err.write(f"FAILED: {f}" + "\n")
+        err.write(f"seed={seed}\nreplay: {replay}" + "\n")
+        return 1
+    console.print(f"[bold green]fleet ok[/] seed={seed}")
+    return 0

@@ -1,0 +1,676 @@
+"""The fleet runner: N emulated boards running the telemetry firmware against one Mosquitto, the
+scenario's faults injected on schedule, every board's console read into a ledger, and a check that
+every QoS >= 1 message a board accepted reached the broker's subscribers.
+
+Why it is built like this:
+- One thread (the caller's) runs the schedule, reads the consoles and calls the callbacks, so a
+  caller that drives a terminal UI (rich progress bars) never sees two callbacks at once. Only the
+  observer (an MQTT subscriber that records what the broker delivered) pumps in its own thread.
+- Each board has its own flash image and workdir under ``out/boards/<name>``; when the scenario cuts
+  the network, each board talks to the broker through its own ChaosProxy, so one board's cut leaves
+  the others connected.
+- After ``duration`` no new fault starts: boards that are off get power back, cut networks come back,
+  boards are told (their ``cmd/interval`` command) to stop measuring, and the run waits up to
+  ``settle`` seconds for the outboxes to drain. Only then is the delivery judged: a QoS >= 1 row of
+  the ledger that never reached the observer is a loss.
+- With ``[collectors]``, that many ``tern collect`` processes (one shared subscription, persistent
+  sessions, ids ``collector-1``...) are subscribed before any board boots and land everything under
+  ``out/landing``; a ``collector_kill`` fault SIGKILLs one while it holds an unwritten batch and
+  restarts it with the same id. Settling then also waits until every QoS >= 1 ledger row is in the
+  landing set, and the collectors are stopped with SIGTERM (they write their last batch, exit 0)
+  before the broker.
+
+Output directory: ``faults.jsonl`` (every injected fault, with its time and target and what became of
+it), ``ledger.jsonl`` (pipeline ledger rows: what the devices say they published), ``received.jsonl``
+(what the observer got), ``summary.json``, and ``boards/<name>/console.log`` (+ ``packets.jsonl`` with
+a proxy), ``broker/mosquitto.log``; with collectors ``landing/`` and ``collectors/<id>.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..telemetry import write_ledger
+from .scenario import Scenario
+from .schedule import Fault, check_seed, make_schedule
+
+# Firmware settings the fleet uses unless the scenario's [firmware] table says otherwise: a fleet run
+# lasts seconds, so reconnect quickly and notice a dead link soon.
+FIRMWARE_DEFAULTS = {"version": 5, "keepalive": 10, "backoff_min_ms": 100, "backoff_max_ms": 2000,
+                     "interval_ms": 500, "qos": 1}
+STOP_INTERVAL_MS = 86400000  # the firmware's largest interval: "stop measuring" for the settle phase
+OBSERVER_TOPIC = "tern/+/telemetry"
+KILL_WAIT = 3.0  # a collector_kill waits up to this long for the collector to hold an unwritten batch
+
+
+class Callbacks:
+    """What a fleet reports while it runs; subclass and override what you need. All calls come from
+    the thread that called Fleet.run(), one at a time.
+
+    on_start(fleet)            boards named (fleet.board_names), schedule drawn (fleet.schedule)
+    on_phase(name)             "starting", "running", "settling", "stopping", "done"
+    on_fault(record)           a FaultRecord each time a fault is injected, fires, ends or is skipped
+                               (collector_kill targets are collector ids)
+    on_event(board, event)     every console event of a board's firmware (dict with "ev")
+    on_tick(fleet)             about 10 times a second: poll fleet.progress() for counters
+    on_end(result)             the FleetResult
+    """
+
+    def on_start(self, fleet): pass
+    def on_phase(self, name): pass
+    def on_fault(self, record): pass
+    def on_event(self, board, event): pass
+    def on_tick(self, fleet): pass
+    def on_end(self, result): pass
+
+
+@dataclass
+class FaultRecord:
+    """What happened to one scheduled fault. status: injected (done now), armed (a flash-op cut
+    waiting for its operation), fired (an armed cut happened), restored (power or network back),
+    skipped (the target was already off), unfired (an armed cut whose operation never came)."""
+    fault: Fault
+    t: float                    # seconds since the fleet started, when this happened
+    status: str
+    target: str                 # board name, "broker" or a collector id
+    detail: str = ""
+
+    def line(self) -> str:
+        return f"t={self.t:7.2f}s fault #{self.fault.index} {self.fault.kind} {self.target}: {self.status}" + (
+            f" ({self.detail})" if self.detail else "")
+
+    def as_dict(self) -> dict:
+        return {"t": round(self.t, 3), "index": self.fault.index, "kind": self.fault.kind,
+                "target": self.target, "status": self.status, "detail": self.detail,
+                "scheduled_t": self.fault.t, **self.fault.params}
+
+
+@dataclass
+class FleetResult:
+    ok: bool
+    seed: int
+    failures: list[str]
+    replay: str | None
+    out: Path
+    boards: dict                # name -> counters
+    ledger_rows: int
+    lost: list[dict]            # QoS >= 1 ledger rows never received
+    duplicates: Counter         # qos -> extra copies received
+    faults: list[dict]
+    elapsed: float
+    summary: dict = field(default_factory=dict)
+    landing: dict | None = None  # with collectors: rows, unique, lost, duplicates, per collector
+
+
+class _Observer:
+    """A CPython Tern client with a persistent session that records every telemetry copy the broker
+    delivers: the other side of the ledger. Pumped in its own thread (the only one the fleet starts)."""
+
+    def __init__(self, name, host, port):
+        from tern.client import Client
+
+        self.rows = []          # (device, boot, seq, qos, topic, recv_ts) per copy received
+        self.keys = defaultdict(set)   # device -> {(device, boot, seq, qos)}
+        self.lock = threading.Lock()
+        self.bad = 0
+        self.c = Client(name, server=host, port=port, version=5, clean=False, session_expiry=3600,
+                        backoff_min=0.05, backoff_max=0.5, keepalive=10)
+        self.c.on_message = self._msg
+        self.stop_ev = threading.Event()
+        self.thread = None
+
+    def _msg(self, m):
+        from ..pipeline.schema import parse_payload
+
+        try:
+            p = parse_payload(bytes(m.payload))
+        except ValueError:
+            with self.lock:
+                self.bad += 1
+            return
+        key = (p["device"], p["boot"], p["seq"], p["qos"])
+        with self.lock:
+            self.rows.append(key + (m.topic, time.time()))
+            self.keys[p["device"]].add(key)
+
+    def start(self, topic):
+        self.c.connect()
+        self.c.subscribe(topic, 2)
+        self.thread = threading.Thread(target=self._pump, daemon=True, name="fleet-observer")
+        self.thread.start()
+
+    def _pump(self):
+        while not self.stop_ev.is_set():
+            try:
+                self.c.loop(20)
+            except OSError:
+                time.sleep(0.05)  # broker restarting: loop() reconnects with backoff
+
+    def received(self, device):
+        with self.lock:
+            return len(self.keys.get(device, ()))
+
+    def has(self, key):
+        with self.lock:
+            return key in self.keys.get(key[0], ())
+
+    def copies(self):
+        with self.lock:
+            return list(self.rows)
+
+    def stop(self):
+        self.stop_ev.set()
+        if self.thread:
+            self.thread.join(2)
+        try:
+            self.c.disconnect()
+        except Exception:
+            self.c.close()
+
+
+def send_commands(addr, messages, timeout=10.0):
+    """Publish [(topic, payload)] at QoS 2 from a short-lived client and wait for each to complete."""
+    from tern.client import Client
+
+    c = Client("fleet-commander", server=addr[0], port=addr[1], version=5)
+    c.connect()
+    try:
+        for topic, payload in messages:
+            c.wait_published(c.publish(topic, payload, 2), timeout=timeout)
+    finally:
+        c.disconnect()
+
+
+class _Slot:
+    """One board of the fleet: the EmulatedBoard, its proxy, its parsed console, its fault state."""
+
+    def __init__(self, index, name):
+        self.index = index
+        self.name = name
+        self.board = None
+        self.proxy = None
+        self.tlog = None
+        self.seen = 0
+        self.off_until = None      # powered off by a fault until this fleet time
+        self.net_until = None      # network cut until this fleet time
+        self.armed = None          # FaultRecord of a flash-op cut waiting to fire
+        self.expect_off = False
+        self.power_cuts = 0
+        self.network_cuts = 0
+        self.unexpected = []
+
+    @property
+    def state(self):
+        if self.board is None:
+            return "starting"
+        if not self.board.is_on:
+            return "off"
+        return "net-down" if self.net_until is not None else "on"
+
+
+class _CollectorSlot:
+    """One collector process and its fault state."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.down_until = None     # killed by a fault; restart at this fleet time
+        self.kill_at = None        # (record-less) fault waiting for an unwritten batch, with its deadline
+        self.starting = None       # the fault whose restart waits for the new process to subscribe
+        self.unexpected = []
+
+    @property
+    def state(self):
+        if self.starting is not None:
+            return "starting"
+        return "running" if self.proc.alive else ("killed" if self.down_until is not None else "stopped")
+
+
+class Fleet:
+    """N emulated boards, one broker, the scenario's faults: see the module docstring.
+
+    Fleet(scenario, seed, out, replay=None, callbacks=None, first_board=0). run() returns a
+    FleetResult; stop() (also called by run() at its end) powers everything off. `replay` is the
+    command printed with a failure (the CLI passes `tern fleet run ...`, the pytest plugin the test id).
+    """
+
+    def __init__(self, scenario: Scenario, seed: int, out, *, replay: str | None = None,
+                 callbacks: Callbacks | None = None, first_board: int = 0):
+        self.scenario = scenario
+        self.seed = check_seed(seed)
+        self.out = Path(out)
+        self.replay = replay
+        self.cb = callbacks or Callbacks()
+        self.schedule = make_schedule(scenario, seed)
+        self.board_names = [f"board-{first_board + i:03d}" for i in range(scenario.boards)]
+        self.slots = [_Slot(i, n) for i, n in enumerate(self.board_names)]
+        self.records: list[FaultRecord] = []
+        self.broker = None
+        self.observer = None
+        self.collectors: list[_CollectorSlot] = []
+        self.landing = None          # LandingIndex with collectors
+        self._landing_at = 0.0
+        self.t0 = None
+        self._stopped = False
+        self.firmware = dict(FIRMWARE_DEFAULTS, **scenario.firmware)
+
+    # ------------------------------------------------------------ for callers and the pytest plugin
+    def now(self) -> float:
+        return 0.0 if self.t0 is None else time.monotonic() - self.t0
+
+    def progress(self) -> dict:
+        """name -> {state, boot, published, acked, received, pending} right now."""
+        out = {}
+        for s in self.slots:
+            t = s.tlog
+            boots = t.boots if t else []
+            out[s.name] = {"state": s.state, "boot": boots[-1] if boots else "-",
+                           "published": t.counts["published"] if t else 0,
+                           "acked": len(t.acked) if t else 0,
+                           "received": self.observer.received(s.name) if self.observer else 0,
+                           "pending": len(t.pending) if t else 0,
+                           "landed": self.landing.by_device[s.name] if self.landing else None}
+        return out
+
+    def collector_progress(self) -> dict:
+        """id -> {state, runs, landed} right now (empty without collectors); landed = rows it wrote."""
+        return {c.proc.id: {"state": c.state, "runs": c.proc.starts,
+                            "landed": self.landing.by_collector[c.proc.id] if self.landing else 0}
+                for c in self.collectors}
+
+    def landing_progress(self) -> tuple[int, int]:
+        """(QoS >= 1 ledger rows in the landing set, QoS >= 1 ledger rows) right now."""
+        if self.landing is None:
+            return 0, 0
+        want = [(r["device"], r["boot"], r["seq"], r["qos"]) for s in self.slots if s.tlog
+                for r in s.tlog.ledger if r["qos"]]
+        return sum(1 for k in want if self.landing.has(k)), len(want)
+
+    def fault_log_text(self) -> str:
+        head = [f"seed={self.seed} scenario={self.scenario.name}" + (f" replay: {self.replay}" if self.replay else "")]
+        return "\n".join(head + [r.line() for r in self.records])
+
+    def broker_log_text(self) -> str:
+        if self.broker is None or not self.broker.log_path.exists():
+            return ""
+        return self.broker.log_path.read_text(errors="replace")
+
+    def console_tails(self, lines: int = 30) -> str:
+        parts = []
+        for s in self.slots:
+            if s.board is not None:
+                parts.append(f"== {s.name} ==")
+                parts += [ln.format().rstrip("\n") for ln in s.board.log.lines[-lines:]]
+        return "\n".join(parts)
+
+    # ------------------------------------------------------------ faults
+    def _record(self, fault, status, target, detail=""):
+        r = FaultRecord(fault, self.now(), status, target, detail)
+        self.records.append(r)
+        self.cb.on_fault(r)
+        return r
+
+    def _inject(self, f: Fault) -> None:
+        if f.kind == "collector_kill":
+            c = self.collectors[f.target]
+            if not c.proc.alive or c.kill_at is not None:
+                self._record(f, "skipped", c.proc.id, "not running")
+                return
+            c.kill_at = (f, self.now() + KILL_WAIT)  # done in _collector_housekeep, mid-batch
+            return
+        if f.kind == "broker_restart":
+            self._record(f, "injected", "broker", "SIGKILL" if f.params["hard"] else "SIGTERM")
+            self.broker.restart(hard=f.params["hard"])
+            self._record(f, "restored", "broker", f"back on port {self.broker.port}")
+            return
+        s = self.slots[f.target]
+        if f.kind == "network_cut":
+            if s.net_until is not None:
+                self._record(f, "skipped", s.name, "network already cut")
+                return
+            s.proxy.refuse_connections(connections=10**9)
+            n = s.proxy.cut_now()
+            s.net_until = self.now() + f.params["length"]
+            s.network_cuts += 1
+            self._record(f, "injected", s.name, f"{n} connection(s) cut, down {f.params['length']:.2f} s")
+            return
+        # power cut
+        if not s.board.is_on:
+            self._record(f, "skipped", s.name, "already off")
+            return
+        if s.armed is not None:
+            self._record(s.armed.fault, "unfired", s.name, "superseded by a later power cut")
+            s.armed = None
+        if f.params["at"] == "time":
+            s.expect_off = True
+            s.board.cut_power(0)
+            s.board.wait_off(5)
+            s.power_cuts += 1
+            s.off_until = self.now() + f.params["off"]
+            self._record(f, "injected", s.name, f"SIGKILL, off {f.params['off']:.2f} s")
+        else:
+            n = f.params["flash_op"]
+            s.board.power_cycle(cut_at=n, seed=self.seed * 1009 + f.index)
+            s.armed = self._record(f, "armed", s.name, f"power-cycled; power fails at flash operation {n} of this boot")
+
+    def _housekeep(self, s: _Slot, restore_all: bool = False) -> None:
+        now = self.now()
+        b = s.board
+        if not b.is_on and s.off_until is None:
+            if s.armed is not None:
+                cut = b.last_cut() or {}
+                s.power_cuts += 1
+                s.off_until = now + s.armed.fault.params["off"]
+                self._record(s.armed.fault, "fired", s.name,
+                             f"at flash operation {cut.get('op', '?')}, torn {cut.get('torn', '?')}")
+                s.armed = None
+            elif not s.expect_off:
+                s.unexpected.append(f"t={now:.2f}s {s.name} lost power without a fault")
+                s.off_until = now
+        if s.off_until is not None and (restore_all or now >= s.off_until):
+            b.power_on()
+            s.off_until = None
+            s.expect_off = False
+            self._record(self._last_power_fault(s), "restored", s.name, "power back")
+        if s.net_until is not None and (restore_all or now >= s.net_until):
+            s.proxy.clear_rules()
+            s.net_until = None
+            self._record(self._last_fault(s, "network_cut"), "restored", s.name, "network back")
+
+    def _collector_housekeep(self, c: _CollectorSlot, restore_all: bool = False) -> None:
+        now = self.now()
+        if c.kill_at is not None:
+            f, deadline = c.kill_at
+            waiting = c.proc.waiting()
+            if restore_all:
+                c.kill_at = None
+                self._record(f, "skipped", c.proc.id, "the run ended first")
+            elif waiting or now >= deadline:
+                c.kill_at = None
+                waiting = c.proc.kill()
+                c.down_until = now + f.params["down"]
+                self._record(f, "injected", c.proc.id,
+                             f"SIGKILL with {waiting if waiting is not None else '?'} message(s) received and not "
+                             f"yet written; restart with the same id in {f.params['down']:.2f} s")
+        if c.down_until is not None and c.starting is None and (restore_all or now >= c.down_until):
+            c.proc.launch()
+            c.starting = self._last_fault_of(c.proc.id, "collector_kill")
+        if c.starting is not None:
+            try:
+                ready = c.proc.ready()
+            except Exception as e:
+                c.unexpected.append(f"t={now:.2f}s {e}")
+                c.starting = None
+                c.down_until = None
+                return
+            if ready:
+                self._record(c.starting, "restored", c.proc.id, f"restarted with the same id (run {c.proc.starts})")
+                c.starting = None
+                c.down_until = None
+        elif c.down_until is None and not c.proc.alive and c.proc.proc is not None and not self._stopped:
+            code = c.proc._reap()
+            c.unexpected.append(f"t={now:.2f}s collector {c.proc.id} exited on its own (status {code}): "
+                                f"{c.proc.tail(3)}")
+            c.down_until = float("inf")  # do not restart a collector that failed by itself
+
+    def _last_fault_of(self, target, kind):
+        for r in reversed(self.records):
+            if r.target == target and r.fault.kind == kind:
+                return r.fault
+        return Fault(-1, 0.0, kind, None, {})
+
+    def _last_fault(self, s, kind):
+        for r in reversed(self.records):
+            if r.target == s.name and r.fault.kind == kind:
+                return r.fault
+        return Fault(-1, 0.0, kind, s.index, {})
+
+    def _last_power_fault(self, s):
+        return self._last_fault(s, "power_cut")
+
+    def _pump(self, s: _Slot) -> None:
+        lines = s.board.log.lines
+        n = len(lines)
+        for ln in lines[s.seen:n]:
+            if ln.kind == "out":
+                for e in s.tlog.feed(ln.text):
+                    self.cb.on_event(s.name, e)
+        s.seen = n
+
+    # ------------------------------------------------------------ the run
+    def _start(self) -> None:
+        from ..boards.emulated import EmulatedBoard
+        from ..broker import Broker
+        from ..chaos import ChaosProxy
+        from ..telemetry import TelemetryLog, compile_mpy, install
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.cb.on_phase("starting")
+        self.broker = Broker(self.out / "broker", persistence=self.scenario.persistence).start()
+        topic = self.firmware.get("topic", "tern/{id}/telemetry").replace("{id}", "+")
+        self.observer = _Observer(f"fleet-observer-{self.seed}", self.broker.host, self.broker.port)
+        self.observer.start(topic)
+        self._start_collectors(topic)
+        code = compile_mpy(self.out / "mpy")
+        proxies = any(f.kind == "network_cut" for f in self.schedule)
+        for s in self.slots:
+            if proxies:
+                s.proxy = ChaosProxy(self.broker.address, seed=self.seed * 1009 + s.index).start()
+            host, port = s.proxy.address if s.proxy else self.broker.address
+            s.board = EmulatedBoard(self.scenario.profile, workdir=self.out / "boards" / s.name, board_id=s.name,
+                                    host_paths=[code])
+            s.tlog = TelemetryLog()
+            install(s.board, dict(self.firmware, host=host, port=port, client_id=s.name))
+        self.cb.on_start(self)
+        for s in self.slots:
+            s.board.power_cycle()  # boots into main.py: the app runs
+
+    def _start_collectors(self, topic) -> None:
+        """Every collector subscribed before any board boots: none of the fleet's messages predates them."""
+        spec = self.scenario.collectors
+        if not spec.count:
+            return
+        from .collectors import CollectorProc, LandingIndex
+
+        self.landing = LandingIndex(self.out / "landing")
+        for i in range(spec.count):
+            cid = f"collector-{i + 1}"
+            self.collectors.append(_CollectorSlot(CollectorProc(
+                cid, self.out / "landing", self.out / "collectors" / f"{cid}.log", host=self.broker.host,
+                port=self.broker.port, topic=topic, group=spec.group, batch_time=spec.batch_time)))
+        for c in self.collectors:
+            c.proc.launch()
+        for c in self.collectors:
+            c.proc.wait_ready()
+
+    def _refresh_landing(self, force=False) -> None:
+        if self.landing is not None and (force or time.monotonic() - self._landing_at >= 0.5):
+            self.landing.refresh()
+            self._landing_at = time.monotonic()
+
+    def run(self) -> FleetResult:
+        """Start, run the schedule for `duration`, settle, stop, write the output, judge."""
+        t_start = time.monotonic()
+        try:
+            self._start()
+            self.t0 = time.monotonic()
+            self.cb.on_phase("running")
+            pending = list(self.schedule)
+            next_tick = 0.0
+            while self.now() < self.scenario.duration:
+                while pending and pending[0].t <= self.now():
+                    self._inject(pending.pop(0))
+                self._cycle()
+                if self.now() >= next_tick:
+                    self.cb.on_tick(self)
+                    next_tick = self.now() + 0.1
+                time.sleep(0.02)
+            self._settle()
+        finally:
+            self.stop()
+        result = self._judge(time.monotonic() - t_start)
+        self.cb.on_phase("done")
+        self.cb.on_end(result)
+        return result
+
+    def _cycle(self, restore_all=False):
+        for s in self.slots:
+            self._housekeep(s, restore_all)
+            self._pump(s)
+        for c in self.collectors:
+            self._collector_housekeep(c, restore_all)
+        self._refresh_landing()
+
+    def _drained(self) -> bool:
+        if any(c.starting is not None or c.kill_at is not None for c in self.collectors):
+            return False
+        self._refresh_landing(force=True)
+        for s in self.slots:
+            for r in s.tlog.ledger:
+                key = (r["device"], r["boot"], r["seq"], r["qos"])
+                if r["qos"] and not (self.observer.has(key) and (self.landing is None or self.landing.has(key))):
+                    return False
+        return True
+
+    def _settle(self) -> None:
+        """No new faults: power and network back, readings stopped, outboxes drained (or settle runs out)."""
+        self.cb.on_phase("settling")
+        self._cycle(restore_all=True)
+        base = self.firmware.get("cmd_topic", "tern/{id}/cmd")
+        send_commands(self.broker.address, [(base.replace("{id}", s.name) + "/interval", str(STOP_INTERVAL_MS))
+                                            for s in self.slots])
+        deadline = time.monotonic() + self.scenario.settle
+        quiet_since, last = time.monotonic(), None
+        while time.monotonic() < deadline:
+            self._cycle(restore_all=True)
+            total = sum(s.tlog.counts["published"] for s in self.slots)
+            if total != last:
+                quiet_since, last = time.monotonic(), total
+            if time.monotonic() - quiet_since > 1.0 and self._drained():
+                break
+            self.cb.on_tick(self)
+            time.sleep(0.05)
+        for s in self.slots:
+            if s.armed is not None:
+                self._record(s.armed.fault, "unfired", s.name, "the run ended first")
+                s.armed = None
+
+    def stop(self) -> None:
+        """Power every board off, stop proxies, observer and broker (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.cb.on_phase("stopping")
+        for s in self.slots:
+            if s.board is not None:
+                try:
+                    self._pump(s)
+                except Exception:
+                    pass
+                s.board.close()
+            if s.proxy is not None:
+                s.proxy.stop()
+        for c in self.collectors:  # before the broker: each writes and acknowledges its last batch
+            if c.proc.proc is not None:
+                if c.proc.alive:
+                    code = c.proc.terminate()
+                    if code != 0:
+                        c.unexpected.append(f"collector {c.proc.id} exited with status {code} on SIGTERM: "
+                                            f"{c.proc.tail(3)}")
+                c.proc.close()
+        if self.landing is not None:
+            try:
+                self.landing.refresh()
+            except Exception as e:
+                for c in self.collectors[:1]:
+                    c.unexpected.append(f"the landing set cannot be read: {e}")
+        if self.observer is not None:
+            self.observer.stop()
+        if self.broker is not None:
+            self.broker.stop()
+
+    # ------------------------------------------------------------ output and verdict
+    def _judge(self, elapsed: float) -> FleetResult:
+        failures = []
+        ledger = []
+        boards = {}
+        seen = Counter(k[:4] for k in (self.observer.copies() if self.observer else []))
+        lost = []
+        for s in self.slots:
+            t = s.tlog
+            if t is None:
+                failures.append(f"{s.name}: never started")
+                continue
+            ledger += t.ledger
+            failures += s.unexpected
+            failures += [f"{s.name}: {e}" for e in t.errors]
+            for e in t.of("crash"):
+                failures.append(f"{s.name}: the app crashed: {e.get('err')}")
+            if any("Traceback" in x for x in s.board.log.texts()):
+                failures.append(f"{s.name}: a traceback on the console (see boards/{s.name}/console.log)")
+            if not t.ledger:
+                failures.append(f"{s.name}: published nothing")
+            boots = t.boots
+            if boots != sorted(set(boots)):
+                failures.append(f"{s.name}: boot counter not increasing: {boots}")
+            streams = defaultdict(list)
+            for r in t.ledger:
+                streams[(r["boot"], r["qos"])].append(r["seq"])
+            for (boot, q), seqs in sorted(streams.items()):
+                if seqs != list(range(len(seqs))):
+                    failures.append(f"{s.name}: boot {boot} QoS {q}: sequence numbers are not 0..n-1: {seqs[:12]}")
+            mine = [r for r in t.ledger if r["qos"] and (r["device"], r["boot"], r["seq"], r["qos"]) not in seen]
+            lost += mine
+            boards[s.name] = {"boots": len(boots), "published": len(t.ledger), "acked": len(t.acked),
+                              "received": self.observer.received(s.name), "lost": len(mine),
+                              "power_cuts": s.power_cuts, "network_cuts": s.network_cuts,
+                              "recovered": t.recovered(), "torn_lines": t.torn}
+        if lost:
+            failures.append(f"{len(lost)} accepted QoS >= 1 readings never reached the broker's subscriber, "
+                            f"e.g. {[(r['device'], r['boot'], r['qos'], r['seq']) for r in lost[:5]]}")
+        landing = None
+        if self.landing is not None:
+            unlanded = [r for r in ledger if r["qos"] and not self.landing.has(
+                (r["device"], r["boot"], r["seq"], r["qos"]))]
+            ldups = Counter()
+            for key, n in self.landing.copies.items():
+                if n > 1:
+                    ldups[key[3]] += n - 1
+            landing = {"rows": self.landing.rows, "unique": len(self.landing.copies), "files": self.landing.files(),
+                       "lost": len(unlanded), "duplicates": {str(q): n for q, n in sorted(ldups.items())},
+                       "collectors": {c.proc.id: dict(c.proc.stats(), landed=self.landing.by_collector[c.proc.id])
+                                      for c in self.collectors}}
+            for c in self.collectors:
+                failures += c.unexpected
+            if unlanded:
+                failures.append(f"{len(unlanded)} accepted QoS >= 1 readings never landed, e.g. "
+                                f"{[(r['device'], r['boot'], r['qos'], r['seq']) for r in unlanded[:5]]}")
+        dups = Counter()
+        for key, n in seen.items():
+            if n > 1:
+                dups[key[3]] += n - 1
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_ledger(ledger, self.out / "ledger.jsonl")
+        with open(self.out / "faults.jsonl", "w") as f:
+            for r in self.records:
+                f.write(json.dumps(r.as_dict()) + "\n")
+        with open(self.out / "received.jsonl", "w") as f:
+            for d, b, sq, q, topic, ts in (self.observer.copies() if self.observer else []):
+                f.write(json.dumps({"device": d, "boot": b, "seq": sq, "qos": q, "topic": topic, "recv_ts": ts}) + "\n")
+        for s in self.slots:
+            if s.proxy is not None:
+                s.proxy.write_log(self.out / "boards" / s.name / "packets.jsonl", events=True)
+        summary = {"scenario": self.scenario.name, "source": self.scenario.source, "seed": self.seed,
+                   "boards": boards, "ledger_rows": len(ledger), "lost": len(lost),
+                   "duplicates": {str(q): n for q, n in dups.items()}, "failures": failures,
+                   "replay": self.replay, "elapsed_s": round(elapsed, 2),
+                   "schedule": [f.as_dict() for f in self.schedule], "landing": landing}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        return FleetResult(ok=not failures, seed=self.seed, failures=failures, replay=self.replay, out=self.out,
+                           boards=boards, ledger_rows=len(ledger), lost=lost, duplicates=dups,
+                           faults=[r.as_dict() for r in self.records], elapsed=elapsed, summary=summary,
+                           landing=landing)

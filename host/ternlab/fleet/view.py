@@ -1,0 +1,71 @@
+"""The fleet on a terminal (rich): a line per fault as it happens, a progress row per board, a summary
+table at the end. Built only on the runner's callbacks, as any other front end (the demo) would be."""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+
+from .runner import Callbacks
+
+_STYLE = {"injected": "yellow", "armed": "yellow", "fired": "red", "restored": "green", "skipped": "dim",
+          "unfired": "dim"}
+
+
+class FleetView(Callbacks):
+    def __init__(self, console, live: bool = True):
+        self.console = console
+        self.live = live
+        self.progress = None
+        self.tasks = {}
+
+    def __enter__(self):
+        if self.live:
+            self.progress = Progress(TextColumn("{task.description:<12}"), BarColumn(bar_width=24),
+                                     TextColumn("{task.fields[info]}"), console=self.console, transient=False)
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def _print(self, text):
+        (self.progress.console if self.progress else self.console).print(text, highlight=False, soft_wrap=True)
+
+    def on_start(self, fleet):
+        self._print(f"{len(fleet.schedule)} faults scheduled")
+        if self.progress is not None:
+            for name in fleet.board_names:
+                self.tasks[name] = self.progress.add_task(name, total=None, info="booting")
+
+    def on_phase(self, name):
+        if name in ("settling", "stopping"):
+            self._print(f"[bold]{name}[/]")
+
+    def on_fault(self, record):
+        self._print(f"[{_STYLE.get(record.status, 'white')}]fault[/] {record.line()}")
+
+    def on_tick(self, fleet):
+        if self.progress is None:
+            return
+        for name, p in fleet.progress().items():
+            task = self.tasks.get(name)
+            if task is None:
+                continue
+            total = max(p["published"], 1)
+            self.progress.update(task, total=total, completed=p["received"],
+                                 info=f"{p['state']:<9} boot {p['boot']}  published {p['published']}"
+                                      f"  received {p['received']}  pending {p['pending']}")
+
+    def summary(self, result, elapsed):
+        t = Table(title=f"fleet seed={result.seed}: {len(result.boards)} boards, {elapsed:.1f} s")
+        for col in ("board", "boots", "published", "acked", "received", "lost", "pwr cut", "net cut"):
+            t.add_column(col, justify="right" if col != "board" else "left", no_wrap=True)
+        for name, b in result.boards.items():
+            t.add_row(name, str(b["boots"]), str(b["published"]), str(b["acked"]), str(b["received"]),
+                      str(b["lost"]), str(b["power_cuts"]), str(b["network_cuts"]))
+        self.console.print(t)
+        dups = ", ".join(f"QoS {q}: {n}" for q, n in sorted(result.duplicates.items()) if n) or "none"
+        self.console.print(f"ledger {result.ledger_rows} rows, duplicates {dups}; output in {result.out}")
