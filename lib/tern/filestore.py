@@ -2,7 +2,9 @@
 
 Runs on any filesystem: LittleFS on boards (through os/vfs), POSIX on hosts,
 or any object with open/listdir/remove/mkdir passed as `fs` (e.g. a
-littlefs-python filesystem on a host). Same contract as lib/tern/store.py.
+littlefs-python filesystem on a host). An `fs` that also has sync_file and
+sync_dir is a complete layer (e.g. an OsFs subclass that counts or cuts
+operations) and is used as it is. Same contract as lib/tern/store.py.
 
 Segments are named NNNNNNNN.seg and hold records in the FlashStore format
 (see flashstore.py: 16-byte header with an address-seeded check, body,
@@ -61,7 +63,7 @@ def _warn(msg):
     print("tern.filestore: " + msg)
 
 
-class _OsFs:
+class OsFs:
     """The running system's filesystem (LittleFS via vfs on boards, POSIX on hosts)."""
 
     def open(self, path, mode):
@@ -146,7 +148,11 @@ class FileStore:
 
     def __init__(self, path, fs=None, group_commit=False, segment_bytes=16384, max_segments=4, verbose=True):
         self.path = path.rstrip("/") or "/"
-        self.fs = _OsFs() if fs is None else _ObjFs(fs)
+        if fs is None:
+            fs = OsFs()
+        elif not hasattr(fs, "sync_file"):
+            fs = _ObjFs(fs)
+        self.fs = fs
         self.group = bool(group_commit)
         self.segment_bytes = segment_bytes
         self.max_segments = max(2, max_segments)

@@ -227,6 +227,7 @@ class FlashStore:
         sh = self._sh
         r0 = getattr(dev, "bytes_read", 0)
         valid = []
+        bad = []
         heads = 0
         for s in range(n):
             self._read(s * bs, sh)
@@ -236,6 +237,8 @@ class FlashStore:
                 if q:
                     valid.append((q, s))
                     self._ret[s] = 1 if sh[28] == 0 else 0
+            elif sh[0] != 0xFF or sh[8] != 0xFF or sh[24] != 0xFF:
+                bad.append(s)
         valid.sort()
         head = -1
         floor = 0
@@ -245,9 +248,21 @@ class FlashStore:
             floor = _u32(sh, 12)
             self._rseq = _u32(sh, 16)
             self._last = _u16(sh, 20)
-            self._nextseq = valid[-1][0] + 1
             self._sseq[head] = valid[-1][0]
             floor = self._scan_floor(head, floor)
+        rhead = False
+        for s in bad:
+            q = self._recover(s, valid, floor)
+            if q:
+                valid.append((q, s))
+                valid.sort()
+                self._ret[s] = 0
+                if valid[-1][1] == s:  # it was the head: its floor may be higher
+                    head = s
+                    rhead = True
+                    floor = self._scan_floor(s, floor)
+        if valid:
+            self._nextseq = valid[-1][0] + 1
         self._floor = floor
         data = [s for q, s in valid if q >= floor]
         for s in range(n):
@@ -274,7 +289,7 @@ class FlashStore:
             self._ret[head] = 0
             if not self._sealed and not self._tail_blank(head, self._off):
                 self._sealed = True
-            if self._off > self._limit:
+            if self._off > self._limit or rhead:  # (never append under a damaged header)
                 self._sealed = True
         # build the index in record-sequence order
         keys = sorted(ents)
@@ -325,6 +340,40 @@ class FlashStore:
         }
         del ents, ins, repair
         return self
+
+    def _recover(self, s, valid, floor):
+        """Sequence of sector s, whose header is damaged (a flipped bit), found
+        from its records: the one unused sequence at or above the floor whose
+        seed makes the first two records check (or the first one, followed by
+        erased flash). 0 when none does: junk, an erased sector with a flipped
+        bit, a torn header over an empty sector, old data below the floor."""
+        used = [q for q, _ in valid]
+        top = used[-1] if used else 0
+        lo = floor if floor > top - 2 * self.nsec else top - 2 * self.nsec
+        if lo < 1:
+            lo = 1
+        h = self._hdr
+        for q in range(lo, top + 2 * self.nsec + 1):
+            if q in used:
+                continue
+            self._sseq[s] = q
+            off = _SH
+            good = 0
+            while good < 2 and off + _RH <= self.bs:
+                i = self._at(s * self.bs + off, _RH)
+                if self._win[i] == 0xFF:
+                    break
+                h[0:_RH] = self._winmv[i : i + _RH]
+                if not (self._good_hdr(s, off) and self._crc_ok(s * self.bs + off, _u16(h, 2))):
+                    good = 0
+                    break
+                good += 1
+                off += _rsize(_u16(h, 2))
+            if good:
+                self._say("sector %d: header damaged; sequence %d recovered from its records" % (s, q))
+                return q
+        self._sseq[s] = 0
+        return 0
 
     def _scan_floor(self, s, floor):
         """FLOOR records in the head sector raise the floor."""
