@@ -387,8 +387,9 @@ class _Supervisor(threading.Thread):
         elif was == "booting":  # ended before the shim was up: rebooting would loop
             self.log.event("failed to boot (exit status %s)" % rc)
         elif rc is not None and rc >= 0:
-            self._emit(b"MPY: soft reboot\r\n")
+            # booting before the line is seen: a caller that waited for it finds the board up, not off
             self.spawn(self.mode, *b._next_boot())
+            self._emit(b"MPY: soft reboot\r\n")
         else:
             self.log.event("crashed (exit status %s)" % rc)
         if self.state == "off":
