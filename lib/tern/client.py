@@ -292,6 +292,8 @@ class Client(_Driver):
             self._replies[a] = b
         elif kind == S.EV_AUTH:
             self._authed = True
+        elif kind == S.EV_LOST:
+            self._lost(b)  # a write failed under publish(): the message is kept, the connection is over
         elif kind == S.EV_DISCONNECT:
             self._up = False
             self._close()

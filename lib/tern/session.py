@@ -25,7 +25,6 @@ from .wire import const, MQTTError, fail
 from . import pkt
 from .pkt import Packet
 from .message import Message
-from .store import MemoryStore
 from .topic import matches_bytes, parse_shared, validate_filter, validate_name
 
 try:
@@ -83,6 +82,7 @@ EV_UNSUBACK = const(4)  # a = pid, b = list of reason codes
 EV_DISCONNECT = const(5)  # a = reason code, b = DISCONNECT Packet
 EV_RESTORED = const(6)  # a = messages resent after a reconnect, b = broker lost the session
 EV_AUTH = const(7)  # a = 0: a re-authentication succeeded, b = AUTH Packet
+EV_LOST = const(8)  # a = 0, b = the OSError: sending an accepted message failed, the connection is over
 
 # Ring entry flags.
 _SENT = const(1)  # sent on this connection
@@ -146,7 +146,11 @@ class Session:
         self.version = version
         self.clean = clean
         self.keepalive = keepalive
-        self.store = store if store is not None else MemoryStore()
+        if store is None:  # loaded only when used: a board with a flash store does not carry it
+            from .store import MemoryStore
+
+            store = MemoryStore()
+        self.store = store
         self.window = window
         self.session_expiry = session_expiry
         self.username = username
@@ -180,7 +184,7 @@ class Session:
         self._tcache = {}
         self._hviews = {}
         self._cap = max_pending
-        self._ring = array("H", [0] * max_pending)
+        self._ring = array("H", bytes(2 * max_pending))  # zeroed, without a list of max_pending items
         self._rflags = bytearray(max_pending)
         self._head = 0
         self._n = 0  # ring slots in use (released ones inside count until trimmed)
@@ -443,7 +447,9 @@ class Session:
 
     def publish(self, topic, payload, qos, retain, now, props=None):
         """Queue or send one message. Returns its packet id (0 for QoS 0), or
-        WOULD_BLOCK when ordering or the outbox's size says to wait.
+        WOULD_BLOCK when ordering or the outbox's size says to wait. A QoS
+        1/2 message once stored is accepted even if the connection fails
+        while it is sent (the session disconnects and reports EV_LOST).
 
         topic: bytes (zero allocation) or str; props: a dict of MQTT 5
         properties or None.
@@ -516,7 +522,17 @@ class Session:
         n = pkt.publish_header_into(self._tx, topic, qos, retain, False, pid, plen, self.version, pblock)
         self.store.append(_PUBLISH, pid, self._head_view(n), payload)
         self._push(pid, _QOS2 if qos == 2 else 0)
-        self._pump(now)
+        if self.state == CONNECTED:
+            self.store.commit()  # durable before a byte leaves; a store failure is not an acceptance
+            try:
+                self._pump(now)
+            except OSError as e:
+                # Accepted: stored and queued; only the connection failed
+                # under the send. It goes out after the next CONNACK. Raising
+                # would say "not accepted", and a caller that publishes it
+                # again would send the message twice.
+                self.connection_lost()
+                self._event(EV_LOST, 0, e)
         return pid
 
     def _head_view(self, n):
