@@ -6,7 +6,7 @@ The host (ternlab.boards.emulated) starts
 
 with TERN_EMU_CONFIG naming a JSON file: {"profile": {...}, "id": "...",
 "image": path, "cut_at": N, "seed": S, "mode": "friendly"|"raw", "reserve": R,
-"cut_file": path, "host_paths": [...]}. boot() then does what a board's
+"cut_file": path, "host_paths": [...], "romfs": path}. boot() then does what a board's
 firmware does before its REPL:
 
 - opens ONE emulated NOR flash image (norflash.NorFlash semantics, read and
@@ -16,6 +16,11 @@ firmware does before its REPL:
 - mounts the LittleFS region at "/" in place of the host's filesystem
   (formatting it on first boot, as boards do), so files are reached with
   the same paths as on a board, and puts "/lib" on sys.path;
+- with a ROMFS image (profile `romfs`): reads it into one buffer first (the
+  unix port has vfs.VfsRom but no ROM partition: the buffer stands in for
+  memory-mapped flash and is paid from the reserve), mounts it at "/rom" and
+  puts "/rom" and "/rom/lib" ahead of "/lib", as ROMFS firmware does; .mpy
+  files there run in place;
 - hides the emulator's own heap use: the process gets `reserve` bytes more
   than the profile's heap and keeps what the emulator did not use as ballast,
   so gc.mem_free() at the REPL is about what the board would have;
@@ -43,6 +48,7 @@ _id = b""
 _parts = {}
 _cut_file = None
 _ballast = None
+_rom = None  # the ROMFS partition's bytes: stands in for memory-mapped flash (in the reserve)
 _CHUNK = 256
 
 
@@ -287,9 +293,14 @@ def _run(name, g):
 
 def boot(g, base):
     """base: gc.mem_alloc() before this module was loaded (the interpreter's own use)."""
-    global PROFILE, flash, _id, _cut_file, _ballast
+    global PROFILE, flash, _id, _cut_file, _ballast, _rom
     with open(os.getenv("TERN_EMU_CONFIG")) as f:
         cfg = json.load(f)
+    rom = cfg.get("romfs")
+    if rom:  # first, in one piece at the start of the heap, so it does not split what the board gets
+        _rom = bytearray(os.stat(rom)[6])
+        with open(rom, "rb") as f:
+            f.readinto(_rom)
     PROFILE = cfg["profile"]
     _id = cfg["id"].encode()
     fl = PROFILE["flash"]
@@ -315,6 +326,9 @@ def boot(g, base):
     vfs.mount(lfs, "/")
     os.chdir("/")
     sys.path[:] = ["", ".frozen", "/lib"]
+    if rom:  # as a board with a ROMFS partition: mounted at /rom, /rom and /rom/lib searched first
+        vfs.mount(vfs.VfsRom(_rom), "/rom")
+        sys.path[2:2] = ["/rom", "/rom/lib"]
     for i, p in enumerate(host_paths):
         mp = "/host%d" % i
         vfs.mount(vfs.VfsPosix(p), mp)

@@ -51,6 +51,12 @@ def test_profiles_load_and_name_what_is_wrong(tmp_path):
         load_profile(tmp_path / "profile.json")
     with pytest.raises(ValueError, match="real board"):
         EmulatedBoard("esp32-generic", workdir=tmp_path / "x")
+    assert tight["romfs"] == {"bytes": 131072} and tight["defaults"]["rx_size"] == 1024
+    for key, val, msg in (("romfs", {"size": 1}, "romfs must be null or"),
+                          ("defaults", {"rx_size": 1, "colour": "red"}, "unknown: colour")):
+        (tmp_path / "profile.json").write_text(json.dumps(dict(tight, **{key: val})))
+        with pytest.raises(ValueError, match=msg):
+            load_profile(tmp_path / "profile.json")
 
 
 # -- boot, code, files ---------------------------------------------------------
@@ -79,6 +85,69 @@ def test_tight_profile_has_a_32k_heap(tmp_path):
         assert b.exec("print('still fine')") == "still fine\n"
     finally:
         b.close()
+
+
+def test_romfs_runs_modules_in_place_and_counts_as_flash_not_heap(tmp_path):
+    from ternlab.boards.deploy import deploy_romfs, plan
+
+    b = EmulatedBoard("tight", workdir=tmp_path / "t")
+    try:
+        b.mkdir("lib")
+        b.mkdir("lib/tern")
+        b.write_file("lib/tern/wire.py", "raise ImportError('the filesystem copy was imported')\n")
+        b.write_file("hal.mpy", b"stale")
+        cfg = tmp_path / "config.json"
+        cfg.write_text('{"host": null}')
+        # without main.py: the app would start at boot (and does not fit 32 KiB yet)
+        items = [it for it in plan(config=cfg) if it[1] != "main.py"]
+        done = deploy_romfs(b, items, say=lambda s: None)
+        size = done[0][1]
+        assert done[0][0] == "/rom" and size == b.romfs_size() > 40_000
+        assert [r for r, _ in done[1:]] == ["config.json"] and not b.exists("hal.mpy")
+        assert b.listdir("lib/tern") == [] and b.read_file("config.json") == cfg.read_bytes()
+        b.power_cycle()
+        assert b.eval("__import__('sys').path")[:5] == ["", ".frozen", "/rom", "/rom/lib", "/lib"]
+        assert b.eval("sorted(__import__('os').listdir('/rom'))") == ["demo_publisher.mpy", "hal.mpy", "lib", "tconfig.mpy", "telemetry.mpy"]
+        # the image (tens of KB) is the board's flash: the app still sees the profile's 32 KiB heap
+        free = b.eval("(__import__('gc').collect(), __import__('gc').mem_free())[1]")
+        assert 32768 - 8 * 1024 < free <= 32768
+        # imported from /rom, in place: the heap pays for the module's objects, not its bytecode
+        out = b.exec("import gc\ngc.collect()\na = gc.mem_alloc()\nimport tern.wire\ngc.collect()\n"
+                     "print(tern.wire.__file__, gc.mem_alloc() - a)")
+        path, cost = out.split()
+        wire_mpy = dict(deploy_sizes(b))["lib/tern/wire.mpy"]
+        assert path == "/rom/lib/tern/wire.mpy" and int(cost) < 2 * wire_mpy + 2048
+    finally:
+        b.close()
+
+
+def deploy_sizes(board):
+    """(path, bytes) of every file in the board's ROMFS image."""
+    return board.eval("[(p, __import__('os').stat('/rom/' + p)[6]) for p in ('lib/tern/wire.mpy', 'hal.mpy')]")
+
+
+def test_romfs_image_is_checked_before_it_is_written(tmp_path):
+    from ternlab.boards.deploy import romfs_image
+
+    f = tmp_path / "a.mpy"
+    f.write_bytes(b"M" + bytes(100))
+    img = romfs_image([(f, "lib/x/a.mpy")])
+    b = EmulatedBoard("tight", workdir=tmp_path / "t", power=False)
+    u = EmulatedBoard("unix-emulated", workdir=tmp_path / "u", power=False)
+    try:
+        with pytest.raises(BoardError, match="not a ROMFS image"):
+            b.write_romfs(b"\x00" * 64)
+        with pytest.raises(BoardError, match="does not fit the 131072-byte partition"):
+            b.write_romfs(img + bytes(131072))
+        with pytest.raises(BoardError, match="profile unix-emulated has no ROMFS partition"):
+            u.write_romfs(img)
+        assert b.romfs_size() == 0 and not b.romfs_image.exists()
+        b.write_romfs(img)
+        b.power_on()
+        assert b.eval("__import__('os').stat('/rom/lib/x/a.mpy')[6]") == 101
+    finally:
+        b.close()
+        u.close()
 
 
 def test_boot_and_main_run_from_flash_and_files_survive_soft_reset_and_power_cut(emu):

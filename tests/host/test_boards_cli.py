@@ -164,6 +164,27 @@ def test_tern_deploy_compiles_and_copies_to_a_board_port(tmp_path, capsys):
     assert rc == 2 and "not allowed with" in err
 
 
+def test_tern_deploy_romfs_puts_the_modules_in_the_rom_partition(tmp_path, capsys):
+    d = tmp_path / "t"
+    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--profile", "tight", "--romfs")
+    assert rc == 0, err
+    assert "ROMFS image -> /rom" in out and "main.py" in out and "lib/tern/client.mpy" not in out
+    # the deployed main.py starts the app at boot (and it does not fit 32 KiB yet): read the image
+    # on a second board with the same ROMFS partition and nothing on its filesystem
+    other = tmp_path / "o"
+    other.mkdir()
+    (other / "romfs.img").write_bytes((d / "romfs.img").read_bytes())
+    board = EmulatedBoard("tight", workdir=other)
+    try:
+        assert board.eval("__import__('tern.message').message.__file__") == "/rom/lib/tern/message.mpy"
+    finally:
+        board.close()
+    rc, out, err = tern(capsys, "deploy", "--emulated", tmp_path / "u", "--profile", "unix-emulated", "--romfs")
+    assert rc == 1 and "profile unix-emulated has no ROMFS partition" in err
+    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--romfs", "--source")
+    assert rc == 1 and "--romfs holds compiled modules" in err
+
+
 def test_tern_board_run_gives_the_repl_to_the_terminal_and_keeps_the_flash(tmp_path):
     d = tmp_path / "board"
     env = dict(os.environ)

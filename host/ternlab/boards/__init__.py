@@ -71,6 +71,15 @@ def load_profile(name_or_path):
     ob = fl.get("outbox")
     if ob is not None and (not isinstance(ob.get("blocks"), int) or ob["blocks"] <= 0 or not ob.get("label")):
         raise ValueError("%s: flash.outbox needs a label and a positive number of blocks, or null" % p)
+    rom = prof.get("romfs")
+    if rom is not None and (not isinstance(rom, dict) or not isinstance(rom.get("bytes"), int) or rom["bytes"] <= 0):
+        raise ValueError("%s: romfs must be null or {\"bytes\": size of the ROMFS partition}" % p)
+    dflt = prof.get("defaults")
+    if dflt is not None:
+        known = json.loads((ROOT / "firmware" / "config.example.json").read_text())
+        if not isinstance(dflt, dict) or set(dflt) - set(known):
+            raise ValueError("%s: defaults must map config keys (firmware/config.example.json) to values; unknown: %s"
+                             % (p, ", ".join(sorted(set(dflt) - set(known))) if isinstance(dflt, dict) else dflt))
     if not isinstance(prof["heap_bytes"], int) or prof["heap_bytes"] < 8192:
         raise ValueError("%s: heap_bytes must be an integer >= 8192" % p)
     for s in prof["sensors"]:

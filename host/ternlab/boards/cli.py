@@ -48,6 +48,8 @@ def add_subcommands(sub):
     _target_args(d)
     d.add_argument("--config", metavar="FILE", help="copied to the board as config.json")
     d.add_argument("--source", action="store_true", help="copy .py sources instead of compiling")
+    d.add_argument("--romfs", action="store_true",
+                   help="put the compiled modules in the board's ROMFS partition (run in place, off the heap)")
     d.set_defaults(func=cmd_deploy)
 
     f = sub.add_parser("flash", help="write a MicroPython image and the profile's partition table (esptool)")
@@ -174,7 +176,7 @@ def cmd_repl(args):
 
 def cmd_deploy(args):
     from . import BoardError
-    from .deploy import deploy, plan
+    from .deploy import deploy, deploy_romfs, plan
 
     try:
         items = plan(config=args.config)
@@ -190,7 +192,12 @@ def cmd_deploy(args):
             prof = board.profile
             print("tern deploy: %d files to %s (%s, %s)" % (len(items), args.port or board.workdir, prof["name"],
                                                             "source" if args.source else "mpy-cross -march=%s" % (prof["arch"] or "host")))
-            done = deploy(board, items, arch=prof["arch"], source=args.source)
+            if args.romfs:
+                if args.source:
+                    return _fail("deploy", "--romfs holds compiled modules: it does not go with --source")
+                done = deploy_romfs(board, items, arch=prof["arch"])
+            else:
+                done = deploy(board, items, arch=prof["arch"], source=args.source)
             print("tern deploy: %d files, %d bytes" % (len(done), sum(n for _, n in done)))
         finally:
             board.close()

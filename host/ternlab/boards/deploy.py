@@ -1,5 +1,8 @@
 """`tern deploy`: compile the library and the firmware with mpy-cross and copy them to a board.
 
+With --romfs the compiled modules go into one ROMFS image instead (deploy_romfs), where their
+bytecode runs in place and costs the heap only its objects, as frozen code does.
+
 What goes where on the board's filesystem:
   lib/tern/*.py          -> /lib/tern/*.mpy   (compiled for the profile's architecture)
   firmware/*.py          -> /*.mpy            (except manifest.py; main.py and boot.py stay
@@ -110,6 +113,72 @@ def deploy(board, items, arch=None, source=False, say=print):
             done.append((remote, len(data)))
             say("  %-28s %7d bytes" % (remote, len(data)))
         return done
+
+
+def deploy_romfs(board, items, arch=None, say=print):
+    """Like deploy(), with the compiled modules in the board's ROMFS partition instead of its
+    filesystem: one image (romfs_image) holding lib/tern/*.mpy under lib/ and the app's .mpy at its
+    top, mounted at /rom (/rom and /rom/lib on sys.path), where .mpy bytecode runs in place, as
+    frozen code does, instead of being loaded onto the heap. An emulated board gets the image in its
+    ROMFS partition file; a real one through `mpremote romfs deploy` (firmware built with
+    MICROPY_VFS_ROM and a ROMFS partition). Sources (main.py, boot.py) and config.json still go to
+    the filesystem, and every other copy of the modules there is removed (the current directory
+    comes before /rom on sys.path). Takes effect at the next boot. Returns [(remote, bytes)]."""
+    with tempfile.TemporaryDirectory(prefix="tern-romfs-") as tmp:
+        files = build(items, arch, tmp)
+        rom = [(f, r) for f, r in files if r.endswith(".mpy")]
+        rest = [(f, r) for f, r in files if not r.endswith(".mpy")]
+        image = romfs_image(rom)
+        gone = []
+        for _, r in rom:
+            gone += [r, r[:-4] + ".py"]
+        board.exec("import os\nfor p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n" % gone)
+        if hasattr(board, "write_romfs"):
+            board.write_romfs(image)
+        else:
+            img = Path(tmp) / "tern.romfs"
+            img.write_bytes(image)
+            board.disconnect()  # mpremote opens the port itself
+            r = subprocess.run([sys.executable, "-m", "mpremote", "connect", board.port, "romfs", "deploy", str(img)],
+                               capture_output=True, text=True)
+            if r.returncode:
+                raise BoardError("mpremote romfs deploy failed: %s" % (r.stderr or r.stdout).strip().splitlines()[-1:])
+        say("  %-28s %7d bytes (%d modules)" % ("ROMFS image -> /rom", len(image), len(rom)))
+        done = [("/rom", len(image))]
+        for local, remote in rest:
+            data = Path(local).read_bytes()
+            board.write_file(remote, data)
+            done.append((remote, len(data)))
+            say("  %-28s %7d bytes" % (remote, len(data)))
+        return done
+
+
+def romfs_image(files):
+    """A ROMFS image (mpremote's VfsRomWriter: the format `mpremote romfs deploy` writes and
+    vfs.VfsRom mounts) of [(local file, path inside the image)]; .mpy files in it run in place."""
+    from mpremote.romfs import VfsRomWriter
+
+    tree = {}
+    for local, remote in files:
+        node = tree
+        *dirs, name = remote.split("/")
+        for d in dirs:
+            node = node.setdefault(d, {})
+        node[name] = Path(local).read_bytes()
+    w = VfsRomWriter()
+
+    def put(node):
+        for name in sorted(node):
+            v = node[name]
+            if isinstance(v, dict):
+                w.opendir(name)
+                put(v)
+                w.closedir()
+            else:
+                w.mkfile(name, v)
+
+    put(tree)
+    return w.finalise()
 
 
 def _parents(dirs):

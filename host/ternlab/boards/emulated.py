@@ -107,6 +107,7 @@ class _Supervisor(threading.Thread):
         self.last_out = 0
         self.running = True
         self.start_time = None
+        self.sigint_pid = None  # the process the relay last sent a SIGINT (Ctrl-C) to
 
     # -- device process ---------------------------------------------------------
     def spawn(self, mode="friendly", cut_at=0, seed=1):
@@ -122,6 +123,10 @@ class _Supervisor(threading.Thread):
             "cut_file": str(b.workdir / "cut.json"),
             "host_paths": [str(p) for p in b.host_paths],
         }
+        rom = b.romfs_size()
+        if rom:  # the ROMFS partition: its bytes sit in the reserve, as flash is not the board's heap
+            cfg["romfs"] = str(b.romfs_image)
+            cfg["reserve"] += rom + 1024
         try:
             os.remove(b.workdir / "cut.json")
         except FileNotFoundError:
@@ -132,7 +137,7 @@ class _Supervisor(threading.Thread):
         env = dict(os.environ)
         env["MICROPYPATH"] = str(SHIM_DIR)
         env["TERN_EMU_CONFIG"] = str(b.workdir / "board.json")
-        heap = b.profile["heap_bytes"] + b.reserve
+        heap = b.profile["heap_bytes"] + cfg["reserve"]
         argv = [micropython_path(), "-X", "heapsize=%d" % heap, "-i", "-c", _BOOT]
         setsid = shutil.which("setsid")
         kw = {}
@@ -320,16 +325,65 @@ class _Supervisor(threading.Thread):
             if self.state == "booting":  # firmware init is not interruptible: held until it is up
                 self.pending_in += data
                 return
-            if b"\x03" in data and self._running_code():
+            if b"\x03" in data and self._interrupt():
                 data = data.replace(b"\x03", b"")
-                try:
-                    self.proc.send_signal(signal.SIGINT)
-                except OSError:
-                    pass
             try:
                 os.write(self.m_in, data)
             except OSError:
                 pass
+
+    def _interrupt(self):
+        """Ctrl-C from the host: a KeyboardInterrupt (SIGINT) if the device runs
+        code; True if sent, False if the Ctrl-C is to go to the REPL as a byte.
+
+        Reading the handler (_running_code) and then signalling would race with
+        the code ending in between: the port puts SIG_DFL back as it finishes,
+        and the SIGINT kills it -- a "power loss" under load. So the process is
+        stopped (SIGSTOP) first: stopped, it runs no instruction, so the handler
+        read is the one the queued SIGINT meets when SIGCONT resumes it.
+        (A pty with ISIG cannot do this: the port switches the terminal out of
+        raw mode before it compiles and back after it has dropped the handler,
+        so ISIG would be on while the handler is SIG_DFL.)"""
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return False
+        pid = p.pid  # not reaped (poll() above, under the lock): the pid is still this process's
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except OSError:
+            return False
+        try:
+            if not (self._stopped(pid) and self._running_code()):
+                return False
+            os.kill(pid, signal.SIGINT)
+            self.sigint_pid = pid
+            return True
+        except OSError:
+            return False
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)  # also drops the SIGSTOP if it never took effect
+            except OSError:
+                pass
+
+    @staticmethod
+    def _stopped(pid, timeout=2.0):
+        """Wait until the process is stopped (state T); False if it is ending
+        instead or does not stop in time (then the Ctrl-C stays a byte: safe)."""
+        end = time.monotonic() + timeout
+        pause = 0.0001
+        while True:
+            try:
+                with open("/proc/%d/stat" % pid, "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return False
+            if state == b"T":
+                return True
+            if state in (b"Z", b"X") or time.monotonic() > end:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
 
     def _running_code(self):
         """True while the unix port runs Python code: then (and only then) it
@@ -363,6 +417,7 @@ class _Supervisor(threading.Thread):
         os.close(self.m_in)
         self.m_in = None
         rc = self.proc.returncode
+        pid = self.proc.pid
         why, self.expect = self.expect, None
         self.proc = None
         was, self.state = self.state, "off"
@@ -391,7 +446,9 @@ class _Supervisor(threading.Thread):
             self.spawn(self.mode, *b._next_boot())
             self._emit(b"MPY: soft reboot\r\n")
         else:
-            self.log.event("crashed (exit status %s)" % rc)
+            # a SIGINT from the relay that killed it would be an emulator bug (see _interrupt), not a crash
+            why = " after the relay's Ctrl-C (emulator bug)" if rc == -signal.SIGINT and self.sigint_pid == pid else ""
+            self.log.event("crashed (exit status %s)%s" % (rc, why))
         if self.state == "off":
             self.off.set()
 
@@ -588,6 +645,37 @@ class EmulatedBoard(Board):
             return json.loads((self.workdir / "cut.json").read_text())
         except (FileNotFoundError, ValueError):
             return None
+
+    # -- ROMFS -------------------------------------------------------------------
+    @property
+    def romfs_image(self):
+        """The board's ROMFS partition (profile `romfs`), a file in its workdir."""
+        return self.workdir / "romfs.img"
+
+    def romfs_size(self):
+        """Bytes of the ROMFS image deployed to the board (0: none, or no ROMFS partition)."""
+        if not self.profile.get("romfs"):
+            return 0
+        try:
+            return self.romfs_image.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def write_romfs(self, image):
+        """Write a ROMFS image (mpremote's format) to the board's ROMFS partition, as `mpremote
+        romfs deploy` does on a board; it is mounted at /rom from the next boot on."""
+        rom = self.profile.get("romfs")
+        if not rom:
+            raise BoardError("profile %s has no ROMFS partition (profile key \"romfs\")" % self.name)
+        image = bytes(image)
+        if not image.startswith(b"\xd2\xcd\x31"):
+            raise BoardError("not a ROMFS image (bad header %s)" % image[:3].hex())
+        if len(image) > rom["bytes"]:
+            raise BoardError("ROMFS image of %d bytes does not fit the %d-byte partition" % (len(image), rom["bytes"]))
+        tmp = self.romfs_image.with_suffix(".tmp")
+        tmp.write_bytes(image)
+        os.replace(tmp, self.romfs_image)
+        self.log.event("ROMFS image written (%d bytes)" % len(image))
 
     # -- flash -------------------------------------------------------------------
     def flash_counters(self):
