@@ -34,6 +34,8 @@ SPEC = (
     ("count", 0, "i", 0, 2147483647),
     ("window", 8, "i", 1, 65535),
     ("max_pending", 256, "i", 2, 65535),
+    ("rx_size", 4096, "i", 256, 1048576),
+    ("tx_size", 512, "i", 64, 65535),
     ("backoff_min_ms", 250, "i", 10, 3600000),
     ("backoff_max_ms", 30000, "i", 10, 3600000),
     ("wifi_ssid", None, "s", 0, 0),
@@ -72,8 +74,10 @@ def _bad(key, want, got, using):
         say("config", key=key, err="must be " + want, got=got, using=using)
 
 
-def load(path=FILE):
-    """The configuration as a dict with every key of SPEC; problems are reported, never raised."""
+def load(path=FILE, defaults=None):
+    """The configuration as a dict with every key of SPEC; problems are reported, never raised.
+    defaults: the board profile's `defaults` (e.g. smaller buffers on a small heap), used in place of
+    SPEC's for the keys it names; config.json still overrides them."""
     raw = {}
     try:
         with open(path) as f:
@@ -87,6 +91,8 @@ def load(path=FILE):
         say("config", err="%s is not valid JSON (%s): every key takes its default" % (path, e))
     cfg = {}
     for key, d, kind, lo, hi in SPEC:
+        if defaults and key in defaults:
+            d = defaults[key]
         if key in raw:
             v = raw[key]
             want = _check(v, d, kind, lo, hi)

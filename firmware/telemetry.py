@@ -21,7 +21,6 @@ import json
 from time import ticks_ms, ticks_diff, ticks_add, sleep_ms
 
 import hal
-import tconfig
 from hal import say
 from tern.client import Client, ConnectError
 
@@ -35,18 +34,28 @@ class _Client(Client):
             raise
 
 
+def _config(prof):
+    # The checker runs once per boot: it is unloaded afterwards, so its tables and code leave the heap.
+    import sys
+    import tconfig
+
+    cfg = tconfig.load(defaults=prof.get("defaults"))
+    dev = cfg["client_id"]
+    if dev is None:
+        from binascii import hexlify
+
+        dev = cfg["client_id"] = "tern-" + hexlify(hal.unique_id()).decode()
+    tconfig.topics(cfg, dev)
+    del sys.modules["tconfig"]
+    return cfg
+
+
 class App:
     def __init__(self):
         prof = self.prof = hal.profile()
         self.wdt = hal.watchdog(prof)
-        cfg = self.cfg = tconfig.load()
-        dev = cfg["client_id"]
-        if dev is None:
-            from binascii import hexlify
-
-            dev = "tern-" + hexlify(hal.unique_id()).decode()
-        self.dev = dev
-        tconfig.topics(cfg, dev)
+        cfg = self.cfg = _config(prof)
+        dev = self.dev = cfg["client_id"]
         self.net = hal.Net(prof, cfg["wifi_ssid"], cfg["wifi_password"])
         store, kind = hal.open_store(prof)
         v = cfg["version"]
@@ -59,7 +68,8 @@ class App:
             clean=False, store=store, ssl=ssl, reconnect=cfg["host"] is not None,
             backoff_min=cfg["backoff_min_ms"] / 1000, backoff_max=cfg["backoff_max_ms"] / 1000,
             connect_timeout=min(10, wd // 2000) if wd else 10, window=cfg["window"],
-            max_pending=cfg["max_pending"], session_expiry=cfg["session_expiry"] if v == 5 else None,
+            max_pending=cfg["max_pending"], rx_size=cfg["rx_size"], tx_size=cfg["tx_size"],
+            session_expiry=cfg["session_expiry"] if v == 5 else None,
             username=cfg["user"], password=cfg["password"], will_topic=cfg["status_topic"],
             will_payload=json.dumps({"d": dev, "online": False}), will_qos=1, will_retain=True)
         # The boot counter: durable before anything of this boot is published.

