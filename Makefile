@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tern-installed
 
-.PHONY: demo test test-fast bench setup mosquitto size clean
+.PHONY: demo test test-fast bench bench-sweep setup mosquitto size clean
 
 setup: $(STAMP) mosquitto
 
@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml
 mosquitto:
 	@sh tools/ensure_mosquitto.sh
 
+# make demo: 4 emulated boards for 120 s under faults, two collectors, the Spark audit, a verdict
+# (about 2.5 min). Options: make demo DEMO_ARGS="--boards 8 --duration 60 --seed 7" (see docs/demo.md).
 demo: setup
 	$(VENV)/bin/tern demo $(DEMO_ARGS)
 
@@ -27,11 +29,18 @@ test: setup
 size: setup
 	$(PY) tools/size_report.py --write docs/benchmarks.md
 
+# make bench: every figure of docs/benchmarks.md, each tool rewriting its own section (about 30 min);
+# make bench-sweep adds the full crash-point sweep (every cut point of three stores: hours).
 bench: setup
 	$(PY) tools/size_report.py --write docs/benchmarks.md
 	$(PY) tools/bench/client_bench.py --write docs/benchmarks.md
 	$(PY) tools/bench/flash_bench.py --write docs/benchmarks.md
-	$(PY) tools/bench/audit_bench.py --sizes 1M,5M --write docs/benchmarks.md
+	$(PY) tools/bench/firmware_bench.py --write docs/benchmarks.md
+	$(PY) tools/bench/collector_bench.py --write docs/benchmarks.md
+	$(PY) tools/bench/audit_bench.py --sizes 1M,5M,20M --write docs/benchmarks.md
+
+bench-sweep: bench
+	$(PY) tools/crash_sweep.py --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

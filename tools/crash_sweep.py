@@ -533,15 +533,11 @@ def render(rows, cmd, date, running=(), kept=()):
 
 def kept_rows(path, stores):
     """Table lines of the current section for stores other than `stores`."""
-    try:
-        with open(path) as f:
-            doc = f.read()
-    except OSError:
+    from ternlab.benchdoc import read_section
+
+    sec = read_section(path, "crash_sweep")
+    if sec is None:
         return []
-    begin, end = "<!-- crash_sweep:begin -->", "<!-- crash_sweep:end -->"
-    if begin not in doc or end not in doc:
-        return []
-    sec = doc[doc.index(begin): doc.index(end)]
     out = []
     for name in STORES + ("memory",):
         if name in stores:
@@ -559,19 +555,9 @@ LABELS = {
 
 
 def write_section(path, text):
-    begin, end = "<!-- crash_sweep:begin -->", "<!-- crash_sweep:end -->"
-    try:
-        with open(path) as f:
-            doc = f.read()
-    except OSError:
-        doc = "# Benchmarks\n"
-    block = begin + "\n" + text + "\n" + end
-    if begin in doc and end in doc:
-        doc = doc[: doc.index(begin)] + block + doc[doc.index(end) + len(end):]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(doc)
+    from ternlab.benchdoc import write_section as write
+
+    write(path, "crash_sweep", text)
 
 
 def _interrupt(*_):

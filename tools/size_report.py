@@ -216,20 +216,9 @@ def render(rows, steady, ver, xver, command):
 
 
 def write_section(path, body):
-    block = "%s\n%s%s" % (BEGIN, body, END)
-    if os.path.exists(path):
-        with open(path) as f:
-            text = f.read()
-    else:
-        text = "# Benchmarks\n\nMeasurements of Tern; each `##` section is produced by the tool it names.\n"
-    if BEGIN in text and END in text and text.index(BEGIN) < text.index(END):
-        head = text[: text.index(BEGIN)]
-        tail = text[text.index(END) + len(END):]
-        text = head + block + tail
-    else:
-        text = text.rstrip("\n") + "\n\n## Library size and allocation\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    from ternlab.benchdoc import write_section as write
+
+    write(path, "size_report", body, heading="Library size and allocation")
 
 
 def main(argv=None):

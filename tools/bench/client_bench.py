@@ -338,14 +338,9 @@ def micropython_section(addr, n):
 
 
 def write_section(path: Path, text: str) -> None:
-    begin, end = f"<!-- {MARK}:begin -->", f"<!-- {MARK}:end -->"
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in doc and end in doc:
-        doc = doc[: doc.index(begin)] + block + doc[doc.index(end) + len(end):]
-    else:
-        doc = doc.rstrip() + "\n\n" + block + "\n"
-    path.write_text(doc)
+    from ternlab.benchdoc import write_section as write
+
+    write(path, MARK, text)
 
 
 def mp_lines(tern, umqtt, chumicro):

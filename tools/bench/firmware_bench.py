@@ -223,16 +223,9 @@ def render(rows, notes, a):
 
 
 def write_section(path, text):
-    try:
-        doc = Path(path).read_text()
-    except OSError:
-        doc = "# Benchmarks\n"
-    block = BEGIN + "\n" + text + "\n" + END
-    if BEGIN in doc and END in doc:
-        doc = doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END):]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
-    Path(path).write_text(doc)
+    from ternlab.benchdoc import write_section as write
+
+    write(path, "firmware_bench", text)
 
 
 if __name__ == "__main__":

@@ -335,21 +335,9 @@ def render(res, cmd, date):
 
 
 def write_section(path, text):
-    begin, end = "<!-- flash_bench:begin -->", "<!-- flash_bench:end -->"
-    try:
-        with open(path) as f:
-            doc = f.read()
-    except OSError:
-        doc = "# Benchmarks\n"
-    block = begin + "\n" + text + "\n" + end
-    if begin in doc and end in doc:
-        a = doc.index(begin)
-        b = doc.index(end) + len(end)
-        doc = doc[:a] + block + doc[b:]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(doc)
+    from ternlab.benchdoc import write_section as write
+
+    write(path, "flash_bench", text)
 
 
 def main(argv):
