@@ -22,6 +22,7 @@ import sys
 # (shown without importing the module), and what to install when it fails.
 OPTIONAL = (
     ("ternlab.pipeline.cli", {
+        "collect": "land telemetry from a shared subscription as Parquet, ack after fsync",
         "audit": "delivery audit of landed telemetry (Spark)",
         "rollup": "per-device, per-window rollups of telemetry (Spark)",
         "report": "HTML report with plots and a terminal summary (Spark)",

@@ -16,14 +16,17 @@ Definitions (one *message* is a distinct ``(device, boot, qos, seq)``; a *copy* 
   final copy of a message with a higher ``seq``. Non-final copies (a duplicate of an earlier message
   that is delivered again later) never count;
 - ``latency_p50_ms`` / ``p95`` / ``p99`` -- ``recv_ts - sent_ts`` of each message's *first* arrival, in
-  milliseconds (approximate percentiles; messages without ``sent_ts`` are left out);
+  milliseconds (from KLL quantile sketches: exact for groups of up to about ``KLL_K`` messages,
+  approximate beyond; messages without ``sent_ts`` are left out);
 - ``streams``    -- (device, boot, qos) streams with at least one message received (per device row: the
   boots seen at that QoS).
 
 Verdict: fails when any QoS >= 1 message is lost or any QoS 2 message is duplicated.
 
-Everything runs as Spark transformations (one shuffle of the landing rows by stream, a window for the
-ordering, a rollup for device / QoS / total levels); only the aggregated rows reach the driver.
+Everything runs as Spark transformations: one shuffle of the landing rows by stream, one sort that
+serves both the per-message aggregation and the ordering window, one aggregation per device and QoS
+(sums and a latency sketch), and the QoS and total levels re-aggregated from those rows. Only the
+aggregated rows reach the driver.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ KEY = ["device", "boot", "qos", "seq"]
 STREAM = ["device", "boot", "qos"]
 COUNT_COLS = ["expected", "received", "unique", "lost", "duplicated", "reordered", "unexpected"]
 LATENCY_COLS = ["latency_p50_ms", "latency_p95_ms", "latency_p99_ms"]
+# KLL sketch size for the latency percentiles: exact while a group has no more than about this many
+# messages, and a rank error of about 0.05 % beyond (DataSketches' KLL bound for k = 8192)
+KLL_K = 8192
 RESULT_COLS = ["device", "qos"] + COUNT_COLS + LATENCY_COLS + ["streams", "first_recv_ts", "last_recv_ts"]
 TAIL_NOTE = ("expected was inferred per (device, boot, qos) as max(seq)+1 of what was received: gaps "
              "inside a boot are counted as lost, but losses at the tail of a boot cannot be seen "
@@ -99,42 +105,55 @@ def messages(landing: DataFrame) -> DataFrame:
     """One row per distinct message received, with its ordering flag.
 
     Columns: device, boot, qos, seq, copies, sent_ts, first_recv_ts, final_recv_ts, latency_ms,
-    reordered (bool), boot_max_seq (max seq received in the stream). The landing rows are shuffled once,
-    by stream; the per-message aggregation and the window reuse that partitioning.
+    reordered (bool), boot_max_seq (max seq received in the stream).
+
+    One shuffle (by stream) and one sort: the rows are grouped by ``(stream, -seq)``, so the sort the
+    aggregation needs is also the order the window needs, highest seq first. In that order a message's
+    final copy is reordered exactly when some message with a higher seq (a row before it) had its final
+    copy arrive earlier -- a running minimum of the final arrivals over the preceding rows. (Equivalent
+    to sorting by final arrival and looking for a higher seq before it, which costs a second sort.)
     """
     rows = landing.select(
-        "device", "boot", "qos", "seq", "sent_ts",
+        *STREAM, (-F.col("seq")).alias("_nseq"), "sent_ts",
         F.struct(F.col("recv_ts").alias("ts"),
                  F.coalesce(F.col("recv_idx"), F.lit(-1)).alias("idx")).alias("arr"),
     ).repartition(*STREAM)
-    msgs = rows.groupBy(*KEY).agg(
+    msgs = rows.groupBy(*STREAM, "_nseq").agg(
         F.count(F.lit(1)).alias("copies"),
         F.min("sent_ts").alias("sent_ts"),
         F.min("arr").alias("first"),
         F.max("arr").alias("final"),
     )
-    w = Window.partitionBy(*STREAM).orderBy(F.col("final.ts"), F.col("final.idx"), F.col("seq"))
-    before = F.max("seq").over(w.rowsBetween(Window.unboundedPreceding, -1))
-    whole = F.max("seq").over(w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing))
+    w = Window.partitionBy(*STREAM).orderBy("_nseq")
+    # (ts, idx) of the earliest final arrival among messages with a higher seq; ties go to the lower seq
+    earliest_after = F.min("final").over(w.rowsBetween(Window.unboundedPreceding, -1))
+    top = F.min("_nseq").over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow))
     return msgs.select(
-        *KEY, "copies", "sent_ts",
+        *STREAM, (-F.col("_nseq")).alias("seq"), "copies", "sent_ts",
         F.col("first.ts").alias("first_recv_ts"),
         F.col("final.ts").alias("final_recv_ts"),
         ((F.col("first.ts") - F.col("sent_ts")) * 1000.0).alias("latency_ms"),
-        F.coalesce(before > F.col("seq"), F.lit(False)).alias("reordered"),
-        whole.alias("boot_max_seq"),
+        F.coalesce(earliest_after < F.col("final"), F.lit(False)).alias("reordered"),
+        (-top).alias("boot_max_seq"),
     )
 
 
+SUM_COLS = ["expected", "received", "unique", "unexpected", "reordered", "streams"]
+
+
 def audit_frame(landing: DataFrame, ledger: DataFrame | None = None,
-                accuracy: int = 10000) -> DataFrame:
+                sketch_k: int = KLL_K) -> DataFrame:
     """The audit as one DataFrame with a ``level`` column: ``device`` rows (per device and QoS),
-    ``qos`` rows (device null) and one ``total`` row (device and qos null)."""
+    ``qos`` rows (device null) and one ``total`` row (device and qos null).
+
+    The messages are aggregated once, per (qos, device), into sums and a KLL sketch of the latency; the
+    qos and total levels re-aggregate those few rows and merge their sketches (no rollup over the
+    messages, which would feed every message to three aggregations)."""
     m = messages(landing)
     if ledger is None:
         is_last = F.col("seq") == F.col("boot_max_seq")
         rows = m.select(
-            "*",
+            "qos", "device", "copies", "first_recv_ts", "final_recv_ts", "latency_ms", "reordered",
             F.when(is_last, F.col("boot_max_seq") + 1).otherwise(F.lit(0)).alias("_expected"),
             F.lit(1).alias("_received_msg"),
             F.lit(0).alias("_unexpected"),
@@ -146,9 +165,8 @@ def audit_frame(landing: DataFrame, ledger: DataFrame | None = None,
         j = m.join(led, KEY, "full_outer")
         got = F.col("copies").isNotNull()
         rows = j.select(
-            *KEY,
+            "qos", "device",
             F.coalesce("copies", F.lit(0)).alias("copies"),
-            F.coalesce("sent_ts", "ledger_sent_ts").alias("sent_ts"),
             "first_recv_ts", "final_recv_ts",
             ((F.col("first_recv_ts") - F.coalesce("sent_ts", "ledger_sent_ts")) * 1000.0)
             .alias("latency_ms"),
@@ -158,32 +176,47 @@ def audit_frame(landing: DataFrame, ledger: DataFrame | None = None,
             (got & F.col("_in_ledger").isNull()).cast("int").alias("_unexpected"),
             (F.col("seq") == F.col("boot_max_seq")).cast("int").alias("_stream"),
         )
-    pct = F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], accuracy)
-    agg = rows.rollup("qos", "device").agg(
-        F.grouping_id().alias("_gid"),
+    k = F.lit(sketch_k)
+    dev = rows.groupBy("qos", "device").agg(
         F.sum("_expected").alias("expected"),
         F.sum("copies").alias("received"),
         F.sum("_received_msg").alias("unique"),
         F.sum("_unexpected").alias("unexpected"),
         F.sum(F.col("reordered").cast("int")).alias("reordered"),
         F.sum("_stream").alias("streams"),
-        pct.alias("_pct"),
+        F.kll_sketch_agg_double("latency_ms", k).alias("_sketch"),
         F.min("first_recv_ts").alias("first_recv_ts"),
         F.max("final_recv_ts").alias("last_recv_ts"),
     )
+
+    def up(df: DataFrame, keys: list, level: str) -> DataFrame:
+        return df.groupBy(*keys).agg(
+            *[F.sum(c).alias(c) for c in SUM_COLS],
+            F.kll_merge_agg_double("_sketch", k).alias("_sketch"),
+            F.min("first_recv_ts").alias("first_recv_ts"),
+            F.max("last_recv_ts").alias("last_recv_ts"),
+        ).select(F.lit(level).alias("level"),
+                 *[F.col(c) if c in keys else F.lit(None).alias(c) for c in ("device", "qos")], "*")
+
+    cols = ["level", "device", "qos", *SUM_COLS, "_sketch", "first_recv_ts", "last_recv_ts"]
+    levels = (dev.select(F.lit("device").alias("level"), "*").select(*cols)
+              .unionByName(up(dev, ["qos"], "qos").select(*cols))
+              .unionByName(up(dev, [], "total").select(*cols)))
     # unique counts received messages that the ledger lists plus unexpected ones; lost only the former
     lost = F.col("expected") - (F.col("unique") - F.col("unexpected"))
-    return agg.select(
-        F.when(F.col("_gid") == 0, "device").when(F.col("_gid") == 1, "qos")
-        .otherwise("total").alias("level"),
-        "device", "qos",
+    have = F.kll_sketch_get_n_double("_sketch") > 0
+
+    def pct(p: float):
+        return F.when(have, F.kll_sketch_get_quantile_double("_sketch", F.lit(p)))
+
+    return levels.select(
+        "level", F.col("device").cast("string"), F.col("qos").cast("int"),
         *[F.col(c).cast("long").alias(c) for c in ("expected", "received", "unique")],
         lost.cast("long").alias("lost"),
         (F.col("received") - F.col("unique")).cast("long").alias("duplicated"),
         F.col("reordered").cast("long"), F.col("unexpected").cast("long"),
-        F.col("_pct")[0].alias("latency_p50_ms"),
-        F.col("_pct")[1].alias("latency_p95_ms"),
-        F.col("_pct")[2].alias("latency_p99_ms"),
+        pct(0.5).alias("latency_p50_ms"), pct(0.95).alias("latency_p95_ms"),
+        pct(0.99).alias("latency_p99_ms"),
         F.coalesce(F.col("streams"), F.lit(0)).cast("long").alias("streams"), "first_recv_ts", "last_recv_ts",
     )
 

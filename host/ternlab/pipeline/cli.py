@@ -96,7 +96,10 @@ def _report(spark, args) -> int:
 
 
 def add_subcommands(subparsers) -> None:
-    """Register ``audit``, ``rollup`` and ``report`` on an argparse subparsers object."""
+    """Register ``collect``, ``audit``, ``rollup`` and ``report`` on an argparse subparsers object."""
+    from . import collect
+
+    collect.add_subcommands(subparsers)
     p = subparsers.add_parser(
         "audit", help="delivery audit of a landing set (exit 1 when a guarantee is broken)",
         description="Per device and QoS: expected, received, unique, lost, duplicated, reordered and "

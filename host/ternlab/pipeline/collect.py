@@ -1,0 +1,529 @@
+"""``tern collect``: land device telemetry durably, acknowledging each message only once it is on disk.
+
+How it keeps "nothing lost":
+
+- It joins a shared subscription ``$share/<group>/<topic>`` with the CPython Tern client in manual
+  acknowledgement mode, on a persistent session (clean start off, a session expiry under MQTT 5) with a
+  stable client id (``--id``). The broker holds every QoS 1/2 message it sent until the PUBACK (QoS 1)
+  or PUBREC (QoS 2) arrives, and sends it again when the same id reconnects.
+- Messages are batched (by count, payload bytes and age). A batch is written as Parquet landing files
+  (see :mod:`.landing`: temp file, fsync, rename, directory fsync); only then are its messages
+  acknowledged, in the order they arrived. A collector killed at any moment has acknowledged only what
+  is durable; the rest comes back when it restarts with the same ``--id``.
+- If the batch cannot be written (disk full, unwritable directory), the collector prints one error
+  line, acknowledges nothing of that batch, disconnects (the session, and the messages, stay at the
+  broker) and exits with status 1.
+- Payloads :func:`.schema.parse_payload` rejects go to the quarantine partition with their raw bytes
+  and the reason, and are acknowledged like the rest.
+- A lost connection: messages of the old connection that are not yet written can no longer be
+  acknowledged. They are kept; when the broker sends one again (it should: the session is persistent)
+  the new copy replaces it and is acknowledged once written; the ones it does not send again within
+  ``--batch-time`` (a broker that crashed before saving them) are written unacknowledged. So a broker
+  crash costs no message and, when the broker did keep them, no duplicate.
+- SIGTERM / SIGINT: the current batch is written and acknowledged, then the collector disconnects
+  cleanly (the session stays) and exits 0.
+
+Broker side (Mosquitto): a shared subscription keeps sending to a member whose persistent session is
+offline; those messages wait for that member's return. Restart a dead collector with the same ``--id``
+(or let its session expire, after which Mosquitto discards them). See docs/pipeline.md.
+
+``recv_idx`` is ``<microseconds since the epoch at start> + <arrival number>``: strictly increasing in
+arrival order for one collector, across its restarts too (as long as its clock does not go back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import signal
+import sys
+import time
+
+from . import schema
+from .landing import LandingError, LandingWriter
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+VERSIONS = {"5": 5, "mqttv5": 5, "311": 4, "mqttv311": 4, "31": 3, "mqttv31": 3}
+
+
+class CollectError(Exception):
+    """The collector cannot go on; the message is one line."""
+
+
+def _size(text: str) -> int:
+    units = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+    t = text.strip().lower()
+    num = t.rstrip("kmgib")
+    unit = t[len(num):]
+    try:
+        n = int(float(num) * units[unit])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size like 8M or 512k: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {text!r}")
+    return n
+
+
+def _positive(kind):
+    def conv(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0: {text!r}")
+        return v
+    return conv
+
+
+class Batch:
+    """Messages received and not yet durable, in arrival order, as column lists (``_idx``: arrival
+    number, which names the files; ``_raw``: each landing row's payload, to recognise a resend)."""
+
+    def __init__(self):
+        self.rows = {n: [] for n in (*schema.LANDING_FIELDS, "_raw")}
+        self.rows["_idx"] = self.rows["recv_idx"]
+        self.quarantine = {n: [] for n in (*schema.QUARANTINE_FIELDS, "_idx")}
+        self.acks = []         # ack_id per QoS 1/2 message, arrival order
+        self.count = 0         # messages (landing + quarantine)
+        self.nbytes = 0        # payload bytes
+        self.first_at = None   # monotonic time of the oldest message
+
+    def keys(self) -> dict:
+        """``{(topic, payload): copies}`` of what the batch holds."""
+        out: dict = {}
+        for k in zip(self.rows["topic"], self.rows["_raw"]):
+            out[k] = out.get(k, 0) + 1
+        for k in zip(self.quarantine["topic"], self.quarantine["payload_raw"]):
+            out[k] = out.get(k, 0) + 1
+        return out
+
+    def remove(self, topic: str, raw: bytes) -> None:
+        """Drop the first message with this topic and payload."""
+        for cols, rawcol in ((self.rows, "_raw"), (self.quarantine, "payload_raw")):
+            for i, (t, r) in enumerate(zip(cols["topic"], cols[rawcol])):
+                if t == topic and r == raw:
+                    for k, v in cols.items():
+                        if cols is not self.rows or k != "_idx":
+                            del v[i]
+                    self.count -= 1
+                    self.nbytes -= len(raw)
+                    return
+
+    def merged(self, later: "Batch") -> tuple[dict, dict]:
+        """Columns of this batch followed by ``later``'s (arrival order is kept)."""
+        return ({k: v + later.rows[k] for k, v in self.rows.items()},
+                {k: v + later.quarantine[k] for k, v in self.quarantine.items()})
+
+
+class Collector:
+    """One collector process: the client, the batch, the writer, and the counters."""
+
+    def __init__(self, args, out=sys.stdout):
+        from tern.client import Client
+
+        self.args = args
+        self.out = out
+        self.writer = LandingWriter(args.landing, args.id)
+        self.filter = f"$share/{args.group}/{args.topic}"
+        self.idx = time.time_ns() // 1000
+        self.epoch = 0
+        self.batch = Batch()
+        self.orphans = Batch()     # received on an earlier connection, not written: cannot be acked
+        self.orphan_keys: dict = {}
+        self.stop_reason = None
+        self.resubscribe = False
+        self.stats = {"landed": 0, "quarantined": 0, "acked": 0, "redelivered": 0, "resent_matched": 0,
+                      "written_unacked": 0, "batches": 0}
+        opts = {"manual_ack": True}
+        if args.version == 5:
+            opts["session_expiry"] = args.session_expiry
+            from tern import props as P
+            opts["connect_props"] = {P.RECEIVE_MAXIMUM: args.receive_max}
+        if args.username:
+            opts["username"] = args.username
+            opts["password"] = args.password
+        ssl = None
+        if args.cafile:
+            import ssl as _ssl
+            ssl = _ssl.create_default_context(cafile=args.cafile)
+        self.client = Client(args.id, server=args.host, port=args.port, version=args.version,
+                             keepalive=args.keepalive, clean=False, ssl=ssl, backoff_min=0.1,
+                             backoff_max=5, **opts)
+        self.client.on_message = self._on_message
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+
+    def say(self, text: str) -> None:
+        print(f"tern collect [{self.args.id}]: {text}", file=self.out, flush=True)
+
+    # --- callbacks (inside client.loop) --------------------------------------------------------
+
+    def _on_connect(self, session_present, reason):
+        self.epoch += 1
+        # Subscribe again after every reconnect, even with session present: Mosquitto 2.0 forgets a
+        # persistent session's *shared* subscriptions across its restart while keeping the session.
+        self.resubscribe = self.epoch > 1
+        b = self.batch
+        if b.count:
+            # Their acknowledgements can no longer be sent. The broker normally sends them again
+            # (session present); but a broker that crashed may have lost them while we hold them. So
+            # they are kept (orphans), a resend of one replaces it (and is acknowledged), and the
+            # rest is written without an acknowledgement: at least once, never lost.
+            o = self.orphans
+            for cols, ocols in ((b.rows, o.rows), (b.quarantine, o.quarantine)):
+                for k, v in cols.items():
+                    if ocols is not o.rows or k != "_idx":
+                        ocols[k].extend(v)
+            o.count += b.count
+            o.nbytes += b.nbytes
+            o.first_at = time.monotonic()
+            self.orphan_keys = o.keys()
+            self.batch = Batch()
+            self.say(f"reconnected (session present: {int(bool(session_present))}): {b.count} "
+                     "unwritten message(s) of the old connection kept until the broker sends them "
+                     "again; those it does not send again are written unacknowledged")
+        elif self.epoch > 1:
+            self.say(f"reconnected (session present: {int(bool(session_present))})")
+
+    def _on_disconnect(self, err):
+        self.say(f"connection lost: {err}; reconnecting")
+
+    def _on_message(self, m):
+        raw = bytes(m.payload)
+        now = time.time()
+        self.idx += 1
+        b = self.batch
+        if m.dup:
+            self.stats["redelivered"] += 1
+        if self.orphan_keys:
+            key = (m.topic, raw)
+            n = self.orphan_keys.get(key)
+            if n:  # the resend of a message we held from the old connection: keep this copy only
+                self.orphans.remove(*key)
+                self.stats["resent_matched"] += 1
+                if n == 1:
+                    del self.orphan_keys[key]
+                else:
+                    self.orphan_keys[key] = n - 1
+        try:
+            p = schema.parse_payload(raw)
+        except ValueError as e:
+            q = b.quarantine
+            q["payload_raw"].append(raw)
+            q["reason"].append(str(e))
+            q["recv_ts"].append(now)
+            q["topic"].append(m.topic)
+            q["collector"].append(self.args.id)
+            q["_idx"].append(self.idx)
+        else:
+            r = b.rows
+            r["device"].append(p["device"])
+            r["boot"].append(p["boot"])
+            r["seq"].append(p["seq"])
+            r["qos"].append(p["qos"])
+            r["topic"].append(m.topic)
+            r["sent_ts"].append(p["sent_ts"])
+            r["recv_ts"].append(now)
+            r["recv_idx"].append(self.idx)
+            r["collector"].append(self.args.id)
+            r["readings"].append(list(p["readings"].items()))
+            r["payload_raw"].append(raw if self.args.keep_raw else None)
+            r["_raw"].append(raw)
+        if m.qos:
+            b.acks.append(m.ack_id)
+        b.count += 1
+        b.nbytes += len(raw)
+        if b.first_at is None:
+            b.first_at = time.monotonic()
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def _due(self) -> bool:
+        a = self.args
+        now = time.monotonic()
+        o = self.orphans
+        if o.count and now - o.first_at >= a.batch_time:
+            return True
+        b = self.batch
+        if not b.count or not self.client.connected:
+            return False  # while offline the batch waits: at reconnection it becomes orphans
+        return (b.count >= a.batch_size or b.nbytes >= a.batch_bytes
+                or now - b.first_at >= a.batch_time)
+
+    @property
+    def unwritten(self) -> int:
+        return self.batch.count + self.orphans.count
+
+    def flush(self) -> None:
+        """Write the batch (and any orphans) durably, then acknowledge the batch's messages in
+        arrival order; orphans (from an earlier connection) cannot be acknowledged."""
+        b, o = self.batch, self.orphans
+        if not b.count and not o.count:
+            return
+        rows, quarantine = o.merged(b) if o.count else (b.rows, b.quarantine)
+        self.writer.commit(rows, quarantine)  # raises LandingError: nothing acknowledged
+        self.batch, self.orphans, self.orphan_keys = Batch(), Batch(), {}
+        self.stats["landed"] += len(rows["recv_ts"])
+        self.stats["quarantined"] += len(quarantine["recv_ts"])
+        self.stats["written_unacked"] += o.count
+        self.stats["batches"] += 1
+        client = self.client
+        for k, ack_id in enumerate(b.acks):
+            if not client.connected:
+                self.stats["written_unacked"] += len(b.acks) - k
+                break
+            try:
+                client.ack(ack_id)
+            except OSError:  # the connection broke: loop() notices; the broker sends the rest again
+                self.stats["written_unacked"] += len(b.acks) - k
+                break
+            self.stats["acked"] += 1
+
+    def _wait(self, seconds: float) -> None:
+        sock = self.client.sock
+        if sock is None:
+            time.sleep(min(seconds, 0.05))
+            return
+        pending = getattr(sock, "pending", None)
+        if pending and pending():
+            return
+        try:
+            select.select([sock], [], [], seconds)
+        except (OSError, ValueError):
+            pass  # closed under us: the next loop() notices
+
+    def _disconnect(self, timeout: float = 2.0) -> None:
+        """DISCONNECT (the session stays), then close only once the broker has closed its side.
+
+        Closing a socket with unread data in it (a PUBREL, a new PUBLISH: the broker may send at any
+        time) makes the kernel reset the connection, and a reset can discard what the broker had not
+        read yet: our last acknowledgements and the DISCONNECT. So: half-close after DISCONNECT, read
+        and ignore until the broker's end of stream (what arrives now was never acknowledged and stays
+        with the session), then close."""
+        c = self.client
+        sock = c.sock
+        if sock is None or not c.connected:
+            c.close()
+            return
+        import socket as _socket
+
+        try:
+            c.session.disconnect(int(time.monotonic() * 1000))
+            sock.shutdown(_socket.SHUT_WR)
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                if select.select([sock], [], [], 0.05)[0]:
+                    try:
+                        if not sock.recv(1 << 16):
+                            break
+                    except OSError as e:  # nothing after all (TLS: a partial record), or the end
+                        if isinstance(e, (BlockingIOError, InterruptedError)) or \
+                                type(e).__name__ == "SSLWantReadError":
+                            continue
+                        break
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def run(self) -> int:
+        a = self.args
+        try:
+            self.writer.check()
+            stale = self.writer.remove_stale_temps()
+        except LandingError as e:
+            self.say(f"error: {e}")
+            return EXIT_FAIL
+        if stale:
+            self.say(f"removed {stale} temporary file(s) left by an earlier run")
+        from tern.client import ConnectError
+
+        try:
+            present = self.client.connect()
+            self.say(f"connected to {a.host}:{a.port} (session present: {int(bool(present))})")
+            codes = self.client.subscribe(self.filter, a.qos)
+        except ConnectError as e:
+            self.say(f"error: {a.host}:{a.port} refused the connection ({e})")
+            return EXIT_FAIL
+        except OSError as e:
+            self.say(f"error: cannot connect to {a.host}:{a.port}: {e}")
+            return EXIT_FAIL
+        if not codes or codes[0] >= 0x80:
+            self.say(f"error: the broker refused the subscription {self.filter!r} "
+                     f"(reason 0x{(codes or [0x80])[0]:02X})")
+            self._disconnect()
+            return EXIT_FAIL
+        self.say(f"subscribed to {self.filter} at QoS {codes[0]} on {a.host}:{a.port} "
+                 f"(MQTT {'5' if a.version == 5 else '3.1.1' if a.version == 4 else '3.1'}, "
+                 f"session present: {int(bool(present))}), landing in {self.writer.root}")
+
+        def on_signal(signum, frame):
+            self.stop_reason = signal.Signals(signum).name
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        t0 = time.monotonic()
+        next_report = t0 + a.progress if a.progress else None
+        last_landed = 0
+        status = EXIT_OK
+        try:
+            while self.stop_reason is None:
+                try:
+                    self.client.loop(0)
+                except ConnectError as e:
+                    raise CollectError(f"the broker refused the reconnection ({e})") from None
+                if self.resubscribe and self.client.connected:
+                    self.resubscribe = False
+                    try:
+                        codes = self.client.subscribe(self.filter, a.qos)
+                        self.say(f"subscribed again to {self.filter} (reason codes {codes})")
+                    except OSError as e:  # lost again: the next connect sets resubscribe
+                        self.say(f"subscribing again failed: {e}")
+                if self._due():
+                    self.flush()
+                    continue
+                now = time.monotonic()
+                if next_report is not None and now >= next_report:
+                    rate = (self.stats["landed"] - last_landed) / a.progress
+                    last_landed = self.stats["landed"]
+                    self.say(f"landed {self.stats['landed']} ({rate:.0f}/s), quarantined "
+                             f"{self.stats['quarantined']}, files {self.writer.files}, "
+                             f"waiting {self.unwritten}")
+                    next_report = now + a.progress
+                b = self.batch
+                wait = 0.2
+                if b.count:
+                    wait = max(0.0, min(wait, b.first_at + a.batch_time - now))
+                if next_report is not None:
+                    wait = max(0.0, min(wait, next_report - now))
+                self._wait(wait)
+            self.flush()
+        except LandingError as e:
+            self.say(f"error: {e}; {self.unwritten} message(s) not written and not acknowledged "
+                     "(the broker keeps them for this --id)")
+            status = EXIT_FAIL
+        except CollectError as e:
+            self.say(f"error: {e}")
+            status = EXIT_FAIL
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            self._disconnect()
+        s = self.stats
+        self.say(f"{'stopped (' + self.stop_reason + ')' if self.stop_reason else 'stopped'}: "
+                 f"landed={s['landed']} quarantined={s['quarantined']} acked={s['acked']} "
+                 f"files={self.writer.files} bytes={self.writer.bytes} batches={s['batches']} "
+                 f"redelivered={s['redelivered']} resent_matched={s['resent_matched']} "
+                 f"written_unacked={s['written_unacked']} seconds={time.monotonic() - t0:.1f}")
+        return status
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("landing", help="landing root directory (created if missing)")
+    p.add_argument("--id", required=True,
+                   help="client id of this collector; keep it stable across restarts (the broker keeps "
+                        "unacknowledged messages for it)")
+    p.add_argument("-t", "--topic", default="telemetry/#", help="topic filter (default: telemetry/#)")
+    p.add_argument("--group", default="tern", help="shared subscription group (default: tern)")
+    p.add_argument("-h", "--host", default="127.0.0.1", help="broker host (default: 127.0.0.1)")
+    p.add_argument("-p", "--port", type=int, default=None, help="broker port (default 1883, 8883 with TLS)")
+    p.add_argument("-V", "--protocol-version", dest="version", default="5", choices=sorted(VERSIONS),
+                   help="MQTT version: 5 (default), 311 or 31")
+    p.add_argument("-q", "--qos", type=int, choices=(1, 2), default=2,
+                   help="subscription QoS (default 2: each message keeps the QoS it was published with)")
+    p.add_argument("--batch-size", type=_positive(int), default=1000,
+                   help="write a batch once this many messages wait (default 1000)")
+    p.add_argument("--batch-bytes", type=_size, default=8 << 20,
+                   help="... or once their payloads reach this size (default 8M)")
+    p.add_argument("--batch-time", type=_positive(float), default=1.0,
+                   help="... or once the oldest has waited this many seconds (default 1.0)")
+    p.add_argument("--receive-max", type=int, default=None,
+                   help="MQTT 5 Receive Maximum: unacknowledged messages the broker may send at once "
+                        "(default: twice --batch-size, at most 65535)")
+    p.add_argument("--session-expiry", type=int, default=7 * 86400,
+                   help="MQTT 5 session expiry in seconds: how long the broker keeps this collector's "
+                        "messages while it is down (default 604800, a week)")
+    p.add_argument("-k", "--keepalive", type=int, default=60, help="keepalive in seconds (default 60)")
+    p.add_argument("--keep-raw", action="store_true", help="also store each raw payload in payload_raw")
+    p.add_argument("--progress", type=float, default=10.0,
+                   help="seconds between progress lines (default 10; 0: none)")
+    p.add_argument("-u", "--username", default=None)
+    p.add_argument("-P", "--password", default=None)
+    p.add_argument("--cafile", default=None, help="CA certificate: connect with TLS and verify the broker")
+
+
+def check_args(args) -> str | None:
+    """One line saying what is wrong with the options, or None."""
+    args.version = VERSIONS[args.version]
+    if args.port is not None and not 0 < args.port < 65536:
+        return f"--port must be 1..65535, not {args.port}"
+    if args.port is None:
+        args.port = 8883 if args.cafile else 1883
+    from tern.topic import validate_filter
+
+    if not args.group or any(c in args.group for c in "/+#\0"):
+        return f"--group must be non-empty without '/', '+', '#': {args.group!r}"
+    if not args.id or "\0" in args.id or len(args.id.encode()) > 65535:
+        return f"--id must be a non-empty client id: {args.id!r}"
+    try:
+        validate_filter(args.topic)
+    except ValueError as e:
+        return f"--topic {args.topic!r} is not a valid topic filter: {e}"
+    if args.topic.startswith("$share/"):
+        return "--topic is the plain filter; the collector adds $share/<group>/ itself"
+    if args.receive_max is None:
+        args.receive_max = min(65535, 2 * args.batch_size)
+    if not 0 < args.receive_max <= 65535:
+        return f"--receive-max must be 1..65535, not {args.receive_max}"
+    if args.session_expiry < 0 or args.session_expiry > 0xFFFFFFFF:
+        return f"--session-expiry must be 0..4294967295, not {args.session_expiry}"
+    if args.keepalive < 0 or args.keepalive > 65535:
+        return f"--keepalive must be 0..65535, not {args.keepalive}"
+    if args.password and not args.username:
+        return "--password needs --username"
+    if args.cafile and not os.path.isfile(args.cafile):
+        return f"--cafile not found: {args.cafile}"
+    if args.progress < 0:
+        return f"--progress must be >= 0, not {args.progress}"
+    return None
+
+
+def run(args) -> int:
+    if args.password:
+        try:
+            from ..cli import add_secret
+            add_secret(args.password)
+        except ImportError:
+            pass
+    problem = check_args(args)
+    if problem:
+        print(f"tern collect: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    return Collector(args).run()
+
+
+def add_subcommands(subparsers) -> None:
+    p = subparsers.add_parser(
+        "collect", add_help=False,
+        help="land telemetry from a shared subscription as Parquet, acknowledging after fsync",
+        description="Join the shared subscription $share/GROUP/TOPIC with a persistent session and "
+                    "write what arrives as Parquet landing files (date=/hour= partitions, committed "
+                    "atomically); each message is acknowledged only once its file is durable. "
+                    "Malformed payloads go to LANDING/quarantine. Exit status 1 when the landing "
+                    "directory cannot be written or the broker refuses; 0 after SIGTERM/SIGINT.")
+    p.add_argument("--help", action="help", help="show this help and exit")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tern", add_help=False)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(sub)
+    args = parser.parse_args(["collect", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

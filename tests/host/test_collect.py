@@ -1,0 +1,227 @@
+"""`tern collect` against a real Mosquitto: what lands, where, with which columns; malformed payloads
+quarantined; acknowledgement only after the write (a restart gets nothing back, a failed write gets
+everything back); SIGTERM flushes; a broker restart mid-batch neither loses nor duplicates."""
+
+import os
+import time
+
+import pytest
+
+from devices.collecting import (CollectorProc, free_bytes_limit, on_tmpfs, parquet_files,
+                                read_rows, unshare_works)
+from tern.client import Client
+from ternlab.broker import Broker
+from ternlab.pipeline import schema
+from ternlab.pipeline.landing import LANDING_ARROW, QUARANTINE_ARROW
+
+
+def publish(broker, messages, cid="pub"):
+    """Publish (topic, payload, qos) tuples with the Tern client and wait for every acknowledgement."""
+    c = Client(cid, server=broker.host, port=broker.port, version=5)
+    c.connect()
+    for topic, payload, qos in messages:
+        c.publish(topic, payload, qos)
+    c.wait_all(20)
+    c.disconnect()
+
+
+def good(device, seq, qos, boot=1):
+    payload = schema.make_payload(device, boot, seq, qos, 1700000000.0 + seq,
+                                  {"temp": 20.0 + seq, "hum": 50.5})
+    return (f"telemetry/{device}", payload, qos)
+
+
+def wait_total(c, n, timeout=20):
+    """Until the collector has received n messages (landed + quarantined + waiting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        p = c.progress()
+        if p and sum(p) >= n:
+            return p
+        assert time.monotonic() < deadline, f"collector saw {p} of {n}: {c.lines[-5:]}"
+        time.sleep(0.02)
+
+
+BAD = [b"not json", b'{"d": "x", "s": 1, "q": 1}', b"\xff\xfe", b'{"d": "x", "b": 1, "s": -4, "q": 1}']
+
+
+def test_lands_partitioned_parquet_quarantines_and_acks_only_what_it_wrote(broker, tmp_path):
+    land = tmp_path / "landing"
+    c = CollectorProc(broker, land, "col-1", "--batch-size", "25", "--batch-time", "60", "--keep-raw")
+    c.wait_for(r"subscribed to \$share/tern/telemetry/# at QoS 2 .*session present: 0")
+    sent = [good("dev-a", s, 1) for s in range(40)] + [good("dev-b", s, 2) for s in range(10)]
+    publish(broker, sent)
+    assert wait_total(c, 50)[0] >= 25  # at least one batch of 25 written
+    late = [("telemetry/odd", raw, 1) for raw in BAD] + [good("dev-a", 40, 1)]
+    publish(broker, late)
+    landed, quarantined, waiting = wait_total(c, 55)
+    assert waiting > 0  # the batch is not full and not old: only SIGTERM writes it
+    assert c.stop() == 0
+    s = c.summary()
+    assert (s["landed"], s["quarantined"], s["acked"]) == (51, 4, 55)
+
+    rows = read_rows(land)
+    assert sorted((r["device"], r["seq"], r["qos"]) for r in rows) == sorted(
+        (t.split("/")[1], schema.parse_payload(p)["seq"], q) for t, p, q in sent + late[-1:])
+    by_key = {(t.split("/")[1], schema.parse_payload(p)["seq"]): p for t, p, q in sent + late[-1:]}
+    for r in rows:
+        f = r["_file"]
+        date, hour = schema.partition_values(r["recv_ts"])
+        assert (f.parent.parent.name, f.parent.name) == (f"date={date}", f"hour={hour}")
+        assert f.parent.parent.parent == land
+        assert r["payload_raw"] == by_key[(r["device"], r["seq"])]
+        assert r["topic"] == f"telemetry/{r['device']}" and r["collector"] == "col-1"
+        assert r["boot"] == 1 and r["sent_ts"] == 1700000000.0 + r["seq"]
+        assert dict(r["readings"]) == {"temp": 20.0 + r["seq"], "hum": 50.5}
+    for f in parquet_files(land):
+        import pyarrow.parquet as pq
+        want = QUARANTINE_ARROW if "quarantine" in f.parts else LANDING_ARROW
+        assert pq.read_schema(f).remove_metadata() == want
+    # recv_idx follows arrival: strictly increasing, and never against recv_ts
+    arrival = sorted(rows, key=lambda r: r["recv_idx"])
+    assert len({r["recv_idx"] for r in rows}) == len(rows)
+    assert [r["recv_ts"] for r in arrival] == sorted(r["recv_ts"] for r in rows)
+
+    q = read_rows(land, quarantine=True)
+    assert sorted(r["payload_raw"] for r in q) == sorted(BAD)
+    reasons = {r["payload_raw"]: r["reason"] for r in q}
+    assert "boot" in reasons[BAD[1]] and "seq" in reasons[BAD[3]]
+    assert all(r["reason"] and r["topic"] == "telemetry/odd" for r in q)
+    assert all(f.relative_to(land).parts[:2] == ("quarantine", f"date={date}") for f in {r["_file"] for r in q})
+    assert not [p for p in land.rglob(".tmp-*")]
+
+    # everything was acknowledged: the same id gets nothing back
+    again = CollectorProc(broker, land, "col-1", "--batch-time", "0.2")
+    again.wait_for(r"session present: 1")
+    time.sleep(0.5)
+    assert again.stop() == 0
+    assert again.summary()["landed"] == again.summary()["redelivered"] == 0
+
+
+def _confined(tmp_path, options):
+    """(command prefix, directory inside, directory its files are copied to) for a landing directory on
+    a private tmpfs; None when no mount namespace can be made here."""
+    if not unshare_works():
+        return None
+    inside, copy = tmp_path / "mnt", tmp_path / "copy"
+    inside.mkdir()
+    copy.mkdir()
+    return on_tmpfs(inside, copy, options), inside, copy
+
+
+def test_unwritable_landing_directory_is_one_clear_error_before_connecting(broker, tmp_path):
+    conf = _confined(tmp_path, "ro,size=64k")
+    if conf is not None:
+        wrap, land, _ = conf
+        cause = "read-only file system"
+    else:  # no tmpfs: a directory this (non-root) user may not write
+        assert os.geteuid() != 0, "as root a read-only tmpfs is needed (unshare -rm)"
+        wrap, land = (), tmp_path / "locked"
+        land.mkdir(mode=0o500)
+        cause = "permission denied"
+    c = CollectorProc(broker, land, "col-ro", wrap=wrap)
+    assert c.proc.wait(20) == 1
+    c.stop()
+    errors = [line for line in c.lines if "error" in line]
+    assert errors == [f"tern collect [col-ro]: error: landing directory {land} is not writable: {cause}"]
+    assert not any("Traceback" in line for line in c.lines)
+    assert "col-ro" not in broker.log_tail(200)  # it never connected, so it took no message
+
+
+def test_disk_full_stops_with_a_clear_error_and_acknowledges_nothing_unwritten(broker, tmp_path):
+    n = 600
+    conf = _confined(tmp_path, "size=16k")  # four 4 KiB pages: a few files
+    if conf is not None:
+        wrap, land, copy = conf
+        kw = {"wrap": wrap}
+        cause = "no space left on device (disk full)"
+    else:  # no tmpfs: a file size limit, so a write fails for real (EFBIG) past it
+        land = copy = tmp_path / "small"
+        kw = {"preexec_fn": free_bytes_limit(3000)}
+        cause = "File too large"
+    c = CollectorProc(broker, land, "col-full", "--batch-size", "50", "--batch-time", "0.3", **kw)
+    c.wait_for("subscribed")
+    publish(broker, [good(f"dev-{i % 3}", i // 3, 1) for i in range(n)])
+    assert c.proc.wait(30) == 1
+    c.stop()
+    err = c.wait_for(r"error: cannot write landing file (\S+): (.*); (\d+) message\(s\) not written")
+    assert err.group(2) == cause
+    assert int(err.group(3)) > 0
+    assert not any("Traceback" in line for line in c.lines)
+    assert not list(copy.rglob(".tmp-*"))  # the half-written file was removed
+    before = read_rows(copy)
+    assert len(before) == c.summary()["acked"] < n
+
+    # what was not written was not acknowledged: the broker gives it to the same id, on a roomy disk
+    rest = tmp_path / "rest"
+    again = CollectorProc(broker, rest, "col-full", "--batch-size", "200", "--batch-time", "0.2")
+    deadline = time.monotonic() + 20
+    while len(read_rows(rest)) + len(before) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert again.stop() == 0
+    keys = [(r["device"], r["seq"]) for r in before + read_rows(rest)]
+    assert len(set(keys)) == n  # nothing lost
+    assert len(keys) == n       # and nothing written twice: acknowledged ones did not come back
+
+
+def test_broker_crash_mid_batch_loses_nothing_the_collector_held(tmp_path):
+    """Mosquitto SIGKILLed while the collector holds 30 unacknowledged messages: the broker had not
+    saved them (it saves its state on subscription changes, not for each queued message), so only
+    the collector has them now -- and writes them, unacknowledged, once they are not sent again."""
+    with Broker(tmp_path / "broker", persistence=True) as broker:
+        land = tmp_path / "landing"
+        c = CollectorProc(broker, land, "col-r", "--batch-size", "1000", "--batch-time", "2")
+        c.wait_for("subscribed")
+        publish(broker, [good("dev-r", s, 1) for s in range(30)])
+        # all 30 held, none written or acknowledged (the batch is young: 2 s)
+        c.wait_for(r"landed 0 .* waiting 30$")
+        broker.restart(hard=True)  # SIGKILL, back on its persistence file
+        c.wait_for(r"reconnected \(session present: 1\): 30 unwritten message\(s\) of the old "
+                   "connection kept")
+        c.wait_for(r"landed 30 .* waiting 0$", after=c.at)
+        assert c.stop() == 0
+    s = c.summary()
+    assert (s["landed"], s["written_unacked"]) == (30, 30)
+    assert sorted(r["seq"] for r in read_rows(land)) == list(range(30))
+
+
+def test_connection_cut_mid_batch_resends_replace_what_was_held(broker, chaos, tmp_path):
+    """The connection breaks while the collector holds 30 unacknowledged messages; the broker (alive)
+    sends them again on the persistent session: each resend replaces the copy held, is written once
+    and acknowledged -- no loss, no duplicate, nothing left at the broker."""
+    land = tmp_path / "landing"
+    c = CollectorProc(broker, land, "col-c", "--batch-size", "1000", "--batch-time", "2",
+                      port=chaos.address[1])
+    c.wait_for("subscribed")
+    publish(broker, [good("dev-c", s, 1) for s in range(30)])
+    c.wait_for(r"landed 0 .* waiting 30$")
+    chaos.cut_now()
+    c.wait_for(r"reconnected \(session present: 1\): 30 unwritten message\(s\)")
+    c.wait_for(r"landed 30 .* waiting 0$", after=c.at)
+    assert c.stop() == 0
+    s = c.summary()
+    assert (s["landed"], s["acked"], s["resent_matched"], s["written_unacked"]) == (30, 30, 30, 0)
+    assert sorted(r["seq"] for r in read_rows(land)) == list(range(30))
+    again = CollectorProc(broker, land, "col-c", "--batch-time", "0.2")
+    again.wait_for(r"session present: 1")
+    time.sleep(0.3)
+    assert again.stop() == 0 and again.summary()["landed"] == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["x"], "the following arguments are required: --id"),
+    (["x", "--id", "c", "-t", "$share/g/t/#"], "--topic is the plain filter"),
+    (["x", "--id", "c", "-t", "a/#/b"], "is not a valid topic filter"),
+    (["x", "--id", "c", "--group", "a/b"], "--group must be non-empty without '/'"),
+    (["x", "--id", "c", "-p", "70000"], "--port must be 1..65535"),
+    (["x", "--id", "c", "--batch-size", "0"], "must be greater than 0"),
+    (["x", "--id", "c", "--batch-bytes", "lots"], "not a size like 8M"),
+    (["x", "--id", "c", "--receive-max", "70000"], "--receive-max must be 1..65535"),
+    (["x", "--id", "c", "-P", "hunter2"], "--password needs --username"),
+])
+def test_bad_options_are_one_line_errors(argv, message, capsys):
+    from ternlab.cli import main
+
+    assert main(["collect", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "hunter2" not in err
