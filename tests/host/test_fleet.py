@@ -95,7 +95,7 @@ def test_the_command_line_names_a_bad_key_and_prints_seed_and_replay_on_failure(
     bad.write_text('duration = 5\n[[faults]]\nkind = "network_cut"\nlenght = 2\n')
     assert tern(["fleet", "run", str(bad), "--seed", "4"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"tern fleet run: {bad}: unknown key 'faults[0].lenght' (known here: count, kind, length, window)"
+    assert err == f"tern fleet run: {bad}: unknown key 'faults[0].lenght' (known here: count, kind, length, per_board, window)"
     assert tern(["fleet", "run", str(bad), "--seed", "-3"]) == 2
     assert "--seed: must be a non-negative integer" in capsys.readouterr().err
     # a run that breaks down (its output directory cannot be made) still says how to replay it

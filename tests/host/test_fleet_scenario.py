@@ -59,6 +59,15 @@ def test_defaults_and_ranges(tmp_path):
     ('duration = 5\n[[faults]]\nkind = "network_cut"\nwindow = [7, 9]\n', "faults[0].window starts after"),
     ('duration = 5\nfirmware = 3\n', "firmware must be a table"),
     ('duration = 5\nfaults = 3\n', "faults must be an array of tables"),
+    ('duration = 5\n[[faults]]\nkind = "collector_kill"\n', "faults[0].kind collector_kill needs collectors"),
+    ('duration = 5\n[collectors]\ncount = 2\nbatch = 1\n', "unknown key 'collectors.batch'"),
+    ('duration = 5\n[collectors]\ncount = 17\n', "collectors.count must be in 0..16"),
+    ('duration = 5\n[collectors]\ngroup = "a/b"\n', "collectors.group must be non-empty without"),
+    ('duration = 5\n[collectors]\nbatch_time = 0\n', "collectors.batch_time must be > 0"),
+    ('duration = 5\n[[faults]]\nkind = "power_cut"\nper_board = 1\n', "faults[0].per_board must be true or false"),
+    ('duration = 5\n[[faults]]\nkind = "broker_restart"\nper_board = true\n', "unknown key 'faults[0].per_board'"),
+    ('duration = 5\n[collectors]\ncount = 1\n[[faults]]\nkind = "collector_kill"\ndown = [3, 1]\n',
+     "faults[0].down must be [low, high]"),
     ('duration = = 5\n', "not valid TOML"),
 ])
 def test_a_bad_scenario_is_one_error_naming_the_file_and_the_key(tmp_path, text, named):
@@ -129,3 +138,34 @@ def test_the_schedule_is_the_same_in_another_process():
 def test_a_bad_seed_is_refused(seed):
     with pytest.raises(ScenarioError, match="seed must be a non-negative integer"):
         make_schedule(parse_scenario({"duration": 1}, name="x"), seed)
+
+
+def test_per_board_faults_hit_every_board_and_collector_kills_name_a_collector():
+    s = parse_scenario({"boards": 3, "duration": 20, "collectors": {"count": 2, "group": "g"}, "faults": [
+        {"kind": "power_cut", "per_board": True, "count": 2, "at": "flash_op", "flash_ops": [1, 9], "window": [2, 8]},
+        {"kind": "collector_kill", "count": 3, "down": [1, 2]},
+    ]}, name="p")
+    assert (s.collectors.count, s.collectors.group, s.collectors.batch_time) == (2, "g", 1.0)
+    a = make_schedule(s, 4)
+    assert a == make_schedule(s, 4)
+    cuts = [f for f in a if f.kind == "power_cut"]
+    assert sorted(f.target for f in cuts) == [0, 0, 1, 1, 2, 2]
+    assert all(2 <= f.t <= 8 and 1 <= f.params["flash_op"] <= 9 for f in cuts)
+    kills = [f for f in a if f.kind == "collector_kill"]
+    assert len(kills) == 3 and all(f.target in (0, 1) and 1 <= f.params["down"] <= 2 for f in kills)
+    assert "SIGKILL collector" in kills[0].describe()
+
+
+def test_the_demo_scenarios_cut_power_on_every_board_and_stretch_with_the_duration():
+    for name, boards in (("demo", 4), ("demo-short", 2)):
+        s = load_scenario(ROOT / "scenarios" / f"{name}.toml")
+        assert s.boards == boards and s.collectors.count == 2
+        sched = make_schedule(s, 1)
+        assert sorted(f.target for f in sched if f.kind == "power_cut") == list(range(boards))
+        assert {f.kind for f in sched} == {"power_cut", "network_cut", "broker_restart", "collector_kill"}
+        assert all(not f.params["hard"] for f in sched if f.kind == "broker_restart")
+    demo = load_scenario(ROOT / "scenarios" / "demo.toml")
+    half = demo.with_overrides(duration=60, stretch=True)
+    assert [f.window for f in half.faults] == [(w[0] / 2, w[1] / 2) for w in (f.window for f in demo.faults)]
+    assert half.warmup == demo.warmup / 2 and half.settle == demo.settle
+    assert demo.with_overrides(duration=60).faults == demo.faults  # tern fleet run keeps absolute windows

@@ -323,9 +323,7 @@ class Fleet:
             c.kill_at = (f, self.now() + KILL_WAIT)  # done in _collector_housekeep, mid-batch
             return
         if f.kind == "broker_restart":
-            self._record(f, "injected", "broker", "SIGKILL" if f.params["hard"] else "SIGTERM")
-            self.broker.restart(hard=f.params["hard"])
-            self._record(f, "restored", "broker", f"back on port {self.broker.port}")
+            self._restart_broker(f)
             return
         s = self.slots[f.target]
         if f.kind == "network_cut":
@@ -380,6 +378,32 @@ class Fleet:
             s.proxy.clear_rules()
             s.net_until = None
             self._record(self._last_fault(s, "network_cut"), "restored", s.name, "network back")
+
+    def _restart_broker(self, f: Fault) -> None:
+        """Restart the broker. With collectors (and a proxy per board), the boards are let back only once
+        every running collector has subscribed again: Mosquitto 2.0 forgets persistent sessions' shared
+        subscriptions across a restart, so a reading that reached it before the collectors re-subscribed
+        would be routed to no collector (see docs/demo.md)."""
+        hold = bool(self.collectors) and all(s.proxy is not None for s in self.slots)
+        running = [c for c in self.collectors if c.proc.alive and c.starting is None]
+        marks = {id(c): len(c.proc.lines) for c in running}
+        if hold:
+            for s in self.slots:
+                s.proxy.refuse_connections(connections=10**9)
+        self._record(f, "injected", "broker", "SIGKILL" if f.params["hard"] else "SIGTERM")
+        self.broker.restart(hard=f.params["hard"])
+        detail = f"back on port {self.broker.port}"
+        if hold:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 15 and not all(
+                    any("subscribed again" in ln for ln in c.proc.lines[marks[id(c)]:]) or not c.proc.alive
+                    for c in running):
+                time.sleep(0.02)
+            for s in self.slots:
+                if s.net_until is None:
+                    s.proxy.clear_rules()
+            detail += f"; boards let back {time.monotonic() - t0:.2f} s later, once the collectors had subscribed again"
+        self._record(f, "restored", "broker", detail)
 
     def _collector_housekeep(self, c: _CollectorSlot, restore_all: bool = False) -> None:
         now = self.now()
@@ -554,6 +578,7 @@ class Fleet:
                 break
             self.cb.on_tick(self)
             time.sleep(0.05)
+        self.cb.on_tick(self)
         for s in self.slots:
             if s.armed is not None:
                 self._record(s.armed.fault, "unfired", s.name, "the run ended first")
