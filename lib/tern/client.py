@@ -495,15 +495,34 @@ class Client(_Driver):
         if not self._authed:
             raise self.last_error or OSError("re-authentication failed")
 
-    def disconnect(self, reason=0, props=None):
+    def disconnect(self, reason=0, props=None, linger_ms=1000):
+        """Send DISCONNECT, then half-close and read until the broker closes
+        (at most linger_ms): closing a socket with unread bytes in it makes
+        the kernel reset the connection, and the broker then drops our last
+        acknowledgements and the DISCONNECT itself."""
         try:
             if self.sock is not None:
                 self.session.disconnect(ticks_ms(), reason, props)
+                self._linger(linger_ms)
         except OSError:
             pass
         self.session.connection_lost()
         self.reconnect = False
         self._close()
+
+    def _linger(self, linger_ms):
+        sock = self.sock
+        shut = getattr(sock, "shutdown", None)
+        if shut is not None:
+            try:
+                shut(1)  # SHUT_WR: the broker reads our end of stream
+            except OSError:
+                return
+        mv = self.session._rxmv  # the session is done with it: what arrives now is discarded
+        end = ticks_ms() + linger_ms
+        while ticks_diff(end, ticks_ms()) > 0 and self._readable(ticks_diff(end, ticks_ms())):
+            if _read_into(sock, mv, len(mv)) == 0:
+                return  # the broker closed: everything we sent was read
 
     def close(self):
         """Drop the connection without DISCONNECT (the broker sends the will)."""

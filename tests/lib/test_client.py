@@ -53,6 +53,26 @@ def test_will_is_sent_on_abnormal_disconnect_only(broker_addr):
         watcher.disconnect()
 
 
+def test_disconnect_with_unread_bytes_is_still_a_clean_disconnect(broker_addr):
+    # Closing a socket that still holds unread bytes makes the kernel reset the connection: the broker
+    # then never reads our DISCONNECT (it sends the will) nor our last acknowledgements.
+    # disconnect() half-closes and reads until the broker closes.
+    for v in (4, 5):
+        got = []
+        watcher = client(broker_addr, "watch", version=v)
+        watcher.subscribe("lwill/#", 1, handler=collect(got))
+        busy = client(broker_addr, "busy", version=v, will_topic="lwill/busy", will_payload=b"reset", will_qos=1)
+        busy.subscribe("flood/%d" % v, 0)
+        pub = client(broker_addr, "pub", version=v)
+        for i in range(3000):
+            pub.publish("flood/%d" % v, b"x" * 1000, 0)
+        busy.disconnect()  # while the flood still arrives, unread
+        watcher.loop(700)
+        assert got == [], got
+        pub.disconnect()
+        watcher.disconnect()
+
+
 def test_keepalive_survives_three_idle_intervals(broker_addr):
     c = client(broker_addr, "idle", version=4, keepalive=1)
     lost = []
