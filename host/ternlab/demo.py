@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from .fleet.cli import seed_arg
+
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
 PASS_LINE = "PASS: no QoS>=1 message lost, no QoS 2 message duplicated"
@@ -50,23 +52,11 @@ def add_subcommands(sub) -> None:
     p.add_argument("--boards", type=int, default=None, help="number of boards (default 4; 2 with --short)")
     p.add_argument("--duration", type=float, default=None,
                    help="seconds under faults (default 120; 20 with --short); fault windows scale with it")
-    p.add_argument("--seed", type=_seed, default=None, help="seed of the fault schedule (default: random, printed)")
+    p.add_argument("--seed", type=seed_arg, default=None, help="seed of the fault schedule (default: random, printed)")
     p.add_argument("--out", default=None, help="output directory (default ./demo-out/<timestamp>); must be new or empty")
     p.add_argument("--short", action="store_true", help="the short run CI uses: 2 boards, 20 s")
     p.add_argument("--master", default=None, help="Spark master URL for the audit (default local[*])")
     p.set_defaults(func=run)
-
-
-def _seed(text: str) -> int:
-    import argparse
-
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, not {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, not {text!r}")
-    return v
 
 
 def replay_command(args, seed: int, scenario) -> str:

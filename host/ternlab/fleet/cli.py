@@ -24,7 +24,7 @@ def add_subcommands(sub) -> None:
                       description="Run N emulated boards with the scenario's fault schedule (drawn from the "
                       "seed), then check the ledger against what reached the broker.")
     r.add_argument("scenario", help="scenario file (TOML), e.g. scenarios/smoke.toml")
-    r.add_argument("--seed", type=_seed, default=None,
+    r.add_argument("--seed", type=seed_arg, default=None,
                    help="seed of the fault schedule (default: a random one, printed)")
     r.add_argument("--boards", type=int, default=None, help="number of boards (overrides the scenario)")
     r.add_argument("--duration", type=float, default=None, help="seconds under faults (overrides the scenario)")
@@ -34,7 +34,8 @@ def add_subcommands(sub) -> None:
     p.set_defaults(func=lambda args: (p.print_usage(sys.stderr), 2)[1])
 
 
-def _seed(text: str) -> int:
+def seed_arg(text: str) -> int:
+    """argparse type of --seed (the fleet's and the demo's)."""
     import argparse
 
     try:
