@@ -22,7 +22,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BEGIN, END = "<!-- audit_bench:begin -->", "<!-- audit_bench:end -->"
 TARGET = 500_000
 COUNTS = ("expected", "received", "unique", "lost", "duplicated", "reordered")
 
@@ -34,18 +33,10 @@ def parse_size(s: str) -> int:
     return int(float(m.group(1)) * {"": 1, "k": 1_000, "m": 1_000_000}[m.group(2).lower()])
 
 
-def write_section(path: str, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Replace the text between ``begin`` and ``end`` in ``path`` (append the section if absent)."""
-    body = f"{begin}\n{text.rstrip()}\n{end}\n"
-    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if begin in old and end in old:
-        head, rest = old.split(begin, 1)
-        tail = rest.split(end, 1)[1].lstrip("\n")
-        new = head + body + ("\n" + tail if tail else "")
-    else:
-        new = old.rstrip("\n") + "\n\n" + body
-    with open(path, "w") as f:
-        f.write(new)
+def write_section(path: str, text: str) -> None:
+    from ternlab.benchdoc import write_section as write
+
+    write(path, "audit_bench", text)
 
 
 def main(argv=None) -> int:

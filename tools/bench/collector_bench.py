@@ -27,14 +27,12 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BEGIN, END = "<!-- collector_bench:begin -->", "<!-- collector_bench:end -->"
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def write_section(path: str, text: str) -> None:
-    from audit_bench import write_section as rewrite  # the one marked-section rewriter of the tools
+    from ternlab.benchdoc import write_section as write
 
-    rewrite(path, text, BEGIN, END)
+    write(path, "collector_bench", text)
 
 
 class Collector:
