@@ -7,6 +7,7 @@ ternlab.telemetry, and checks what a subscriber on the broker really received.
 
 import json
 import random
+import tempfile
 import threading
 import time
 
@@ -17,18 +18,27 @@ from ternlab.boards.emulated import EmulatedBoard
 from ternlab.broker import Broker, free_port
 from ternlab.chaos import ChaosProxy
 from ternlab.pipeline.schema import parse_payload
-from ternlab.telemetry import FIRMWARE_DIR, LIB_DIR, TelemetryLog, compile_mpy, install
+from ternlab.telemetry import TelemetryLog, compile_mpy, install
 from tern.client import Client
 
-PATHS = [str(LIB_DIR), str(FIRMWARE_DIR)]
+_MPY = []
+
+
+def compiled():
+    """The app and tern as .mpy, as `tern deploy` and fleets put them on a board; compiled once per run.
+    From source the board would compile 1,000-line modules itself, which needs large contiguous blocks
+    and passes or fails in a board-size heap by fragmentation luck."""
+    if not _MPY:
+        _MPY.append(str(compile_mpy(tempfile.mkdtemp(prefix="tern-mpy-"))))
+    return [_MPY[0]]
 
 
 class Device:
     """An emulated board running the app, with its console parsed as it comes."""
 
-    def __init__(self, tmp_path, config, profile="unix-emulated", board_id="dev-1", paths=PATHS, name="board",
+    def __init__(self, tmp_path, config, profile="unix-emulated", board_id="dev-1", paths=None, name="board",
                  romfs=None):
-        self.board = EmulatedBoard(profile, workdir=tmp_path / name, board_id=board_id, host_paths=paths)
+        self.board = EmulatedBoard(profile, workdir=tmp_path / name, board_id=board_id, host_paths=compiled() if paths is None else paths)
         install(self.board, config, romfs=romfs)
         self.tlog = TelemetryLog()
         self.tracebacks = 0
