@@ -42,6 +42,7 @@ from .logrec import (
     OP_UNMARK,
     OP_RELEASE,
     OP_INREL,
+    apply_op,
     u16 as _u16,
     u32 as _u32,
     put32 as _put32,
@@ -312,18 +313,7 @@ class FileStore:
                 self._last = pid
             return
         if t == T_OP:
-            if fl == OP_INREL:
-                ins.pop(r, None)
-                return
-            e = ents.get(r)
-            if e is None:
-                return
-            if fl == OP_RELEASE:
-                del ents[r]
-            elif fl == OP_MARK:
-                e[2] |= 1
-            elif fl == OP_UNMARK:
-                e[2] &= ~1
+            apply_op(ents, ins, fl, r, 2)
             return
         if t == T_INCLEAR:
             ins.clear()

@@ -64,6 +64,7 @@ from .logrec import (
     OP_UNMARK,
     OP_RELEASE,
     OP_INREL,
+    apply_op,
     u16 as _u16,
     u32 as _u32,
     put16 as _put16,
@@ -530,18 +531,7 @@ class FlashStore:
                 self._meta[key] = [bytes(body[1 + kl :]), addr, size, r]
         elif t == T_OP:
             self._pin[s] = 1
-            if fl == OP_INREL:
-                ins.pop(r, None)
-                return
-            e = ents.get(r)
-            if e is None:
-                return
-            if fl == OP_RELEASE:
-                del ents[r]
-            elif fl == OP_MARK:
-                e[1] |= 1
-            elif fl == OP_UNMARK:
-                e[1] &= ~1
+            apply_op(ents, ins, fl, r, 1)
         elif t == T_INCLEAR:
             self._pin[s] = 1
             ins.clear()

@@ -74,3 +74,20 @@ def make_header(h, t, flags, ln, rseq, pid, seed):
     put16(h, 8, pid)
     h[12] = h[13] = h[14] = h[15] = 0xFF
     put16(h, 10, header_check(h, seed))
+
+
+def apply_op(ents, ins, fl, r, i):
+    """Replay an op record at boot: what it does to the scanned entries
+    (rseq -> list whose item i holds the mark bit) and inbound ids."""
+    if fl == OP_INREL:
+        ins.pop(r, None)
+        return
+    e = ents.get(r)
+    if e is None:
+        return
+    if fl == OP_RELEASE:
+        del ents[r]
+    elif fl == OP_MARK:
+        e[i] |= 1
+    elif fl == OP_UNMARK:
+        e[i] &= ~1
