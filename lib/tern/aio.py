@@ -81,17 +81,20 @@ _HIGH_WATER = 4096
 _CancelledError = asyncio.CancelledError
 _TimeoutError = asyncio.TimeoutError
 
-if MICROPYTHON:
 
-    async def _wait(ev, ms):
-        """Wait for an Event at most ms milliseconds; True if it was set."""
-        if ev.is_set():
-            return True
-        try:
-            await asyncio.wait_for_ms(ev.wait(), ms)
-            return True
-        except _TimeoutError:
-            return False
+async def _wait(ev, ms):
+    """Wait for an Event at most ms milliseconds; True if it was set."""
+    if ev.is_set():
+        return True
+    try:
+        await _wait_for_ms(ev.wait(), ms)
+        return True
+    except _TimeoutError:
+        return False
+
+
+if MICROPYTHON:
+    _wait_for_ms = asyncio.wait_for_ms
 
     def _close_stream(w):
         # MicroPython's Stream.close() may leave the socket open (wait_closed
@@ -107,14 +110,8 @@ if MICROPYTHON:
 
 else:
 
-    async def _wait(ev, ms):
-        if ev.is_set():
-            return True
-        try:
-            await asyncio.wait_for(ev.wait(), ms / 1000)
-            return True
-        except _TimeoutError:
-            return False
+    def _wait_for_ms(aw, ms):
+        return asyncio.wait_for(aw, ms / 1000)
 
     def _close_stream(w):
         try:
