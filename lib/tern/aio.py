@@ -183,6 +183,7 @@ class Client(_Driver):
         self._connack = None
         self._closing = False
         self._waiters = {}  # pid -> Event, for publish(wait_ack) and (un)subscribe
+        self._authed = False  # the server accepted a re-authentication
         self._results = {}  # pid -> reason code(s)
         self._q = []
         self._qev = asyncio.Event()  # the queue has a message (or the client closed)
@@ -418,6 +419,7 @@ class Client(_Driver):
             self._wake_waiter(a, b)
             self._progress.set()
         elif kind == S.EV_AUTH:
+            self._authed = True
             self._progress.set()
         elif kind == S.EV_DISCONNECT:
             self._lost(server_disconnect(a, b))
@@ -539,29 +541,43 @@ class Client(_Driver):
                 raise MQTTError(reason, "the broker refused message %d: reason 0x%02X" % (pid, reason))
         return pid
 
-    async def wait_published(self, pid, timeout=None):
-        """Wait until the message with this packet id is acknowledged."""
+    async def _until(self, cond, timeout, what):
+        # Wait for cond() (checked after each piece of progress); OSError
+        # naming what did not happen in time.
         t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
         start = ticks_ms()
-        while self.session.is_pending(pid):
+        while not cond():
             left = t_ms - ticks_diff(ticks_ms(), start)
             if left <= 0:
-                raise OSError("no acknowledgement of message %d within %d ms" % (pid, t_ms))
+                raise OSError("%s within %d ms" % (what(), t_ms))
             self._progress.clear()
-            if self.session.is_pending(pid):
+            if not cond():
                 await self._await_progress(left)
+
+    async def wait_published(self, pid, timeout=None):
+        """Wait until the message with this packet id is acknowledged."""
+        s = self.session
+        await self._until(lambda: not s.is_pending(pid), timeout,
+                          lambda: "no acknowledgement of message %d" % pid)
 
     async def wait_all(self, timeout=None):
         """Wait until everything published is acknowledged."""
-        t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
-        start = ticks_ms()
-        while self.session.pending():
-            left = t_ms - ticks_diff(ticks_ms(), start)
-            if left <= 0:
-                raise OSError("%d messages still unacknowledged after %d ms" % (len(self.session.pending()), t_ms))
-            self._progress.clear()
-            if self.session.pending():
-                await self._await_progress(left)
+        s = self.session
+        await self._until(lambda: not s.pending(), timeout,
+                          lambda: "%d messages still unacknowledged" % len(s.pending()))
+
+    async def reauthenticate(self, props=None, timeout=None):
+        """Re-authenticate on the open connection (MQTT 5 enhanced
+        authentication; the auth hook answers the server's challenges).
+        Returns once the server accepted; raises MQTTError with the server's
+        DISCONNECT reason when it refused."""
+        s = self.session
+        self._authed = False
+        s.reauthenticate(ticks_ms(), props)
+        await self._until(lambda: self._authed or not s._reauth, timeout,
+                          lambda: "no answer to re-authentication")
+        if not self._authed:
+            raise self.last_error or OSError("re-authentication failed")
 
     async def _reply(self, pid, timeout):
         if not pid:

@@ -91,6 +91,7 @@ SCRIPTS = {
         ],
     ], 5),
 }
+SCRIPTS["test_aio_enhanced_auth_and_reauthentication"] = SCRIPTS["test_enhanced_auth_exchange_and_reauthentication"]
 
 
 def _client(addr, **kw):
@@ -137,6 +138,38 @@ def test_enhanced_auth_exchange_and_reauthentication(scripted_addr):
     e = raises(MQTTError, c.reauthenticate, {0x16: b"stale"}, 5)
     assert e.code == 0x87 and "token expired" in str(e), str(e)
     assert not c.connected
+
+
+def test_aio_enhanced_auth_and_reauthentication(scripted_addr):
+    import asyncio
+    from tern import aio
+
+    seen = []
+    answers = {b"s1": b"c2", b"s3": b"c3"}
+
+    def hook(reason, props):
+        data = props.get(0x16) if props else None
+        seen.append((reason, data))
+        return {0x16: answers[data]} if reason == 0x18 else None
+
+    async def main():
+        c = aio.Client("auth", server=scripted_addr[0], port=scripted_addr[1], version=5, auth=hook, rx_size=4096,
+                       reconnect=False, connect_props={0x15: "TEST", 0x16: b"c1"})
+        await c.connect(5)
+        assert c.session.server[0x16] == b"s2"
+        await c.reauthenticate({0x16: b"r1"}, timeout=5)
+        assert seen == [(0x18, b"s1"), (0x18, b"s3"), (0, None)], seen
+        await c.publish("after", b"ok", 1, wait_ack=True, timeout=5)  # the connection carries on
+        try:
+            await c.reauthenticate({0x16: b"stale"}, 5)
+        except MQTTError as e:
+            assert e.code == 0x87 and "token expired" in str(e), str(e)
+        else:
+            raise AssertionError("a refused re-authentication returned")
+        assert not c.connected
+        c.close()
+
+    asyncio.run(main())
 
 
 def test_auth_refused_in_connack_is_a_clear_permanent_error(scripted_addr):
