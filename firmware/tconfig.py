@@ -116,6 +116,8 @@ def load(path=FILE, defaults=None):
         say("config", key="host", err="missing: no broker to connect to, readings stay in the outbox")
     if cfg["tls"] and cfg["port"] == 1883 and "port" not in raw:
         cfg["port"] = 8883
+    if cfg["ca"] and not cfg["tls"]:
+        say("config", key="ca", err="ignored: tls is false, the connection is not encrypted")
     return cfg
 
 

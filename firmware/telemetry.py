@@ -30,7 +30,11 @@ class _Client(Client):
         try:
             return Client.connect(self, timeout)
         except OSError as e:  # ConnectError included: the broker said no
-            say("connect_failed", err=str(e))
+            m = str(e)
+            if "ertificate" in m:  # TLS verification failed: name the key to look at
+                say("connect_failed", err=m, key="host" if "CN" in m else "ca")
+            else:
+                say("connect_failed", err=m)
             raise
 
 
@@ -99,20 +103,22 @@ class App:
             profile=prof.get("name"), heap=gc.mem_free())
 
     def _tls(self):
+        # tern.tls verifies (a bare MicroPython SSLContext would not) and reads the CA as PEM or DER.
+        # A CA that cannot be loaded still means verification: every handshake fails (closed, not open).
         import ssl
 
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ca = self.cfg["ca"]
         if ca:
+            from tern.tls import context
+
             try:
-                with open(ca, "rb") as f:
-                    ctx.load_verify_locations(cadata=f.read())
-            except OSError as e:
-                say("config", key="ca", err="cannot read %s: %s" % (ca, e))
-            ctx.verify_mode = ssl.CERT_REQUIRED
+                return context(ca=ca)
+            except (OSError, ValueError) as e:
+                say("config", key="ca", err="cannot load %s: %s" % (ca, e))
         else:
             say("config", key="ca", err="tls without a CA: the server is not verified")
-            ctx.verify_mode = ssl.CERT_NONE
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.verify_mode = ssl.CERT_REQUIRED if ca else ssl.CERT_NONE
         return ctx
 
     # ------------------------------------------------------------ callbacks
@@ -258,7 +264,6 @@ class App:
         self._offline()
         self.store.close()
         hal.deep_sleep(ms if ms > 0 else 0)
-
 
 def main():
     App().run()

@@ -45,12 +45,12 @@ MicroPython it reads with StreamReader.readinto straight into the session's
 receive buffer. The zero-allocation path is the blocking client.
 
 TLS. `ssl` is True (CPython: the system's CAs; not on MicroPython, as in the
-blocking client) or an ssl.SSLContext; it goes to open_connection with
-server_hostname on both runtimes. MicroPython 1.29's asyncio accepts both
-arguments and runs the handshake on the first read and write; its
-SSLContext.load_verify_locations(cadata=...) wants the CA in DER. Checked by
-hand against Mosquitto's TLS listener on both runtimes (verification on, a
-wrong server_hostname refused); the test suite has no TLS fixture yet.
+blocking client) or an ssl.SSLContext -- `tern.tls.context(ca=path)` makes
+one that verifies on both runtimes (MicroPython's own starts at CERT_NONE and
+reads DER only). It goes to open_connection with server_hostname; MicroPython
+1.29's asyncio runs the handshake on the first read and write. A failed
+verification is an OSError from connect(). tests/lib/test_tls.py checks both
+clients on both runtimes against Mosquitto's TLS listener.
 
 Reconnecting. connect() raises when the first attempt fails; once connected,
 a lost connection is retried in the background (reconnect=True) with
@@ -345,7 +345,7 @@ class Client(_Driver):
                 left = t_ms - ticks_diff(ticks_ms(), start)
             if self._connack is None:
                 raise OSError("connection to %s:%d lost before CONNACK: %s" % (
-                    self.server, self.port, self.last_error))
+                    self.server, self.port, str(self.last_error).strip()))
         except BaseException:
             if gen == self._gen:
                 s.connection_lost()

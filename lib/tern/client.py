@@ -144,11 +144,9 @@ class _Driver:
         # ssl=True: the system's CAs, verification on (CPython only)
         ctx = self.ssl
         if ctx is True:
-            if MICROPYTHON:
-                raise ValueError("on MicroPython pass an ssl.SSLContext with the CA loaded")
-            import ssl as _ssl
+            from .tls import context
 
-            ctx = _ssl.create_default_context()
+            ctx = context()
         return ctx
 
     def _backoff_ms(self):
@@ -164,8 +162,9 @@ class Client(_Driver):
     """An MQTT client for MicroPython and CPython.
 
     store: where accepted messages live until acknowledged (default: RAM).
-    ssl: True (verify the server with the system's CAs on CPython), or an
-    ssl.SSLContext; verification is on unless the context turns it off.
+    ssl: True (verify the server with the system's CAs; CPython only), or an
+    ssl.SSLContext. `tern.tls.context(ca=path)` makes one that verifies on
+    both runtimes (a bare MicroPython SSLContext verifies nothing).
     reconnect: after a lost connection, `loop()` reconnects with exponential
     backoff and jitter between backoff_min and backoff_max seconds.
     Set handlers (on_message, subscribe(handler=...)) before connect():
@@ -229,7 +228,11 @@ class Client(_Driver):
         self._poll.register(sock, select.POLLIN)
 
     def _wrap(self, sock):
-        return self._tls_context().wrap_socket(sock, server_hostname=self.server_hostname)
+        ctx = self._tls_context()  # outside the try: a bad ssl argument stays a ValueError
+        try:
+            return ctx.wrap_socket(sock, server_hostname=self.server_hostname)
+        except ValueError as e:  # MicroPython's mbedtls: the server failed verification
+            raise OSError("TLS: " + str(e).strip())  # like CPython's SSLError: retried with backoff
 
     def _close(self):
         if self.sock is not None:

@@ -51,10 +51,11 @@ def pytest_pyfunc_call(pyfuncitem):
     module = pyfuncitem.module
     heap = getattr(module, "MP_HEAPSIZE", DEFAULT_HEAP)
     # ".frozen" keeps the port's built-in modules (asyncio) importable
-    env = dict(os.environ, MICROPYPATH=os.pathsep.join([".frozen"] + [str(p) for p in MP_PATH]))
+    env = dict(os.environ, MICROPYPATH=os.pathsep.join([".frozen"] + [str(p) for p in MP_PATH]),
+               TERN_MP_KWARGS=json.dumps(kwargs))
     proc = subprocess.run(
         [micropython_exe(), "-X", "heapsize=" + heap, str(HERE / "mp_run.py"),
-         module.__name__.rpartition(".")[2], fn.__name__, json.dumps(kwargs)],
+         module.__name__.rpartition(".")[2], fn.__name__],
         capture_output=True, text=True, env=env, timeout=getattr(module, "MP_TIMEOUT", 240),
         cwd=str(HERE),
     )
@@ -75,3 +76,26 @@ def scripted_addr(request):
     b.stop()
     if b.errors or not b.complete:
         pytest.fail("scripted broker: " + ("; ".join(b.errors) or "script not finished"), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory):
+    """A Mosquitto with a TLS listener (its certificate is for 127.0.0.1 and localhost, signed by a
+    generated CA), as JSON-friendly values: host, port (plain), tls_port, and certs: a folder with
+    ca.pem and ca.der (that CA) and other_ca.der (a CA that signed nothing of the broker's). DER
+    because MicroPython's mbedtls parses only DER (load_verify_locations(cadata=...)); CPython takes
+    DER bytes as cadata too, so one test body serves both runtimes. One broker per module."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+    from ternlab import certs
+    from ternlab.broker import Broker
+
+    d = tmp_path_factory.mktemp("tls")
+    b = Broker(d / "broker", tls=True).start()
+    other = certs.make_ca(d / "other", "A CA that signed nothing of this broker's")
+    (d / "ca.pem").write_bytes(b.ca_path.read_bytes())
+    for name, pem in (("ca.der", b.ca_path), ("other_ca.der", other.cert_path)):
+        cert = x509.load_pem_x509_certificate(pem.read_bytes())
+        (d / name).write_bytes(cert.public_bytes(Encoding.DER))
+    yield {"host": b.host, "port": b.port, "tls_port": b.tls_port, "certs": str(d)}
+    b.stop()
