@@ -28,7 +28,7 @@ def publish(broker, messages, cid="pub"):
 def good(device, seq, qos, boot=1):
     payload = schema.make_payload(device, boot, seq, qos, 1700000000.0 + seq,
                                   {"temp": 20.0 + seq, "hum": 50.5})
-    return (f"telemetry/{device}", payload, qos)
+    return (f"tern/{device}/telemetry", payload, qos)
 
 
 def wait_total(c, n, timeout=20):
@@ -48,11 +48,11 @@ BAD = [b"not json", b'{"d": "x", "s": 1, "q": 1}', b"\xff\xfe", b'{"d": "x", "b"
 def test_lands_partitioned_parquet_quarantines_and_acks_only_what_it_wrote(broker, tmp_path):
     land = tmp_path / "landing"
     c = CollectorProc(broker, land, "col-1", "--batch-size", "25", "--batch-time", "60", "--keep-raw")
-    c.wait_for(r"subscribed to \$share/tern/telemetry/# at QoS 2 .*session present: 0")
+    c.wait_for(r"subscribed to \$share/tern/tern/\+/telemetry at QoS 2 .*session present: 0")
     sent = [good("dev-a", s, 1) for s in range(40)] + [good("dev-b", s, 2) for s in range(10)]
     publish(broker, sent)
     assert wait_total(c, 50)[0] >= 25  # at least one batch of 25 written
-    late = [("telemetry/odd", raw, 1) for raw in BAD] + [good("dev-a", 40, 1)]
+    late = [("tern/odd/telemetry", raw, 1) for raw in BAD] + [good("dev-a", 40, 1)]
     publish(broker, late)
     landed, quarantined, waiting = wait_total(c, 55)
     assert waiting > 0  # the batch is not full and not old: only SIGTERM writes it
@@ -70,7 +70,7 @@ def test_lands_partitioned_parquet_quarantines_and_acks_only_what_it_wrote(broke
         assert (f.parent.parent.name, f.parent.name) == (f"date={date}", f"hour={hour}")
         assert f.parent.parent.parent == land
         assert r["payload_raw"] == by_key[(r["device"], r["seq"])]
-        assert r["topic"] == f"telemetry/{r['device']}" and r["collector"] == "col-1"
+        assert r["topic"] == f"tern/{r['device']}/telemetry" and r["collector"] == "col-1"
         assert r["boot"] == 1 and r["sent_ts"] == 1700000000.0 + r["seq"]
         assert dict(r["readings"]) == {"temp": 20.0 + r["seq"], "hum": 50.5}
     for f in parquet_files(land):
@@ -86,7 +86,7 @@ def test_lands_partitioned_parquet_quarantines_and_acks_only_what_it_wrote(broke
     assert sorted(r["payload_raw"] for r in q) == sorted(BAD)
     reasons = {r["payload_raw"]: r["reason"] for r in q}
     assert "boot" in reasons[BAD[1]] and "seq" in reasons[BAD[3]]
-    assert all(r["reason"] and r["topic"] == "telemetry/odd" for r in q)
+    assert all(r["reason"] and r["topic"] == "tern/odd/telemetry" for r in q)
     assert all(f.relative_to(land).parts[:2] == ("quarantine", f"date={date}") for f in {r["_file"] for r in q})
     assert not [p for p in land.rglob(".tmp-*")]
 
@@ -218,10 +218,15 @@ def test_connection_cut_mid_batch_resends_replace_what_was_held(broker, chaos, t
     (["x", "--id", "c", "--batch-bytes", "lots"], "not a size like 8M"),
     (["x", "--id", "c", "--receive-max", "70000"], "--receive-max must be 1..65535"),
     (["x", "--id", "c", "-P", "hunter2"], "--password needs --username"),
+    (["x", "--id", "c", "--retire", "--drain-idle", "0"], "must be greater than 0"),
+    (["x", "--id", "c", "TERN_COLLECT_FAULT=kill-now"], "TERN_COLLECT_FAULT must be kill-after-commit:N"),
 ])
-def test_bad_options_are_one_line_errors(argv, message, capsys):
+def test_bad_options_are_one_line_errors(argv, message, capsys, monkeypatch):
     from ternlab.cli import main
 
-    assert main(["collect", *argv]) == 2
+    env = [a for a in argv if a.startswith("TERN_COLLECT_FAULT=")]
+    for a in env:  # the test-only fault hook is checked like an option
+        monkeypatch.setenv(*a.split("=", 1))
+    assert main(["collect", *[a for a in argv if a not in env]]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "hunter2" not in err

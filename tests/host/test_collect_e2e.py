@@ -20,7 +20,7 @@ def test_two_collectors_one_killed_mid_batch_lose_nothing(broker, spark, tmp_pat
     c1_again = None
     try:
         for c in (c1, c2):
-            c.wait_for(r"subscribed to \$share/tern/telemetry/#")
+            c.wait_for(r"subscribed to \$share/tern/tern/\+/telemetry")
         devs = [start_device(broker, f"dev-{i}", PER_DEVICE, qos=1, interval_ms=8) for i in range(DEVICES)]
         # kill c1 once it has landed a batch and holds part of the next one
         deadline = time.monotonic() + 30

@@ -22,10 +22,26 @@ How it keeps "nothing lost":
   crash costs no message and, when the broker did keep them, no duplicate.
 - SIGTERM / SIGINT: the current batch is written and acknowledged, then the collector disconnects
   cleanly (the session stays) and exits 0.
+- QoS 2 exactly once, across a kill too: every landing file carries the record of the QoS 2 messages
+  landed and not yet released by the broker (packet id + checksum of topic and payload, see
+  :mod:`.landing`), committed by the same rename as the rows. At start the collector reads it back from
+  its newest file; a resend (DUP set) with a recorded packet id and the same checksum is acknowledged
+  (PUBREC, then PUBCOMP on the PUBREL) and not landed again (``qos2_already_landed``). A PUBREL tells
+  it the broker has the PUBREC (the entry is dropped), as does another message under that packet id.
+  QoS 1 has no such release: a kill between a file's rename and its PUBACKs still gives duplicates.
+- ``--retire``: connect as ``--id`` (its persistent session), unsubscribe the shared subscription, land
+  and acknowledge what the broker still holds for it until nothing comes for ``--drain-idle`` seconds
+  and one UNSUBSCRIBE round trip confirms it, then end the session (MQTT 5: DISCONNECT with session
+  expiry 0; 3.x: a clean-session connect).
 
 Broker side (Mosquitto): a shared subscription keeps sending to a member whose persistent session is
-offline; those messages wait for that member's return. Restart a dead collector with the same ``--id``
-(or let its session expire, after which Mosquitto discards them). See docs/pipeline.md.
+offline; those messages wait for that member's return. Restart a dead collector with the same ``--id``,
+or retire it with ``--retire``; a session left to expire takes its messages with it. See
+docs/pipeline.md.
+
+Test-only fault injection: ``TERN_COLLECT_FAULT=kill-after-commit:N`` (or ``kill-after-ack:N``) makes
+the collector SIGKILL itself right after its N-th batch is renamed (or just after its acknowledgements
+went out); the tests use it to hit those crash windows exactly. Never set it in production.
 
 ``recv_idx`` is ``<microseconds since the epoch at start> + <arrival number>``: strictly increasing in
 arrival order for one collector, across its restarts too (as long as its clock does not go back).
@@ -41,7 +57,7 @@ import sys
 import time
 
 from . import schema
-from .landing import LandingError, LandingWriter
+from .landing import LandingError, LandingWriter, qos2_key
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 VERSIONS = {"5": 5, "mqttv5": 5, "311": 4, "mqttv311": 4, "31": 3, "mqttv31": 3}
@@ -77,14 +93,26 @@ def _positive(kind):
     return conv
 
 
+def _parse_fault(text):
+    """``kill-after-commit:N`` / ``kill-after-ack:N`` -> ("commit" | "ack", N); empty -> None."""
+    if not text:
+        return None
+    what, _, n = text.partition(":")
+    if what not in ("kill-after-commit", "kill-after-ack") or not n.isdigit() or int(n) < 1:
+        raise ValueError(f"TERN_COLLECT_FAULT must be kill-after-commit:N or kill-after-ack:N "
+                         f"(N >= 1), not {text!r}")
+    return what.rsplit("-", 1)[1], int(n)
+
+
 class Batch:
     """Messages received and not yet durable, in arrival order, as column lists (``_idx``: arrival
-    number, which names the files; ``_raw``: each landing row's payload, to recognise a resend)."""
+    number, which names the files; ``_raw``: each landing row's payload, to recognise a resend;
+    ``_q2``: ``(packet id, qos2_key)`` of a QoS 2 message, None otherwise, for the landing record)."""
 
     def __init__(self):
-        self.rows = {n: [] for n in (*schema.LANDING_FIELDS, "_raw")}
+        self.rows = {n: [] for n in (*schema.LANDING_FIELDS, "_raw", "_q2")}
         self.rows["_idx"] = self.rows["recv_idx"]
-        self.quarantine = {n: [] for n in (*schema.QUARANTINE_FIELDS, "_idx")}
+        self.quarantine = {n: [] for n in (*schema.QUARANTINE_FIELDS, "_idx", "_q2")}
         self.acks = []         # ack_id per QoS 1/2 message, arrival order
         self.count = 0         # messages (landing + quarantine)
         self.nbytes = 0        # payload bytes
@@ -117,6 +145,25 @@ class Batch:
                 {k: v + later.quarantine[k] for k, v in self.quarantine.items()})
 
 
+def _release_store(collector):
+    """The client's (in-memory) session store, telling ``collector`` what the broker did with the
+    inbound QoS 2 messages: a PUBREL releases one (the broker has our PUBREC: it will not send that
+    PUBLISH again), a connection without session present forgets them all (nothing comes again).
+    Uses only the store contract of :mod:`tern.store` (``in_release``, ``in_clear``)."""
+    from tern.store import MemoryStore
+
+    class ReleaseStore(MemoryStore):
+        def in_release(self, pid):
+            MemoryStore.in_release(self, pid)
+            collector.landed_q2.pop(pid, None)
+
+        def in_clear(self):
+            MemoryStore.in_clear(self)
+            collector.landed_q2.clear()
+
+    return ReleaseStore()
+
+
 class Collector:
     """One collector process: the client, the batch, the writer, and the counters."""
 
@@ -134,23 +181,31 @@ class Collector:
         self.orphan_keys: dict = {}
         self.stop_reason = None
         self.resubscribe = False
+        self.arrivals = 0                     # messages received, all kinds (retire: the drain)
+        self.last_activity = time.monotonic()  # last arrival or write (retire: idle since)
+        self.retired = False
+        self.fault = getattr(args, "fault", None)
         self.stats = {"landed": 0, "quarantined": 0, "acked": 0, "redelivered": 0, "resent_matched": 0,
-                      "written_unacked": 0, "batches": 0}
-        opts = {"manual_ack": True}
+                      "written_unacked": 0, "qos2_already_landed": 0, "batches": 0}
+        # QoS 2 messages landed that the broker may still send again: {packet id: qos2_key}. Read
+        # back from the newest landing file at start, carried in every file written, and emptied as
+        # the broker releases them (PUBREL), reuses their packet id, or forgets the session.
+        self.landed_q2: dict = {}
+        opts = {"manual_ack": True, "store": _release_store(self)}
         if args.version == 5:
             opts["session_expiry"] = args.session_expiry
             from tern import props as P
             opts["connect_props"] = {P.RECEIVE_MAXIMUM: args.receive_max}
-        if args.username:
-            opts["username"] = args.username
-            opts["password"] = args.password
         ssl = None
         if args.cafile:
             import ssl as _ssl
             ssl = _ssl.create_default_context(cafile=args.cafile)
-        self.client = Client(args.id, server=args.host, port=args.port, version=args.version,
-                             keepalive=args.keepalive, clean=False, ssl=ssl, backoff_min=0.1,
-                             backoff_max=5, **opts)
+        # where and who: also what a retiring collector's final clean connect (MQTT 3.x) needs
+        self.conn = {"server": args.host, "port": args.port, "version": args.version, "ssl": ssl}
+        if args.username:
+            self.conn.update(username=args.username, password=args.password)
+        self.client = Client(args.id, keepalive=args.keepalive, clean=False, backoff_min=0.1,
+                             backoff_max=5, **self.conn, **opts)
         self.client.on_message = self._on_message
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
@@ -193,10 +248,27 @@ class Collector:
     def _on_message(self, m):
         raw = bytes(m.payload)
         now = time.time()
-        self.idx += 1
+        self.arrivals += 1
+        self.last_activity = time.monotonic()
         b = self.batch
         if m.dup:
             self.stats["redelivered"] += 1
+        q2 = None
+        if m.qos:
+            pid = m.pid
+            q2 = (pid, qos2_key(m.topic, raw)) if m.qos == 2 else None
+            known = self.landed_q2.get(pid)
+            if known is not None:
+                if m.dup and q2 is not None and q2[1] == known:
+                    # A resend of a QoS 2 message already in a landing file (the PUBREC was lost
+                    # with a killed collector or a broken connection): answer it, do not land it.
+                    # The PUBREC leaves in arrival order; the PUBREL that follows is completed.
+                    self.stats["qos2_already_landed"] += 1
+                    self.client.ack(m.ack_id)
+                    return
+                # another message under that packet id: the broker had released the landed one
+                del self.landed_q2[pid]
+        self.idx += 1
         if self.orphan_keys:
             key = (m.topic, raw)
             n = self.orphan_keys.get(key)
@@ -217,6 +289,7 @@ class Collector:
             q["topic"].append(m.topic)
             q["collector"].append(self.args.id)
             q["_idx"].append(self.idx)
+            q["_q2"].append(q2)
         else:
             r = b.rows
             r["device"].append(p["device"])
@@ -231,6 +304,7 @@ class Collector:
             r["readings"].append(list(p["readings"].items()))
             r["payload_raw"].append(raw if self.args.keep_raw else None)
             r["_raw"].append(raw)
+            r["_q2"].append(q2)
         if m.qos:
             b.acks.append(m.ack_id)
         b.count += 1
@@ -263,12 +337,14 @@ class Collector:
         if not b.count and not o.count:
             return
         rows, quarantine = o.merged(b) if o.count else (b.rows, b.quarantine)
-        self.writer.commit(rows, quarantine)  # raises LandingError: nothing acknowledged
+        # raises LandingError: nothing acknowledged
+        self.landed_q2 = self.writer.commit(rows, quarantine, self.landed_q2)
         self.batch, self.orphans, self.orphan_keys = Batch(), Batch(), {}
         self.stats["landed"] += len(rows["recv_ts"])
         self.stats["quarantined"] += len(quarantine["recv_ts"])
         self.stats["written_unacked"] += o.count
         self.stats["batches"] += 1
+        self._fault("commit")
         client = self.client
         for k, ack_id in enumerate(b.acks):
             if not client.connected:
@@ -280,6 +356,18 @@ class Collector:
                 self.stats["written_unacked"] += len(b.acks) - k
                 break
             self.stats["acked"] += 1
+        self._fault("ack")
+
+    def _fault(self, point: str) -> None:
+        """Test-only fault injection: ``TERN_COLLECT_FAULT=kill-after-commit:N`` (or
+        ``kill-after-ack:N``) SIGKILLs this process right after the N-th batch's files are renamed
+        and before any of its acknowledgements (or 0.3 s after they were sent), to test exactly the
+        crash windows the landing record closes. Not for production use."""
+        f = self.fault
+        if f and f[0] == point and self.stats["batches"] == f[1]:
+            if point == "ack":
+                time.sleep(0.3)  # the acknowledgements reach the broker; its PUBRELs stay unread
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _wait(self, seconds: float) -> None:
         sock = self.client.sock
@@ -294,7 +382,7 @@ class Collector:
         except (OSError, ValueError):
             pass  # closed under us: the next loop() notices
 
-    def _disconnect(self, timeout: float = 2.0) -> None:
+    def _disconnect(self, timeout: float = 2.0, props: dict | None = None) -> None:
         """DISCONNECT (the session stays), then close only once the broker has closed its side.
 
         Closing a socket with unread data in it (a PUBREL, a new PUBLISH: the broker may send at any
@@ -310,7 +398,7 @@ class Collector:
         import socket as _socket
 
         try:
-            c.session.disconnect(int(time.monotonic() * 1000))
+            c.session.disconnect(int(time.monotonic() * 1000), 0, props)
             sock.shutdown(_socket.SHUT_WR)
             end = time.monotonic() + timeout
             while time.monotonic() < end:
@@ -338,66 +426,52 @@ class Collector:
             return EXIT_FAIL
         if stale:
             self.say(f"removed {stale} temporary file(s) left by an earlier run")
+        try:
+            self.landed_q2 = self.writer.last_record()
+        except LandingError as e:
+            self.say(f"error: {e}")
+            return EXIT_FAIL
+        if self.landed_q2:
+            self.say(f"{len(self.landed_q2)} QoS 2 message(s) in the newest landing file may not be "
+                     "released by the broker yet: a resend of one is acknowledged, not landed again")
         from tern.client import ConnectError
 
         try:
             present = self.client.connect()
             self.say(f"connected to {a.host}:{a.port} (session present: {int(bool(present))})")
-            codes = self.client.subscribe(self.filter, a.qos)
+            if a.retire:
+                codes = self.client.unsubscribe(self.filter)
+            else:
+                codes = self.client.subscribe(self.filter, a.qos)
         except ConnectError as e:
             self.say(f"error: {a.host}:{a.port} refused the connection ({e})")
             return EXIT_FAIL
         except OSError as e:
             self.say(f"error: cannot connect to {a.host}:{a.port}: {e}")
             return EXIT_FAIL
-        if not codes or codes[0] >= 0x80:
+        mqtt = "5" if a.version == 5 else "3.1.1" if a.version == 4 else "3.1"
+        if a.retire:
+            self.say(f"retiring: unsubscribed from {self.filter} (reason codes {codes or 'none'}, "
+                     f"MQTT {mqtt}, session present: {int(bool(present))}); landing what the broker "
+                     f"still holds for this id, until nothing comes for {a.drain_idle:g} s")
+        elif not codes or codes[0] >= 0x80:
             self.say(f"error: the broker refused the subscription {self.filter!r} "
                      f"(reason 0x{(codes or [0x80])[0]:02X})")
             self._disconnect()
             return EXIT_FAIL
-        self.say(f"subscribed to {self.filter} at QoS {codes[0]} on {a.host}:{a.port} "
-                 f"(MQTT {'5' if a.version == 5 else '3.1.1' if a.version == 4 else '3.1'}, "
-                 f"session present: {int(bool(present))}), landing in {self.writer.root}")
+        else:
+            self.say(f"subscribed to {self.filter} at QoS {codes[0]} on {a.host}:{a.port} "
+                     f"(MQTT {mqtt}, session present: {int(bool(present))}), landing in "
+                     f"{self.writer.root}")
 
         def on_signal(signum, frame):
             self.stop_reason = signal.Signals(signum).name
 
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         t0 = time.monotonic()
-        next_report = t0 + a.progress if a.progress else None
-        last_landed = 0
         status = EXIT_OK
         try:
-            while self.stop_reason is None:
-                try:
-                    self.client.loop(0)
-                except ConnectError as e:
-                    raise CollectError(f"the broker refused the reconnection ({e})") from None
-                if self.resubscribe and self.client.connected:
-                    self.resubscribe = False
-                    try:
-                        codes = self.client.subscribe(self.filter, a.qos)
-                        self.say(f"subscribed again to {self.filter} (reason codes {codes})")
-                    except OSError as e:  # lost again: the next connect sets resubscribe
-                        self.say(f"subscribing again failed: {e}")
-                if self._due():
-                    self.flush()
-                    continue
-                now = time.monotonic()
-                if next_report is not None and now >= next_report:
-                    rate = (self.stats["landed"] - last_landed) / a.progress
-                    last_landed = self.stats["landed"]
-                    self.say(f"landed {self.stats['landed']} ({rate:.0f}/s), quarantined "
-                             f"{self.stats['quarantined']}, files {self.writer.files}, "
-                             f"waiting {self.unwritten}")
-                    next_report = now + a.progress
-                b = self.batch
-                wait = 0.2
-                if b.count:
-                    wait = max(0.0, min(wait, b.first_at + a.batch_time - now))
-                if next_report is not None:
-                    wait = max(0.0, min(wait, next_report - now))
-                self._wait(wait)
+            self._loop()
             self.flush()
         except LandingError as e:
             self.say(f"error: {e}; {self.unwritten} message(s) not written and not acknowledged "
@@ -409,14 +483,126 @@ class Collector:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-            self._disconnect()
+            if self.retired:
+                status = self._end_session()
+            else:
+                if a.retire and status == EXIT_OK:
+                    self.say(f"retirement interrupted ({self.stop_reason}): the session, and what "
+                             "it still holds, stay with the broker; run --retire again")
+                self._disconnect()
         s = self.stats
-        self.say(f"{'stopped (' + self.stop_reason + ')' if self.stop_reason else 'stopped'}: "
+        why = self.stop_reason or ("retired" if self.retired else "")
+        self.say(f"{'stopped (' + why + ')' if why else 'stopped'}: "
                  f"landed={s['landed']} quarantined={s['quarantined']} acked={s['acked']} "
                  f"files={self.writer.files} bytes={self.writer.bytes} batches={s['batches']} "
                  f"redelivered={s['redelivered']} resent_matched={s['resent_matched']} "
-                 f"written_unacked={s['written_unacked']} seconds={time.monotonic() - t0:.1f}")
+                 f"written_unacked={s['written_unacked']} qos2_already_landed={s['qos2_already_landed']} "
+                 f"seconds={time.monotonic() - t0:.1f}")
         return status
+
+    def _loop(self) -> None:
+        """Receive, write due batches, report progress: until a signal (or, retiring, drained)."""
+        from tern.client import ConnectError
+
+        a = self.args
+        next_report = time.monotonic() + a.progress if a.progress else None
+        last_landed = 0
+        while self.stop_reason is None:
+            try:
+                self.client.loop(0)
+            except ConnectError as e:
+                raise CollectError(f"the broker refused the reconnection ({e})") from None
+            if self.resubscribe and self.client.connected:
+                self.resubscribe = False
+                try:
+                    if a.retire:
+                        codes = self.client.unsubscribe(self.filter)
+                        self.say(f"unsubscribed again from {self.filter} (reason codes {codes})")
+                    else:
+                        codes = self.client.subscribe(self.filter, a.qos)
+                        self.say(f"subscribed again to {self.filter} (reason codes {codes})")
+                except OSError as e:  # lost again: the next connect sets resubscribe
+                    self.say(f"subscribing again failed: {e}")
+            if self._due():
+                self.flush()
+                self.last_activity = time.monotonic()
+                continue
+            if a.retire and self._drained():
+                self.retired = True
+                return
+            now = time.monotonic()
+            if next_report is not None and now >= next_report:
+                rate = (self.stats["landed"] - last_landed) / a.progress
+                last_landed = self.stats["landed"]
+                self.say(f"landed {self.stats['landed']} ({rate:.0f}/s), quarantined "
+                         f"{self.stats['quarantined']}, files {self.writer.files}, "
+                         f"waiting {self.unwritten}")
+                next_report = now + a.progress
+            b = self.batch
+            wait = 0.2
+            if b.count:
+                wait = max(0.0, min(wait, b.first_at + a.batch_time - now))
+            if a.retire:
+                wait = max(0.0, min(wait, self.last_activity + a.drain_idle - now))
+            if next_report is not None:
+                wait = max(0.0, min(wait, next_report - now))
+            self._wait(wait)
+
+    # --- retiring -------------------------------------------------------------------------------
+
+    def _drained(self) -> bool:
+        """Retiring: has the broker nothing more for this session?
+
+        Nothing arrived for ``--drain-idle`` seconds: what is held is written and acknowledged now.
+        Then one more round trip (UNSUBSCRIBE again, answered by UNSUBACK): the broker handles a
+        connection's packets in order, so by the UNSUBACK it has read every acknowledgement sent
+        before -- including the PUBCOMPs that free in-flight slots -- and has already sent what they
+        released. Nothing arrived before the UNSUBACK and nothing is held: drained."""
+        c = self.client
+        if not c.connected or time.monotonic() - self.last_activity < self.args.drain_idle:
+            return False
+        if self.unwritten:
+            self.flush()
+            self.last_activity = time.monotonic()
+            return False
+        seen = self.arrivals
+        try:
+            c.unsubscribe(self.filter)
+        except OSError:
+            return False  # lost: loop() reconnects, and the drain goes on
+        self.last_activity = time.monotonic()
+        return self.arrivals == seen and not self.unwritten and c.connected
+
+    def _end_session(self) -> int:
+        """Retiring, drained: end the session at the broker so nothing more is kept for this id.
+        MQTT 5: DISCONNECT with Session Expiry Interval 0. MQTT 3.x has no such property: a normal
+        DISCONNECT, then a clean-session connect with the same id (which discards the old session)
+        and its DISCONNECT (a clean session ends with its connection)."""
+        a = self.args
+        if not self.client.connected:  # lost at the last moment: the session stays, so may the rest
+            self._disconnect()
+            self.say("error: the connection was lost before the session could be ended; everything "
+                     "received was landed; run --retire again")
+            return EXIT_FAIL
+        if a.version == 5:
+            from tern import props as P
+
+            self._disconnect(props={P.SESSION_EXPIRY_INTERVAL: 0})
+            self.say("retired: the session ended at the broker (DISCONNECT, session expiry 0)")
+            return EXIT_OK
+        self._disconnect()
+        from tern.client import Client
+
+        c = Client(a.id, clean=True, reconnect=False, keepalive=a.keepalive, **self.conn)
+        try:
+            c.connect()
+            c.disconnect()
+        except OSError as e:
+            self.say(f"error: everything was landed, but the final clean-session connect to end the "
+                     f"session failed: {e}; run --retire again")
+            return EXIT_FAIL
+        self.say("retired: the session ended at the broker (clean-session connect and DISCONNECT)")
+        return EXIT_OK
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -424,7 +610,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", required=True,
                    help="client id of this collector; keep it stable across restarts (the broker keeps "
                         "unacknowledged messages for it)")
-    p.add_argument("-t", "--topic", default="telemetry/#", help="topic filter (default: telemetry/#)")
+    p.add_argument("-t", "--topic", default="tern/+/telemetry",
+                   help="topic filter (default: tern/+/telemetry, where the telemetry firmware publishes)")
     p.add_argument("--group", default="tern", help="shared subscription group (default: tern)")
     p.add_argument("-h", "--host", default="127.0.0.1", help="broker host (default: 127.0.0.1)")
     p.add_argument("-p", "--port", type=int, default=None, help="broker port (default 1883, 8883 with TLS)")
@@ -446,6 +633,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "messages while it is down (default 604800, a week)")
     p.add_argument("-k", "--keepalive", type=int, default=60, help="keepalive in seconds (default 60)")
     p.add_argument("--keep-raw", action="store_true", help="also store each raw payload in payload_raw")
+    p.add_argument("--retire", action="store_true",
+                   help="retire collector --id: unsubscribe its shared subscription, land and "
+                        "acknowledge what the broker still holds for it, end its session, exit 0")
+    p.add_argument("--drain-idle", type=_positive(float), default=1.0,
+                   help="--retire: the broker has nothing more once nothing came for this many "
+                        "seconds (default 1.0; then one round trip confirms it)")
     p.add_argument("--progress", type=float, default=10.0,
                    help="seconds between progress lines (default 10; 0: none)")
     p.add_argument("-u", "--username", default=None)
@@ -486,6 +679,10 @@ def check_args(args) -> str | None:
         return f"--cafile not found: {args.cafile}"
     if args.progress < 0:
         return f"--progress must be >= 0, not {args.progress}"
+    try:
+        args.fault = _parse_fault(os.environ.get("TERN_COLLECT_FAULT"))
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -510,8 +707,10 @@ def add_subcommands(subparsers) -> None:
         description="Join the shared subscription $share/GROUP/TOPIC with a persistent session and "
                     "write what arrives as Parquet landing files (date=/hour= partitions, committed "
                     "atomically); each message is acknowledged only once its file is durable. "
-                    "Malformed payloads go to LANDING/quarantine. Exit status 1 when the landing "
-                    "directory cannot be written or the broker refuses; 0 after SIGTERM/SIGINT.")
+                    "Malformed payloads go to LANDING/quarantine; QoS 2 messages land exactly once, "
+                    "across restarts too. --retire lands what the broker still holds for --id and "
+                    "ends its session. Exit status 1 when the landing directory cannot be written or "
+                    "the broker refuses; 0 after SIGTERM/SIGINT or a completed --retire.")
     p.add_argument("--help", action="help", help="show this help and exit")
     add_arguments(p)
     p.set_defaults(func=run)

@@ -8,14 +8,23 @@ returns only when every file of the batch is durable; the collector acknowledges
 Any failure (disk full, read-only or unwritable directory, I/O error) raises :class:`LandingError` with
 one line naming the path and the cause, and leaves no temporary file behind when it can remove it.
 
+Each file also carries, in its Parquet key-value metadata, the collector's record of the QoS 2 messages
+landed but perhaps not yet released by the broker (``tern.qos2``: packet id + checksum of topic and
+payload, see :func:`qos2_key`). It is committed by the same rename as the rows, so after a crash the
+newest file says which resends (DUP set, same packet id, same checksum) are already on disk:
+:meth:`LandingWriter.last_record` reads it back.
+
 The columns and their order are the landing and quarantine tables of :mod:`.schema`.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
+import hashlib
 import os
 import re
+import struct
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,6 +43,31 @@ def arrow_schema(columns) -> pa.Schema:
 LANDING_ARROW = arrow_schema(schema.LANDING_COLUMNS)
 QUARANTINE_ARROW = arrow_schema(schema.QUARANTINE_COLUMNS)
 TMP_PREFIX = ".tmp-"
+
+
+# Parquet key-value metadata of every landing and quarantine file
+META_COLLECTOR = b"tern.collector"  # the exact --id (file names only hold a file-safe form of it)
+META_COMMIT = b"tern.commit"        # the commit (batch) this file belongs to: its smallest recv_idx
+META_PART = b"tern.part"            # 1, 2, ...: the order the commit's files were renamed in
+META_QOS2 = b"tern.qos2"            # base64 of (packet id: 2 bytes, qos2_key: 8 bytes) entries
+_ENTRY = struct.Struct(">H8s")
+
+
+def qos2_key(topic: str, payload: bytes) -> bytes:
+    """8-byte checksum of a message's topic and payload: with the packet id and the DUP flag, what
+    tells a resend of a landed QoS 2 message from a new message that reuses the packet id."""
+    return hashlib.blake2b(topic.encode() + b"\0" + bytes(payload), digest_size=8).digest()
+
+
+def encode_record(record: dict) -> bytes:
+    return base64.b64encode(b"".join(_ENTRY.pack(pid, key) for pid, key in record.items()))
+
+
+def decode_record(text: bytes) -> dict:
+    raw = base64.b64decode(text, validate=True)
+    if len(raw) % _ENTRY.size:
+        raise ValueError("truncated record")
+    return {pid: key for pid, key in _ENTRY.iter_unpack(raw)}
 
 
 class LandingError(OSError):
@@ -79,6 +113,7 @@ class LandingWriter:
 
     def __init__(self, root: str, collector: str):
         self.root = os.path.abspath(root)
+        self.collector = collector
         self.tag = safe_name(collector)
         self._known_dirs: set[str] = set()
         self.files = 0
@@ -130,28 +165,74 @@ class LandingWriter:
             raise LandingError(e.errno, f"landing directory {self.root} is not writable: {_why(e)}") \
                 from None
 
+    def _hour_dirs(self):
+        for top in (self.root, os.path.join(self.root, schema.QUARANTINE_DIR)):
+            for date in _subdirs(top, "date="):
+                yield from _subdirs(date, "hour=")
+
     def remove_stale_temps(self) -> int:
         """Delete temporary files this collector left when it was killed mid-write; returns how many."""
         prefix = f"{TMP_PREFIX}{self.tag}-"
         n = 0
-        for top in (self.root, os.path.join(self.root, schema.QUARANTINE_DIR)):
-            for date in _subdirs(top, "date="):
-                for hour in _subdirs(date, "hour="):
-                    for entry in os.scandir(hour):
-                        if entry.name.startswith(prefix):
-                            _unlink_quietly(entry.path)
-                            n += 1
+        for hour in self._hour_dirs():
+            for entry in os.scandir(hour):
+                if entry.name.startswith(prefix):
+                    _unlink_quietly(entry.path)
+                    n += 1
         return n
+
+    def last_record(self) -> dict:
+        """The QoS 2 record (``{packet id: qos2_key}``) of this collector's newest commit: the
+        messages it landed that the broker may not have released yet. Empty when there is none.
+
+        Every commit's rows arrived after the previous commit's, and file names carry the first
+        ``recv_idx``, so the newest commit's files are the top of this collector's files by name; of
+        those, the one renamed last (highest ``tern.part``) holds the record of everything that
+        commit made durable (a kill mid-commit leaves parts 1..k, and part k's record covers exactly
+        what they hold). Only footers are read."""
+        names = []
+        rx = re.compile(rf"^(?:part|q)-{re.escape(self.tag)}-(\d{{20}})\.parquet$")
+        for hour in self._hour_dirs():
+            for entry in os.scandir(hour):
+                m = rx.match(entry.name)
+                if m:
+                    names.append((int(m.group(1)), entry.path))
+        names.sort(reverse=True)
+        commit, best, part = None, {}, 0
+        for _, path in names:
+            try:
+                meta = pq.read_metadata(path).metadata or {}
+            except (OSError, pa.ArrowException) as e:
+                raise LandingError(getattr(e, "errno", None) or errno.EIO,
+                                   f"cannot read landing file {path}: {e}") from None
+            if meta.get(META_COLLECTOR) != self.collector.encode():
+                if META_COLLECTOR in meta:
+                    continue  # another collector whose id maps to the same file-name tag
+                break  # written before files carried a record: nothing to go on
+            if commit is None:
+                commit = meta.get(META_COMMIT)
+            elif meta.get(META_COMMIT) != commit:
+                break
+            p = int(meta.get(META_PART, b"0"))
+            if p > part:
+                try:
+                    best, part = decode_record(meta.get(META_QOS2, b"")), p
+                except ValueError as e:
+                    raise LandingError(errno.EINVAL, f"landing file {path} has a damaged "
+                                       f"{META_QOS2.decode()} record: {e}") from None
+        return best
 
     # --- commit -------------------------------------------------------------------------------
 
-    def _write_file(self, directory: str, name: str, table: pa.Table) -> None:
+    def _write_file(self, directory: str, name: str, table: pa.Table, meta: dict) -> None:
+        """Write ``table`` (and ``meta`` as the file's key-value metadata) under a temporary name,
+        fsync, rename to ``name``, fsync the directory."""
         self._ensure_dir(directory)
         final = os.path.join(directory, name)
         tmp = os.path.join(directory, f"{TMP_PREFIX}{self.tag}-{name}")
         try:
             with open(tmp, "xb") as f:
-                pq.write_table(table, f)
+                _write_parquet(f, table, meta)
                 f.flush()
                 os.fsync(f.fileno())
                 size = f.tell()
@@ -169,10 +250,17 @@ class LandingWriter:
         self.files += 1
         self.bytes += size
 
-    def commit(self, rows: dict, quarantine: dict) -> int:
+    def commit(self, rows: dict, quarantine: dict, record: dict | None = None) -> dict:
         """Make a batch durable. ``rows`` and ``quarantine`` are column lists (``{name: [values]}``,
-        every landing/quarantine column present, ``recv_ts`` included); returns the files written."""
-        before = self.files
+        every landing/quarantine column present, ``recv_ts`` and ``_idx`` included; ``_q2`` optional:
+        ``(packet id, qos2_key)`` for a QoS 2 message, else None). ``record`` is the QoS 2 record of
+        earlier commits still to carry. Returns the record after this commit.
+
+        Each file carries the record of what is durable once it is renamed: ``record`` plus the
+        QoS 2 entries of this file and of the commit's files renamed before it, never those of a
+        file not yet written (a crash before that file must let its messages land again)."""
+        rec = dict(record or {})
+        todo = []
         for cols, arrow, prefix, base in (
                 (rows, LANDING_ARROW, "part", self.root),
                 (quarantine, QUARANTINE_ARROW, "q", os.path.join(self.root, schema.QUARANTINE_DIR))):
@@ -181,11 +269,33 @@ class LandingWriter:
             for (date, hour), idx in _by_partition(cols["recv_ts"]).items():
                 part = {k: [v[i] for i in idx] for k, v in cols.items()} if len(idx) < len(
                     cols["recv_ts"]) else cols
-                table = pa.Table.from_pydict({n: part[n] for n in arrow.names}, schema=arrow)
-                first = part["_idx"][0]
-                self._write_file(os.path.join(base, f"date={date}", f"hour={hour}"),
-                                 f"{prefix}-{self.tag}-{first:020d}.parquet", table)
-        return self.files - before
+                todo.append((arrow, prefix, base, date, hour, part))
+        if not todo:
+            return rec
+        commit_id = str(min(p["_idx"][0] for *_, p in todo)).encode()
+        for n, (arrow, prefix, base, date, hour, part) in enumerate(todo, 1):
+            for entry in part.get("_q2") or ():
+                if entry is not None:
+                    rec[entry[0]] = entry[1]
+            table = pa.Table.from_pydict({c: part[c] for c in arrow.names}, schema=arrow)
+            meta = {META_COLLECTOR: self.collector.encode(), META_COMMIT: commit_id,
+                    META_PART: str(n).encode(), META_QOS2: encode_record(rec)}
+            first = part["_idx"][0]
+            self._write_file(os.path.join(base, f"date={date}", f"hour={hour}"),
+                             f"{prefix}-{self.tag}-{first:020d}.parquet", table, meta)
+        return rec
+
+
+def _write_parquet(f, table: pa.Table, meta: dict) -> None:
+    """One Parquet file with ``meta`` in its footer's key-value metadata -- added to the file only:
+    as Arrow schema metadata it would be stored twice (the footer also holds the serialized Arrow
+    schema), which doubles the record's size."""
+    if not hasattr(pq.ParquetWriter, "add_key_value_metadata"):
+        raise LandingError(errno.ENOTSUP, "pyarrow too old: ParquetWriter.add_key_value_metadata is "
+                           f"missing (pyarrow {pa.__version__}); install a newer pyarrow")
+    with pq.ParquetWriter(f, table.schema) as w:
+        w.write_table(table)
+        w.add_key_value_metadata(meta)
 
 
 def _by_partition(recv_ts: list) -> dict:

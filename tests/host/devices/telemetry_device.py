@@ -19,7 +19,7 @@ host, port, dev, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]
 qos = int(sys.argv[5]) if len(sys.argv) > 5 else 1
 interval = int(sys.argv[6]) if len(sys.argv) > 6 else 0
 boot = int(sys.argv[7]) if len(sys.argv) > 7 else 1
-topic = "telemetry/" + dev
+topic = "tern/%s/telemetry" % dev
 
 c = Client(dev, server=host, port=port, version=5, clean=False, session_expiry=3600,
            backoff_min=0.1, backoff_max=1, window=8)

@@ -1,0 +1,161 @@
+"""QoS 2 lands exactly once across a collector crash: `tern collect` SIGKILLed (by its test-only fault
+hook, TERN_COLLECT_FAULT) right after a batch's files were renamed and before any PUBREC left -- the
+window where the broker still holds those messages and sends them again, DUP set, to the restarted
+collector. The landing files carry the record of the QoS 2 packet ids they hold; the restarted collector
+answers those resends without landing them a second time. A real Mosquitto; the landing set is read back
+with pyarrow, not with the collector's code."""
+
+import os
+import time
+from collections import Counter
+
+import pyarrow.parquet as pq
+import pytest
+
+from devices.collecting import CollectorProc, parquet_files, read_rows
+from tern.client import Client
+from ternlab.pipeline import schema
+
+N = 50
+BAD = {5: b"not json", 12: b'{"d": "x", "b": 1, "s": -4, "q": 2}'}  # quarantined, QoS 2 too
+
+
+def messages():
+    """N QoS 2 messages on the firmware's topic; two of them malformed (they go to quarantine)."""
+    out = []
+    for s in range(N):
+        payload = BAD.get(s) or schema.make_payload("dev-q", 1, s, 2, 1700000000.0 + s, {"temp": 20.0 + s})
+        out.append(("tern/dev-q/telemetry", payload, 2))
+    return out
+
+
+def publish(broker, msgs):
+    c = Client("pub-q2", server=broker.host, port=broker.port, version=5)
+    c.connect()
+    for topic, payload, qos in msgs:
+        c.publish(topic, payload, qos)
+    c.wait_all(20)
+    c.disconnect()
+
+
+def landed(land):
+    """(Counter of landed (device, seq), Counter of quarantined payloads)."""
+    return (Counter((r["device"], r["seq"]) for r in read_rows(land)),
+            Counter(r["payload_raw"] for r in read_rows(land, quarantine=True)))
+
+
+@pytest.mark.parametrize("fault", ["kill-after-commit:1", "kill-after-ack:1"])
+def test_qos2_lands_exactly_once_across_a_kill_between_rename_and_pubrec(broker, tmp_path, fault):
+    land = tmp_path / "landing"
+    env = dict(os.environ, TERN_COLLECT_FAULT=fault)
+    # a batch is written at 20 messages; the broker may send up to 40 unacknowledged (Receive Maximum)
+    c = CollectorProc(broker, land, "col-q2", "--batch-size", "20", "--batch-time", "30", env=env)
+    c.wait_for(r"subscribed to \$share/tern/tern/\+/telemetry at QoS 2")
+    publish(broker, messages())
+    assert c.proc.wait(20) == -9, c.lines[-10:]  # SIGKILLed itself in the window
+    c.kill()
+    rows, quarantined = landed(land)
+    first = sum(rows.values()) + sum(quarantined.values())
+    assert first >= 20 and max(rows.values()) == 1  # one batch landed (more may have been received)
+    files = parquet_files(land)
+    meta = pq.read_metadata(files[0]).metadata
+    assert meta[b"tern.collector"] == b"col-q2"
+
+    # restarted with the same id: the broker sends every message without PUBREC again (DUP set)
+    again = CollectorProc(broker, land, "col-q2", "--batch-size", "20", "--batch-time", "0.3")
+    again.wait_for(r"session present: 1")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        rows, quarantined = landed(land)
+        if sum(rows.values()) + sum(quarantined.values()) >= N:
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)  # a duplicate would land within a batch time
+    assert again.stop() == 0
+    s = again.summary()
+
+    rows, quarantined = landed(land)
+    want = Counter(("dev-q", seq) for seq in range(N) if seq not in BAD)
+    assert rows == want, f"duplicates {+(rows - want)} missing {+(want - rows)}"
+    assert quarantined == Counter(BAD.values())
+    if fault == "kill-after-commit:1":
+        # every landed message came back unacknowledged: each answered, none landed again
+        assert s["qos2_already_landed"] == first, again.lines
+    else:
+        # the broker had the PUBRECs: it sent PUBRELs (completed), no PUBLISH came back
+        assert s["qos2_already_landed"] == 0, again.lines
+    assert s["landed"] + s["quarantined"] == N - first
+
+    # the broker holds nothing more for this id: no PUBLISH, no PUBREL left half done
+    third = CollectorProc(broker, land, "col-q2", "--batch-time", "0.2")
+    third.wait_for(r"session present: 1")
+    time.sleep(0.4)
+    assert third.stop() == 0
+    s3 = third.summary()
+    assert s3["landed"] == s3["redelivered"] == s3["qos2_already_landed"] == 0
+
+
+def test_qos2_pubrec_lost_with_the_connection_is_answered_not_landed_again(broker, chaos, tmp_path):
+    """No crash: the connection breaks at the collector's 5th PUBREC (after its batch was written),
+    so the broker has not released the messages from that one on and sends them again (DUP set) on
+    the new connection. The live process still knows it sent those PUBRECs (the session's inbound
+    QoS 2 ids): each resend is answered, none lands twice, and nothing stays at the broker."""
+    from ternlab.chaos import B2C, C2B
+
+    land = tmp_path / "landing"
+    chaos.cut_at_packet("PUBREC", 5, C2B, connections=1)
+    c = CollectorProc(broker, land, "col-cut", "--batch-size", "20", "--batch-time", "0.3",
+                      port=chaos.address[1])
+    c.wait_for("subscribed to")
+    publish(broker, messages())
+    c.wait_for(r"connection lost")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        rows, quarantined = landed(land)
+        if sum(rows.values()) + sum(quarantined.values()) >= N:
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert c.stop() == 0
+    rows, quarantined = landed(land)
+    assert rows == Counter(("dev-q", seq) for seq in range(N) if seq not in BAD)
+    assert quarantined == Counter(BAD.values())
+    again = [p.pid for p in chaos.packets(B2C, "PUBLISH") if p.conn > 1]
+    assert 5 in again  # the broker did send the un-released ones again
+    third = CollectorProc(broker, land, "col-cut", "--batch-time", "0.2")
+    third.wait_for(r"session present: 1")
+    time.sleep(0.4)
+    assert third.stop() == 0 and third.summary()["landed"] == 0
+
+
+def _rows(n, first_idx, ts, q2):
+    """Landing columns of n QoS 2 rows, as the collector hands them to LandingWriter.commit."""
+    cols = {"device": ["d"] * n, "boot": [1] * n, "seq": list(range(n)), "qos": [2] * n,
+            "topic": ["t"] * n, "sent_ts": [ts] * n, "recv_ts": [ts] * n,
+            "recv_idx": list(range(first_idx, first_idx + n)), "collector": ["col"] * n,
+            "readings": [[]] * n, "payload_raw": [None] * n, "_q2": [q2(i) for i in range(n)]}
+    cols["_idx"] = cols["recv_idx"]
+    return cols
+
+
+def test_a_commit_cut_between_its_files_records_only_what_was_renamed(tmp_path):
+    """A batch spanning two hours is two files, renamed one after the other; when the second cannot
+    be written, the first one's record holds its own QoS 2 entries and the carried ones, not the
+    second file's (those messages are not on disk: their resends must land)."""
+    from ternlab.pipeline.landing import LandingError, LandingWriter, qos2_key
+
+    w = LandingWriter(tmp_path, "col")
+    h = 1700000000 - 1700000000 % 3600
+    rows = _rows(6, 100, h + 3599.5, lambda i: (10 + i, qos2_key("t", b"%d" % i)))
+    rows["recv_ts"][3:] = [h + 3600.5] * 3  # rows 3..5 fall into the next hour
+    q = {k: [] for k in (*schema.QUARANTINE_FIELDS, "_idx", "_q2")}
+    date, hour = schema.partition_values(h + 3600.5)
+    (tmp_path / f"date={date}").mkdir(parents=True, exist_ok=True)
+    (tmp_path / f"date={date}" / f"hour={hour}").write_text("in the way")
+    carried = {7: b"k" * 8}
+    with pytest.raises(LandingError, match="a file is in the way"):
+        w.commit(rows, q, carried)
+    assert len(parquet_files(tmp_path)) == 1
+    want = {**carried, **{10 + i: qos2_key("t", b"%d" % i) for i in range(3)}}
+    assert LandingWriter(tmp_path, "col").last_record() == want
+    assert LandingWriter(tmp_path, "other").last_record() == {}
