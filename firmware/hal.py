@@ -72,14 +72,35 @@ def reset():
         sleep_ms(100)
 
 
-def deep_sleep(ms):
-    """Sleep with everything off; the board boots again afterwards (the emulated board restarts)."""
+def _machine():
+    # machine, or on the emulated board the shim that stands in for its WDT, deepsleep, reset_cause
     if emuboard:
-        sleep_ms(ms)
-        reset()
+        return emuboard
     import machine
 
-    machine.deepsleep(ms)
+    return machine
+
+
+def deep_sleep(ms):
+    """Sleep with everything off for ms (RAM is lost); the board boots again with reset cause
+    "deepsleep". On the emulated board the process ends and the host boots it after ms. Never 0:
+    older ESP32 firmware reads deepsleep(0) as "no timer" and would sleep for good."""
+    _machine().deepsleep(ms if ms > 0 else 1)
+    reset()  # a port whose deepsleep returns
+
+
+def reset_cause():
+    """Why this boot happened: "pwron", "hard", "wdt", "deepsleep", "soft" (MicroPython's
+    machine.reset_cause() by name), the raw number for another, None where the port cannot tell."""
+    m = _machine()
+    try:
+        c = m.reset_cause()
+    except AttributeError:  # the unix port outside the emulated board
+        return None
+    for n in ("PWRON", "HARD", "WDT", "DEEPSLEEP", "SOFT"):
+        if getattr(m, n + "_RESET", None) == c:
+            return n.lower()
+    return c
 
 
 def open_store(prof):
@@ -126,12 +147,13 @@ class _NoDog:
 
 
 def watchdog(prof):
+    """machine.WDT with the profile's `watchdog_ms` (the emulated board's stands in for it: the host
+    resets the process when a feed is late), else a dog that does nothing. Once started it cannot be
+    stopped; feed() it at least every watchdog_ms."""
     ms = prof.get("watchdog_ms")
-    if not ms or emuboard:
+    if not ms:
         return _NoDog()
-    from machine import WDT
-
-    return WDT(timeout=ms)
+    return _machine().WDT(timeout=ms)
 
 
 # ------------------------------------------------------------------- network

@@ -71,7 +71,7 @@ class App:
             dev, server=cfg["host"] or "", port=cfg["port"], version=v, keepalive=cfg["keepalive"],
             clean=False, store=store, ssl=ssl, reconnect=cfg["host"] is not None,
             backoff_min=cfg["backoff_min_ms"] / 1000, backoff_max=cfg["backoff_max_ms"] / 1000,
-            connect_timeout=min(10, wd // 2000) if wd else 10, window=cfg["window"],
+            connect_timeout=max(1, min(10, wd // 2000)) if wd else 10, window=cfg["window"],
             max_pending=cfg["max_pending"], rx_size=cfg["rx_size"], tx_size=cfg["tx_size"],
             session_expiry=cfg["session_expiry"] if v == 5 else None,
             username=cfg["user"], password=cfg["password"], will_topic=cfg["status_topic"],
@@ -100,7 +100,7 @@ class App:
                         ("reboot", self._cmd_reboot), ("status", self._cmd_status)):
             c.subscribe(base + name, 2, handler=h, retain_handling=2)
         say("boot", d=dev, b=self.boot, recovered=c.session.stats_recovered, store=kind,
-            profile=prof.get("name"), heap=gc.mem_free())
+            profile=prof.get("name"), heap=gc.mem_free(), cause=hal.reset_cause())
 
     def _tls(self):
         # tern.tls verifies (a bare MicroPython SSLContext would not) and reads the CA as PEM or DER.
@@ -255,15 +255,21 @@ class App:
             self.step(500 if wait > 500 or n and self.k >= n else wait if wait > 0 else 0)
 
     def sleep(self, ms):
-        """Deep sleep: give the outbox a moment to drain, then power down. Whatever is still pending is
-        in the store and goes out after the wake-up (a new boot)."""
+        """Deep sleep until the next reading, ms from now: the outbox gets up to that long (at most 5 s,
+        feeding the watchdog) to drain, then the board powers down for the rest. Whatever is still
+        pending is in the store and goes out after the wake-up (a new boot)."""
         t = ticks_ms()
         while self.store.count() and ticks_diff(ticks_ms(), t) < min(ms, 5000):
+            self.wdt.feed()
             self.step(50)
+        ms -= ticks_diff(ticks_ms(), t)
+        if ms < 0:
+            ms = 0
         say("sleep", ms=ms, pending=self.store.count())
         self._offline()
         self.store.close()
-        hal.deep_sleep(ms if ms > 0 else 0)
+        hal.deep_sleep(ms)
+
 
 def main():
     App().run()

@@ -31,6 +31,18 @@ A power cut kills the process with SIGKILL at once (no finally, no flush):
 at the N-th flash operation (the torn write is on the image first) or from
 the host at any time. reset() is machine.reset(): the process is killed
 with SIGUSR1 and the host boots it again.
+
+The watchdog and deep sleep are machine.WDT and machine.deepsleep with the
+host as the hardware: WDT(timeout=ms) and feed() print sentinels
+("\x00TERN:WDT:ms\x00", "\x00TERN:F\x00") that the host's relay strips from
+the console and times, and the relay kills and reboots the process when a
+feed is late, whatever the app is doing (a busy loop, a blocking call, a
+stopped process). Nothing here can stop the dog once started: it keeps
+running across a soft reboot and ends only with the process (a reset, a
+power cut, deep sleep). deepsleep(ms) prints "\x00TERN:SLEEP:ms\x00" and
+kills the process with SIGUSR2: RAM is lost, and the host boots it again
+after ms. reset_cause() is what the host says started this process (config
+"cause"), with the ESP32 port's constants.
 """
 
 import gc
@@ -40,6 +52,7 @@ import sys
 from array import array
 
 import vfs
+from time import ticks_ms, ticks_diff, sleep_ms
 from norflash import _WEAR_HDR, NorFlash, NorViolation, PowerCut, _put_u
 
 PROFILE = None
@@ -50,6 +63,15 @@ _cut_file = None
 _ballast = None
 _rom = None  # the ROMFS partition's bytes: stands in for memory-mapped flash (in the reserve)
 _CHUNK = 256
+
+# machine.reset_cause() values, as the ESP32 port numbers them
+PWRON_RESET = 1
+HARD_RESET = 2
+WDT_RESET = 3
+DEEPSLEEP_RESET = 4
+SOFT_RESET = 5
+_CAUSES = {"pwron": PWRON_RESET, "hard": HARD_RESET, "wdt": WDT_RESET, "deepsleep": DEEPSLEEP_RESET, "soft": SOFT_RESET}
+_cause = PWRON_RESET
 
 
 def _kill(sig):
@@ -268,6 +290,48 @@ def reset():
     _kill("USR1")
 
 
+def _tell(word):
+    # A sentinel for the host's relay, which takes it out of the console.
+    sys.stdout.write("\x00TERN:" + word + "\x00")
+
+
+def reset_cause():
+    """machine.reset_cause(): why this boot happened (PWRON_RESET, HARD_RESET,
+    WDT_RESET, DEEPSLEEP_RESET, SOFT_RESET), as the host started it."""
+    return _cause
+
+
+class WDT:
+    """machine.WDT(id=0, timeout=ms): once made, the host resets the board when
+    feed() is not called for `timeout` ms. It has no deinit: it cannot be stopped."""
+
+    def __init__(self, id=0, timeout=5000):
+        if id != 0:
+            raise ValueError("WDT(%d) doesn't exist" % id)
+        if not isinstance(timeout, int) or timeout <= 0:
+            raise ValueError("WDT timeout must be a positive number of ms")
+        self._t = ticks_ms()
+        _tell("WDT:%d" % timeout)  # starts (or re-times) the dog on the host, fed now
+
+    def feed(self):
+        # At most one sentinel per 10 ms: a tight loop of feeds does not flood
+        # the console; the host may then bite up to 10 ms early.
+        t = ticks_ms()
+        if ticks_diff(t, self._t) >= 10:
+            self._t = t
+            _tell("F")
+
+
+def deepsleep(ms=None):
+    """machine.deepsleep(ms): the process ends here (RAM is lost) and the host
+    boots the board again after ms with reset_cause() DEEPSLEEP_RESET;
+    without ms it sleeps until the host power-cycles it."""
+    _tell("SLEEP:%d" % (-1 if ms is None else max(0, ms)))
+    _kill("USR2")
+    while True:  # only if the kill failed
+        sleep_ms(100)
+
+
 def arm_cut(n, seed=None):
     """Cut the power at the n-th flash operation from now (1 = the next)."""
     flash.arm_base = flash.ops
@@ -293,9 +357,10 @@ def _run(name, g):
 
 def boot(g, base):
     """base: gc.mem_alloc() before this module was loaded (the interpreter's own use)."""
-    global PROFILE, flash, _id, _cut_file, _ballast, _rom
+    global PROFILE, flash, _id, _cut_file, _ballast, _rom, _cause
     with open(os.getenv("TERN_EMU_CONFIG")) as f:
         cfg = json.load(f)
+    _cause = _CAUSES.get(cfg.get("cause"), PWRON_RESET)
     rom = cfg.get("romfs")
     if rom:  # first, in one piece at the start of the heap, so it does not split what the board gets
         _rom = bytearray(os.stat(rom)[6])

@@ -16,6 +16,17 @@ a second pty that is its controlling terminal. The relay:
   "MPY: soft reboot" and boots again, staying in the raw REPL if it was
   there, as mpremote expects; SIGUSR1 (emuboard.reset()) is a hard reset;
   SIGKILL is a power cut: the board stays off until power_on();
+- is the watchdog's hardware: once the device starts `emuboard.WDT(timeout=ms)`
+  the relay holds a deadline, moved on by each feed sentinel, and when it
+  passes the relay kills the process (SIGKILL) and boots it again with reset
+  cause "wdt" -- whatever the app was doing, even stopped (`freeze()`). The
+  deadline survives a soft reboot, as a real WDT does, and ends with the process
+  otherwise;
+- does deep sleep: `emuboard.deepsleep(ms)` ends the process (SIGUSR2) after a
+  sentinel with ms; the board is "asleep" (on, but nothing runs and the port is
+  silent) until the relay boots it again ms later with reset cause "deepsleep";
+- tells each boot why it happened (`board.json` "cause": pwron, hard, soft,
+  wdt, deepsleep), which `emuboard.reset_cause()` returns as machine.reset_cause();
 - cuts the power at a random (seeded) time when asked.
 
 The flash image (`flash.img` + `flash.img.wear` counters), the console log and
@@ -108,13 +119,20 @@ class _Supervisor(threading.Thread):
         self.running = True
         self.start_time = None
         self.sigint_pid = None  # the process the relay last sent a SIGINT (Ctrl-C) to
+        self.cause = "pwron"  # why the running process was booted (emuboard.reset_cause())
+        self.wdt_ms = None  # the watchdog's timeout once the device started it
+        self.wdt_deadline = None  # monotonic time by which the next feed must arrive
+        self.sleep_ms = None  # from the device's deep-sleep sentinel (-1: no wake-up timer)
+        self.wake_at = None  # monotonic time the sleeping board boots again
+        self.frozen = False  # fault injection: the process is stopped (SIGSTOP)
 
     # -- device process ---------------------------------------------------------
-    def spawn(self, mode="friendly", cut_at=0, seed=1):
+    def spawn(self, mode="friendly", cut_at=0, seed=1, cause="pwron"):
         b = self.b
         cfg = {
             "profile": device_profile(b.profile),
             "id": b.id,
+            "cause": cause,
             "image": str(b.image),
             "cut_at": cut_at,
             "seed": seed,
@@ -154,6 +172,9 @@ class _Supervisor(threading.Thread):
         self.acc.clear()
         self.pending_in.clear()
         self.state = "booting"
+        self.cause = cause
+        self.frozen = False
+        self.sleep_ms = self.wake_at = None
         self.booted.clear()
         self.boot_failed.clear()
         self.off.clear()
@@ -163,11 +184,49 @@ class _Supervisor(threading.Thread):
     def kill(self, why, sig=signal.SIGKILL):
         with self.lock:
             p = self.proc
+            if p is None and self.state == "asleep":  # no process to kill: the host ends the sleep
+                self.wake_at = self.sleep_ms = None
+                self.state = "off"
+                if why == "cycle":
+                    self.log.event("power cycle")
+                    self.spawn("friendly", *self.b._next_boot())
+                else:
+                    self.log.event("power off" if why == "off" else "power cut %s" % self.cut_note)
+                    self.off.set()
+                return True
             if p is None or p.poll() is not None:
                 return False
             self.expect = why
             p.send_signal(sig)
             return True
+
+    def freeze(self, on=True):
+        """Stop (SIGSTOP) or resume (SIGCONT) the device process: an app that hangs."""
+        with self.lock:
+            p = self.proc
+            if p is None or p.poll() is not None:
+                return False
+            os.kill(p.pid, signal.SIGSTOP if on else signal.SIGCONT)
+            self.frozen = on
+            return True
+
+    def _bite(self):
+        # The watchdog's deadline passed. Feeds the device wrote before it may still sit in the pty
+        # (the relay was busy): read them first, so only a feed that really never came resets it.
+        with self.lock:
+            m_in = self.m_in
+            while m_in is not None and self.wdt_deadline is not None and time.monotonic() >= self.wdt_deadline:
+                try:
+                    data = os.read(m_in, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                self._device_bytes(data)
+            if self.wdt_deadline is not None and time.monotonic() >= self.wdt_deadline:
+                self.wdt_deadline = None
+                if not self.kill("watchdog"):
+                    self.wdt_ms = None
 
     def _wake(self):
         if self.running:
@@ -189,8 +248,10 @@ class _Supervisor(threading.Thread):
         rl = [self.m_out, self.wake_r] + ([m_in] if m_in is not None else [])
         wl = [self.m_out] if self.backlog else []
         timeout = 0.2
-        if self.cut_deadline is not None:
-            timeout = max(0.0, min(timeout, self.cut_deadline - time.monotonic()))
+        now = time.monotonic()
+        for t in (self.cut_deadline, self.wdt_deadline, self.wake_at):
+            if t is not None:
+                timeout = max(0.0, min(timeout, t - now))
         try:
             r, w, _ = select.select(rl, wl, [], timeout)
         except (OSError, ValueError):
@@ -207,6 +268,14 @@ class _Supervisor(threading.Thread):
         if self.cut_deadline is not None and time.monotonic() >= self.cut_deadline:
             self.cut_deadline = None
             self.kill("random-cut")
+        if self.wdt_deadline is not None and time.monotonic() >= self.wdt_deadline:
+            self._bite()
+        if self.wake_at is not None and time.monotonic() >= self.wake_at:
+            with self.lock:
+                if self.state == "asleep" and self.wake_at is not None:
+                    self.wake_at = None
+                    self.log.event("wake from deep sleep")
+                    self.spawn("friendly", *self.b._next_boot(), cause="deepsleep")
         with self.lock:
             if self.proc is not None and self.m_in is not None and self.proc.poll() is not None:
                 self._drain_and_handle_exit()
@@ -279,6 +348,17 @@ class _Supervisor(threading.Thread):
         elif word == b"RAW":
             self.swallow = True
             os.write(self.m_in, b"\x01")  # the reboot stays in the raw REPL, as on a board
+        elif word == b"F":
+            if self.wdt_ms:
+                self.wdt_deadline = time.monotonic() + self.wdt_ms / 1000
+        elif word[:4] == b"WDT:" and word[4:].isdigit() and int(word[4:]) > 0:
+            ms = int(word[4:])
+            if ms != self.wdt_ms:
+                self.log.event("watchdog started (%d ms)" % ms)
+            self.wdt_ms = ms
+            self.wdt_deadline = time.monotonic() + ms / 1000
+        elif word[:6] == b"SLEEP:" and word[6:].lstrip(b"-").isdigit():
+            self.sleep_ms = int(word[6:])
 
     def _emit(self, data):
         # the unix port prints "\n"; a board prints "\r\n"
@@ -345,8 +425,8 @@ class _Supervisor(threading.Thread):
         raw mode before it compiles and back after it has dropped the handler,
         so ISIG would be on while the handler is SIG_DFL.)"""
         p = self.proc
-        if p is None or p.poll() is not None:
-            return False
+        if p is None or p.poll() is not None or self.frozen:
+            return False  # frozen: a hung board does not answer Ctrl-C either
         pid = p.pid  # not reaped (poll() above, under the lock): the pid is still this process's
         try:
             os.kill(pid, signal.SIGSTOP)
@@ -422,10 +502,15 @@ class _Supervisor(threading.Thread):
         self.proc = None
         was, self.state = self.state, "off"
         self.cut_deadline = None
+        dog, self.wdt_ms, self.wdt_deadline = (self.wdt_ms, self.wdt_deadline), None, None
+        self.frozen = False
         b = self.b
         if why == "cycle":
             self.log.event("power cycle")
             self.spawn("friendly", *b._next_boot())
+        elif why == "watchdog":
+            self.log.event("watchdog reset (not fed for %d ms)" % dog[0])
+            self.spawn("friendly", *b._next_boot(), cause="wdt")
         elif why == "off":
             self.log.event("power off")
         elif why == "random-cut":
@@ -438,12 +523,21 @@ class _Supervisor(threading.Thread):
                 self.log.event("power cut")
         elif rc == -signal.SIGUSR1:
             self.log.event("reset (machine.reset)")
-            self.spawn("friendly", *b._next_boot())
+            self.spawn("friendly", *b._next_boot(), cause="hard")
+        elif rc == -signal.SIGUSR2 and self.sleep_ms is not None:
+            ms, self.sleep_ms = self.sleep_ms, None
+            self.state = "asleep"
+            if ms >= 0:
+                self.log.event("deep sleep (%d ms)" % ms)
+                self.wake_at = time.monotonic() + ms / 1000
+            else:
+                self.log.event("deep sleep (no wake-up timer: until a power cycle)")
         elif was == "booting":  # ended before the shim was up: rebooting would loop
             self.log.event("failed to boot (exit status %s)" % rc)
         elif rc is not None and rc >= 0:
             # booting before the line is seen: a caller that waited for it finds the board up, not off
-            self.spawn(self.mode, *b._next_boot())
+            self.spawn(self.mode, *b._next_boot(), cause="soft")
+            self.wdt_ms, self.wdt_deadline = dog  # a soft reboot does not stop the watchdog
             self._emit(b"MPY: soft reboot\r\n")
         else:
             # a SIGINT from the relay that killed it would be an emulator bug (see _interrupt), not a crash
@@ -483,6 +577,9 @@ class EmulatedBoard(Board):
 
     EmulatedBoard(profile="unix-emulated", workdir=None, board_id=None,
                   host_paths=(), echo=None, power=True, cut_at=0, seed=1)
+
+    Besides power: `freeze()`/`thaw()` (the app hangs: fault injection),
+    `reset_cause` (why it last booted), `asleep` (in emulated deep sleep).
 
     workdir holds flash.img (+ .wear counters), console.log, board.json and
     cut.json; a new temporary directory if None (removed by close() only if
@@ -533,16 +630,46 @@ class EmulatedBoard(Board):
         return self._sup.port
 
     def _alive(self):
-        return self._sup.state != "off"
+        return self._sup.state in ("booting", "on")
 
     def _raw(self):
         if self._sup.state == "off":
             raise BoardError("%s is powered off" % self.id)
+        if self._sup.state == "asleep":
+            raise BoardError("%s is in deep sleep (it wakes by itself; power_cycle() wakes it now)" % self.id)
         return super()._raw()
 
     @property
     def is_on(self):
+        """Powered: running, booting or in deep sleep (it wakes by itself)."""
         return self._sup.state != "off"
+
+    @property
+    def asleep(self):
+        """In deep sleep: no process, the port is silent, a wake-up is due (or a power cycle)."""
+        return self._sup.state == "asleep"
+
+    @property
+    def reset_cause(self):
+        """Why the board last booted, as emuboard.reset_cause() tells the device: "pwron" (power on or
+        power cycle), "hard" (machine.reset), "soft" (soft reboot), "wdt" (the watchdog bit),
+        "deepsleep" (woke from deep sleep)."""
+        return self._sup.cause
+
+    def freeze(self):
+        """Fault injection: the app hangs. The device process is stopped (SIGSTOP) wherever it is, so
+        it prints nothing, feeds nothing and answers nothing, as a board stuck in a busy loop or a
+        blocking call; only the watchdog (if the app started one), a power cycle or thaw() end it."""
+        with self._sup.lock:
+            if not self._sup.freeze(True):
+                raise BoardError("%s is not running" % self.id)
+            self.log.event("frozen (fault injection: the app hangs)")
+
+    def thaw(self):
+        """Resume a frozen board where it stopped (a stall shorter than the watchdog)."""
+        with self._sup.lock:
+            if self._sup.frozen and self._sup.freeze(False):
+                self.log.event("thawed")
 
     @property
     def pid(self):
@@ -566,7 +693,7 @@ class EmulatedBoard(Board):
         with self._lock:
             with self._sup.lock:
                 if self._sup.state != "off":
-                    raise BoardError("%s is already on" % self.id)
+                    raise BoardError("%s is already on%s" % (self.id, " (in deep sleep)" if self.asleep else ""))
                 self._reset_transport()
                 self.log.event("power on" + (" (cut at flash operation %d, seed %d)" % (cut_at, seed) if cut_at else ""))
                 self._sup.spawn("friendly", cut_at, seed)
