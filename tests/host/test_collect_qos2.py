@@ -12,8 +12,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from devices.collecting import CollectorProc, parquet_files, read_rows
-from tern.client import Client
+from devices.collecting import CollectorProc, parquet_files, publish_all, read_rows
 from ternlab.pipeline import schema
 
 N = 50
@@ -30,12 +29,17 @@ def messages():
 
 
 def publish(broker, msgs):
-    c = Client("pub-q2", server=broker.host, port=broker.port, version=5)
-    c.connect()
-    for topic, payload, qos in msgs:
-        c.publish(topic, payload, qos)
-    c.wait_all(20)
-    c.disconnect()
+    publish_all(broker, msgs, "pub-q2")
+
+
+def wait_landed(land, n, timeout=20):
+    """Until n messages are landed or quarantined (or timeout: the assertions that follow say what)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows, quarantined = landed(land)
+        if sum(rows.values()) + sum(quarantined.values()) >= n:
+            return
+        time.sleep(0.1)
 
 
 def landed(land):
@@ -64,12 +68,7 @@ def test_qos2_lands_exactly_once_across_a_kill_between_rename_and_pubrec(broker,
     # restarted with the same id: the broker sends every message without PUBREC again (DUP set)
     again = CollectorProc(broker, land, "col-q2", "--batch-size", "20", "--batch-time", "0.3")
     again.wait_for(r"session present: 1")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        rows, quarantined = landed(land)
-        if sum(rows.values()) + sum(quarantined.values()) >= N:
-            break
-        time.sleep(0.1)
+    wait_landed(land, N)
     time.sleep(0.5)  # a duplicate would land within a batch time
     assert again.stop() == 0
     s = again.summary()
@@ -109,12 +108,7 @@ def test_qos2_pubrec_lost_with_the_connection_is_answered_not_landed_again(broke
     c.wait_for("subscribed to")
     publish(broker, messages())
     c.wait_for(r"connection lost")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        rows, quarantined = landed(land)
-        if sum(rows.values()) + sum(quarantined.values()) >= N:
-            break
-        time.sleep(0.1)
+    wait_landed(land, N)
     time.sleep(0.5)
     assert c.stop() == 0
     rows, quarantined = landed(land)

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from devices.collecting import CollectorProc, read_rows
+from devices.collecting import CollectorProc, publish_all, read_rows
 from tern.client import Client
 from ternlab.pipeline import schema
 
@@ -21,12 +21,7 @@ def wave(first, n):
 
 
 def publish(broker, msgs):
-    c = Client("pub-r", server=broker.host, port=broker.port, version=5)
-    c.connect()
-    for topic, payload, qos in msgs:
-        c.publish(topic, payload, qos)
-    c.wait_all(20)
-    c.disconnect()
+    publish_all(broker, msgs, "pub-r")
 
 
 def seqs(land):

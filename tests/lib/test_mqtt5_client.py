@@ -120,7 +120,8 @@ def test_outbound_aliases_bytes(scripted_addr):
     c.disconnect()
 
 
-def test_enhanced_auth_exchange_and_reauthentication(scripted_addr):
+def auth_hook():
+    """An auth hook answering the scripted server's challenges s1 and s3, and the calls it got."""
     seen = []
     answers = {b"s1": b"c2", b"s3": b"c3"}
 
@@ -129,6 +130,11 @@ def test_enhanced_auth_exchange_and_reauthentication(scripted_addr):
         seen.append((reason, data))
         return {0x16: answers[data]} if reason == 0x18 else None
 
+    return hook, seen
+
+
+def test_enhanced_auth_exchange_and_reauthentication(scripted_addr):
+    hook, seen = auth_hook()
     c = _client(scripted_addr, cid="auth", auth=hook, rx_size=4096, reconnect=False,
                 connect_props={0x15: "TEST", 0x16: b"c1"})
     assert c.session.server[0x16] == b"s2"  # the server's last word is in CONNACK
@@ -144,13 +150,7 @@ def test_aio_enhanced_auth_and_reauthentication(scripted_addr):
     import asyncio
     from tern import aio
 
-    seen = []
-    answers = {b"s1": b"c2", b"s3": b"c3"}
-
-    def hook(reason, props):
-        data = props.get(0x16) if props else None
-        seen.append((reason, data))
-        return {0x16: answers[data]} if reason == 0x18 else None
+    hook, seen = auth_hook()
 
     async def main():
         c = aio.Client("auth", server=scripted_addr[0], port=scripted_addr[1], version=5, auth=hook, rx_size=4096,

@@ -84,6 +84,19 @@ class CollectorProc:
         raise AssertionError(f"collector {self.cid} printed no summary:\n" + "\n".join(self.lines[-30:]))
 
 
+def publish_all(broker, msgs, client_id: str) -> None:
+    """Publish (topic, payload, qos) messages with the CPython Tern client (MQTT 5) and wait until the
+    broker acknowledged them all."""
+    from tern.client import Client
+
+    c = Client(client_id, server=broker.host, port=broker.port, version=5)
+    c.connect()
+    for topic, payload, qos in msgs:
+        c.publish(topic, payload, qos)
+    c.wait_all(20)
+    c.disconnect()
+
+
 def start_device(broker, device: str, n: int, qos: int = 1, interval_ms: int = 0, boot: int = 1):
     env = {"MICROPYPATH": f".frozen:{ROOT / 'lib'}", "PATH": "/usr/bin:/bin"}
     return subprocess.Popen([str(MICROPYTHON), "-X", "heapsize=512k", str(DEVICE), broker.host,
