@@ -8,21 +8,14 @@ import time
 import pytest
 
 from devices.collecting import (CollectorProc, free_bytes_limit, on_tmpfs, parquet_files,
-                                read_rows, unshare_works)
-from tern.client import Client
+                                publish_all, read_rows, unshare_works)
 from ternlab.broker import Broker
 from ternlab.pipeline import schema
 from ternlab.pipeline.landing import LANDING_ARROW, QUARANTINE_ARROW
 
 
 def publish(broker, messages, cid="pub"):
-    """Publish (topic, payload, qos) tuples with the Tern client and wait for every acknowledgement."""
-    c = Client(cid, server=broker.host, port=broker.port, version=5)
-    c.connect()
-    for topic, payload, qos in messages:
-        c.publish(topic, payload, qos)
-    c.wait_all(20)
-    c.disconnect()
+    publish_all(broker, messages, cid)
 
 
 def good(device, seq, qos, boot=1):
