@@ -53,7 +53,7 @@ from array import array
 
 import vfs
 from time import ticks_ms, ticks_diff, sleep_ms
-from norflash import _WEAR_HDR, NorFlash, NorViolation, PowerCut, _put_u
+from norflash import NorFlash, PowerCut
 
 PROFILE = None
 flash = None
@@ -83,6 +83,8 @@ def _kill(sig):
 class Flash(NorFlash):
     """NorFlash on the image file with no RAM mirror (same rules, counters,
     wear file and torn writes); dying means SIGKILL, not an exception."""
+
+    _CHUNK = _CHUNK  # the torn writes work through _chunk/_put in pieces this big
 
     def __init__(self, path, blocks, block_size, cut_at=0, seed=1):
         self.path = path
@@ -145,7 +147,7 @@ class Flash(NorFlash):
             for j in range(k):
                 b = buf[i + j]
                 if s[j] & b != b:
-                    raise NorViolation("program would set bits at 0x%x: flash holds 0x%02x, data 0x%02x" % (pos + i + j, s[j], b))
+                    self._violation(pos + i + j, s[j], b)
             i += k
         if self._tick():
             return self._torn_program(pos, buf, n)
@@ -175,65 +177,6 @@ class Flash(NorFlash):
         self.erase_counts[block] += 1
         self._persist_erase(block)
         return 0
-
-    def _torn_program(self, pos, buf, n):
-        # the same choices, in the same order of random draws, as NorFlash
-        s = self._s
-        prefix = n and self._rand() & 1
-        k = self._rand() % n if prefix else 0
-        i = 0
-        while i < n:
-            c = min(_CHUNK, n - i)
-            v = self._chunk(pos + i, c)
-            for j in range(c):
-                if prefix:
-                    if i + j < k:
-                        s[j] &= buf[i + j]
-                else:
-                    s[j] &= buf[i + j] | (self._rand() & 0xFF)
-            self._put(pos + i, v)
-            i += c
-        self.torn = ("program-prefix", pos, n, k) if prefix else ("program-bits", pos, n)
-        self.programs += 1
-        self.bytes_programmed += n
-        self._persist_counts()
-        self._die()
-
-    def _torn_erase(self, block, pos):
-        bs = self.block_size
-        mode = self._rand() % 3
-        lo = hi = 0
-        if mode == 0:
-            hi = 1 + self._rand() % (bs - 1)
-        elif mode == 1:
-            lo = 1 + self._rand() % (bs - 1)
-            hi = bs
-        s = self._s
-        for i in range(0, bs, _CHUNK):
-            v = self._chunk(pos + i, _CHUNK)
-            for j in range(_CHUNK):
-                if mode == 2:
-                    s[j] |= self._rand() & 0xFF
-                elif lo <= i + j < hi:
-                    s[j] = 0xFF
-            self._put(pos + i, v)
-        self.torn = ("erase", block, mode)
-        self.erase_counts[block] += 1
-        self._persist_erase(block)
-        self._die()
-
-    def _persist_counts(self):
-        wb = self._wbuf
-        _put_u(wb, 0, self.programs, 8)
-        _put_u(wb, 8, self.bytes_programmed, 8)
-        self._wf.seek(8)
-        self._wf.write(wb)
-
-    def _persist_erase(self, block):
-        wb = self._wbuf
-        _put_u(wb, 0, self.erase_counts[block], 4)
-        self._wf.seek(_WEAR_HDR + 4 * block)
-        self._wf.write(memoryview(wb)[0:4])
 
     def _die(self):
         self.dead = True

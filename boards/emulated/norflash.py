@@ -177,14 +177,7 @@ class NorFlash:
             return
         self._f.seek(pos)
         self._f.write(buf if n == len(buf) else memoryview(buf)[:n])
-        wb = self._wbuf
-        _put_u(wb, 0, self.programs, 8)
-        _put_u(wb, 8, self.bytes_programmed, 8)
-        self._wf.seek(8)
-        self._wf.write(wb)
-        if _FLUSH:
-            self._f.flush()
-            self._wf.flush()
+        self._persist_counts()
 
     def _persist_block(self, block):
         if self._f is None:
@@ -192,13 +185,46 @@ class NorFlash:
         bs = self.block_size
         self._f.seek(block * bs)
         self._f.write(memoryview(self.mem)[block * bs : (block + 1) * bs])
+        self._persist_erase(block)
+
+    def _persist_counts(self):
+        if self._wf is None:
+            return
+        wb = self._wbuf
+        _put_u(wb, 0, self.programs, 8)
+        _put_u(wb, 8, self.bytes_programmed, 8)
+        self._wf.seek(8)
+        self._wf.write(wb)
+        self._flush()
+
+    def _persist_erase(self, block):
+        if self._wf is None:
+            return
         wb = self._wbuf
         _put_u(wb, 0, self.erase_counts[block], 4)
         self._wf.seek(_WEAR_HDR + 4 * block)
         self._wf.write(memoryview(wb)[0:4])
+        self._flush()
+
+    def _flush(self):
         if _FLUSH:
             self._f.flush()
             self._wf.flush()
+
+    # -- storage primitives: the torn writes below work through these, so a
+    # subclass keeping the image elsewhere (emuboard's Flash: the file only)
+    # tears exactly as this one does
+    _CHUNK = 4096
+
+    def _chunk(self, pos, k):
+        """A writable view of the k flash bytes at pos (k <= _CHUNK)."""
+        return self._mv[pos : pos + k]
+
+    def _put(self, pos, v):
+        """Make the bytes of view v (from _chunk(pos, ...), changed) the flash's."""
+        if self._f is not None:
+            self._f.seek(pos)
+            self._f.write(v)
 
     # -- helpers ------------------------------------------------------------
     def _rand(self):
@@ -224,8 +250,8 @@ class NorFlash:
             raise ValueError("access past the end of the flash")
         return pos
 
-    def _violation(self, at, b):
-        raise NorViolation("program would set bits at 0x%x: flash holds 0x%02x, data 0x%02x" % (at, self.mem[at], b))
+    def _violation(self, at, had, b):
+        raise NorViolation("program would set bits at 0x%x: flash holds 0x%02x, data 0x%02x" % (at, had, b))
 
     def _tick(self):
         """Count one program/erase; True if this is the operation to tear."""
@@ -256,7 +282,7 @@ class NorFlash:
             for i in range(n):
                 b = buf[i]
                 if mem[pos + i] & b != b:
-                    self._violation(pos + i, b)
+                    self._violation(pos + i, mem[pos + i], b)
             if self._tick():
                 self._torn_program(pos, buf, n)
             for i in range(n):
@@ -267,7 +293,7 @@ class NorFlash:
             if old & new != new:
                 for i in range(n):
                     if mem[pos + i] & buf[i] != buf[i]:
-                        self._violation(pos + i, buf[i])
+                        self._violation(pos + i, mem[pos + i], buf[i])
             if self._tick():
                 self._torn_program(pos, buf, n)
             mem[pos : pos + n] = (old & new).to_bytes(n, "big")
@@ -305,42 +331,50 @@ class NorFlash:
 
     # -- power cuts ---------------------------------------------------------
     def _torn_program(self, pos, buf, n):
-        mem = self.mem
-        if n and self._rand() & 1:
-            k = self._rand() % n  # a strict prefix (maybe nothing)
-            for i in range(k):
-                mem[pos + i] &= buf[i]
-            self.torn = ("program-prefix", pos, n, k)
-        else:
-            for i in range(n):  # a random subset of the bits to clear
-                mem[pos + i] &= buf[i] | (self._rand() & 0xFF)
-            self.torn = ("program-bits", pos, n)
+        # A strict prefix (maybe nothing) or a random subset of the bits to clear.
+        prefix = n and self._rand() & 1
+        k = self._rand() % n if prefix else 0
+        c = self._CHUNK
+        i = 0
+        while i < n:
+            m = min(c, n - i)
+            v = self._chunk(pos + i, m)
+            for j in range(m):
+                if not prefix:
+                    v[j] &= buf[i + j] | (self._rand() & 0xFF)
+                elif i + j < k:
+                    v[j] &= buf[i + j]
+            self._put(pos + i, v)
+            i += m
+        self.torn = ("program-prefix", pos, n, k) if prefix else ("program-bits", pos, n)
         self.programs += 1
         self.bytes_programmed += n
-        self._persist_program(pos, memoryview(mem)[pos : pos + n], n)
+        self._persist_counts()
         self._die()
 
     def _torn_erase(self, block, pos):
-        mem = self.mem
+        # The start erased and the rest old, the other way round, or weakly
+        # erased (random bits back to 1).
         bs = self.block_size
         mode = self._rand() % 3
-        if mode == 0:  # the start erased, the rest old
-            k = 1 + self._rand() % (bs - 1)
-            lo, hi = 0, k
-        elif mode == 1:  # the end erased, the start old
-            k = 1 + self._rand() % (bs - 1)
-            lo, hi = k, bs
-        else:
-            lo = hi = 0
-        if mode == 2:  # weakly erased: random bits came back to 1
-            for i in range(pos, pos + bs):
-                mem[i] |= self._rand() & 0xFF
-        else:
-            for i in range(pos + lo, pos + hi):
-                mem[i] = 0xFF
+        lo = hi = 0
+        if mode == 0:
+            hi = 1 + self._rand() % (bs - 1)
+        elif mode == 1:
+            lo = 1 + self._rand() % (bs - 1)
+            hi = bs
+        c = min(self._CHUNK, bs)
+        for i in range(0, bs, c):
+            v = self._chunk(pos + i, c)
+            for j in range(c):
+                if mode == 2:
+                    v[j] |= self._rand() & 0xFF
+                elif lo <= i + j < hi:
+                    v[j] = 0xFF
+            self._put(pos + i, v)
         self.torn = ("erase", block, mode)
         self.erase_counts[block] += 1
-        self._persist_block(block)
+        self._persist_erase(block)
         self._die()
 
     def _die(self):

@@ -314,7 +314,9 @@ def test_mpremote_command_line_talks_to_the_emulated_board(emu, tmp_path):
 # -- the device side's flash, against the shared NorFlash model ------------------------
 def test_emuboard_flash_tears_exactly_like_norflash(tmp_path):
     """emuboard.Flash (file-backed, no RAM copy) against norflash.NorFlash (RAM mirror), under the
-    unix port: the same operations cut at every point give the same image and counters."""
+    unix port: the same operations cut at every point give the same image and counters. The torn
+    writes are NorFlash's own; Flash supplies the storage primitives (_chunk/_put) and its own NOR
+    checks, so this checks those primitives."""
     script = tmp_path / "parity.py"
     script.write_text('''
 import os, emuboard
