@@ -231,6 +231,8 @@ class Client(_Driver):
         ctx = self._tls_context()  # outside the try: a bad ssl argument stays a ValueError
         try:
             return ctx.wrap_socket(sock, server_hostname=self.server_hostname)
+        except OSError:  # CPython's SSLCertVerificationError is a ValueError too: kept as it is
+            raise
         except ValueError as e:  # MicroPython's mbedtls: the server failed verification
             raise OSError("TLS: " + str(e).strip())  # like CPython's SSLError: retried with backoff
 
