@@ -5,6 +5,7 @@ chip answers, and the partition table it writes is checked byte by byte against 
 
 import hashlib
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -143,7 +144,10 @@ def test_tern_deploy_compiles_and_copies_to_a_board_port(tmp_path, capsys):
         board.disconnect()
         cfg = tmp_path / "cfg.json"
         cfg.write_text('{"host": "127.0.0.1", "port": 1}')
-        rc, out, err = tern(capsys, "deploy", "--port", board.port, "--profile", "unix-emulated", "--config", cfg)
+        ca = tmp_path / "ca.pem"
+        ca.write_bytes(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+        rc, out, err = tern(capsys, "deploy", "--port", board.port, "--profile", "unix-emulated", "--config", cfg,
+                            "--file", ca, "--file", "%s:certs/broker-ca.pem" % ca)
         assert rc == 0, err
         assert "mpy-cross -march=host" in out and "lib/tern/codec.mpy" in out
         files = board.listdir("lib/tern")
@@ -152,6 +156,7 @@ def test_tern_deploy_compiles_and_copies_to_a_board_port(tmp_path, capsys):
         top = board.listdir()
         assert {"main.py", "config.json", "telemetry.mpy", "stale.txt"} <= set(top) and "manifest.mpy" not in top
         assert board.read_file("config.json") == cfg.read_bytes()
+        assert board.read_file("ca.pem") == board.read_file("certs/broker-ca.pem") == ca.read_bytes()
         assert board.read_file("main.py") == (ROOT / "firmware/main.py").read_bytes()
         assert board.eval("__import__('tern.codec').codec.__file__") == "/lib/tern/codec.mpy"
     finally:
@@ -160,15 +165,20 @@ def test_tern_deploy_compiles_and_copies_to_a_board_port(tmp_path, capsys):
     assert rc == 1 and "no serial port /dev/nonexistent" in err
     rc, out, err = tern(capsys, "deploy", "--emulated", tmp_path / "e", "--config", tmp_path / "nope.json")
     assert rc == 1 and "nope.json does not exist" in err
+    rc, out, err = tern(capsys, "deploy", "--emulated", tmp_path / "e", "--file", tmp_path / "no-ca.pem")
+    assert rc == 1 and "no-ca.pem does not exist" in err
     rc, out, err = tern(capsys, "deploy", "--port", "/dev/null", "--emulated", tmp_path / "e")
     assert rc == 2 and "not allowed with" in err
 
 
 def test_tern_deploy_romfs_puts_the_modules_in_the_rom_partition(tmp_path, capsys):
     d = tmp_path / "t"
-    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--profile", "tight", "--romfs")
+    ca = tmp_path / "ca.der"
+    ca.write_bytes(b"0\x82 not really DER")
+    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--profile", "tight", "--romfs", "--file", "%s:certs/" % ca)
     assert rc == 0, err
     assert "ROMFS image -> /rom" in out and "main.py" in out and "lib/tern/client.mpy" not in out
+    assert re.search(r"certs/ca\.der +%d bytes" % len(ca.read_bytes()), out), out  # beside, not in, the ROMFS
     # the deployed main.py starts the app at boot (and it does not fit 32 KiB yet): read the image
     # on a second board with the same ROMFS partition and nothing on its filesystem
     other = tmp_path / "o"

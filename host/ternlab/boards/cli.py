@@ -47,6 +47,8 @@ def add_subcommands(sub):
     d = sub.add_parser("deploy", help="compile lib/tern and firmware/ with mpy-cross and copy them to a board")
     _target_args(d)
     d.add_argument("--config", metavar="FILE", help="copied to the board as config.json")
+    d.add_argument("--file", action="append", default=[], metavar="LOCAL[:REMOTE]",
+                   help="also copy this file as it is (repeatable), e.g. --file ca.pem for the firmware's TLS CA")
     d.add_argument("--source", action="store_true", help="copy .py sources instead of compiling")
     d.add_argument("--romfs", action="store_true",
                    help="put the compiled modules in the board's ROMFS partition (run in place, off the heap)")
@@ -179,7 +181,7 @@ def cmd_deploy(args):
     from .deploy import deploy, deploy_romfs, plan
 
     try:
-        items = plan(config=args.config)
+        items = plan(config=args.config, files=args.file)
         if args.port:
             if not os.path.exists(args.port):
                 return _fail("deploy", "no serial port %s" % args.port)

@@ -22,10 +22,15 @@ from pathlib import Path
 from . import ROOT, BoardError
 
 SOURCE_ONLY = ("main.py", "boot.py")
+# board-side snippets: make folders, remove files (neither minds what is already so)
+_MKDIRS = "import os\nfor d in %r:\n try:\n  os.mkdir(d)\n except OSError:\n  pass\n"
+_REMOVE = "import os\nfor p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n"
 
 
-def plan(root=ROOT, config=None):
-    """[(local path, remote path without extension change, compile?)]"""
+def plan(root=ROOT, config=None, files=()):
+    """[(local path, remote path without extension change, compile?)]. files: extra files copied as
+    they are, each "LOCAL" (to the board's top folder under its own name) or "LOCAL:REMOTE" -- the
+    broker's CA for TLS, for instance."""
     root = Path(root)
     items = []
     for p in sorted((root / "lib" / "tern").glob("*.py")):
@@ -39,6 +44,15 @@ def plan(root=ROOT, config=None):
         if not c.is_file():
             raise BoardError("config file %s does not exist" % c)
         items.append((c, "config.json", False))
+    for spec in files:
+        local, _, remote = str(spec).partition(":")
+        f = Path(local)
+        if not f.is_file():
+            raise BoardError("file %s does not exist" % f)
+        remote = remote.lstrip("/") or f.name
+        if remote.endswith("/"):
+            remote += f.name
+        items.append((f, remote, False))
     return items
 
 
@@ -101,11 +115,7 @@ def deploy(board, items, arch=None, source=False, say=print):
                 twins.append(r[:-4] + ".py")
             elif r.endswith(".py"):
                 twins.append(r[:-3] + ".mpy")
-        board.exec(
-            "import os\n"
-            "for d in %r:\n try:\n  os.mkdir(d)\n except OSError:\n  pass\n"
-            "for p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n" % (_parents(dirs), twins)
-        )
+        board.exec(_MKDIRS % _parents(dirs) + _REMOVE % twins)
         done = []
         for local, remote in files:
             data = Path(local).read_bytes()
@@ -132,7 +142,8 @@ def deploy_romfs(board, items, arch=None, say=print):
         gone = []
         for _, r in rom:
             gone += [r, r[:-4] + ".py"]
-        board.exec("import os\nfor p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n" % gone)
+        dirs = sorted({r.rsplit("/", 1)[0] for _, r in rest if "/" in r})
+        board.exec(_MKDIRS % _parents(dirs) + _REMOVE % gone)
         if hasattr(board, "write_romfs"):
             board.write_romfs(image)
         else:
