@@ -53,6 +53,7 @@ def main(argv=None) -> int:
                     help="audit runs per size; the fastest counts (default 2: the host is shared)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    load0 = os.getloadavg()[0]  # what else was running when the measurement began
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     except argparse.ArgumentTypeError as e:
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
         "## Audit throughput (Spark)",
         "",
         f"`{cmd}` on {dt.date.today().isoformat()}: {args.master}, "
-        f"{os.cpu_count()} CPUs on the host (shared with other work while measured), "
+        f"{os.cpu_count()} CPUs on the host (a shared machine; load average {load0:.1f} at the start), "
         f"PySpark {pyspark.__version__}, Java {java_version(check_java())}, "
         f"{platform.python_implementation()} {platform.python_version()}, driver memory 3g, "
         f"16 shuffle partitions, best of {args.repeat} runs per size. Landing sets from `ternlab.pipeline.generate` ({args.devices} devices "
