@@ -136,6 +136,7 @@ def main(argv=None) -> int:
                     help="markdown file whose collector_bench section is rewritten")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    load0 = os.getloadavg()[0]  # what else was running when the measurement began
     try:
         batches = [int(b) for b in args.batches.split(",") if b.strip()]
         if not batches or min(batches) < 1:
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
         "## Collector throughput (`tern collect`)",
         "",
         f"`{cmd}` on {dt.date.today().isoformat()}: one collector, Mosquitto on loopback, "
-        f"{os.cpu_count()} CPUs on the host (shared with other work while measured), "
+        f"{os.cpu_count()} CPUs on the host (a shared machine; load average {load0:.1f} at the start), "
         f"{platform.python_implementation()} {platform.python_version()}, pyarrow {pyarrow.__version__}, "
         f"landing files on {fs}. The messages (QoS 1, ~110-byte JSON payloads from 20 devices) are "
         "queued at the broker for the collector's persistent session first; the time runs from its "
