@@ -383,38 +383,10 @@ class Collector:
             pass  # closed under us: the next loop() notices
 
     def _disconnect(self, timeout: float = 2.0, props: dict | None = None) -> None:
-        """DISCONNECT (the session stays), then close only once the broker has closed its side.
-
-        Closing a socket with unread data in it (a PUBREL, a new PUBLISH: the broker may send at any
-        time) makes the kernel reset the connection, and a reset can discard what the broker had not
-        read yet: our last acknowledgements and the DISCONNECT. So: half-close after DISCONNECT, read
-        and ignore until the broker's end of stream (what arrives now was never acknowledged and stays
-        with the session), then close."""
-        c = self.client
-        sock = c.sock
-        if sock is None or not c.connected:
-            c.close()
-            return
-        import socket as _socket
-
-        try:
-            c.session.disconnect(int(time.monotonic() * 1000), 0, props)
-            sock.shutdown(_socket.SHUT_WR)
-            end = time.monotonic() + timeout
-            while time.monotonic() < end:
-                if select.select([sock], [], [], 0.05)[0]:
-                    try:
-                        if not sock.recv(1 << 16):
-                            break
-                    except OSError as e:  # nothing after all (TLS: a partial record), or the end
-                        if isinstance(e, (BlockingIOError, InterruptedError)) or \
-                                type(e).__name__ == "SSLWantReadError":
-                            continue
-                        break
-        except OSError:
-            pass
-        finally:
-            c.close()
+        """DISCONNECT (the session stays), then close only once the broker has closed its side (the
+        client half-closes and reads until the broker's end of stream: closing with unread data in
+        the socket would reset the connection, and a reset can discard our last acknowledgements)."""
+        self.client.disconnect(0, props, linger_ms=int(timeout * 1000))
 
     def run(self) -> int:
         a = self.args
