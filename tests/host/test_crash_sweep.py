@@ -7,6 +7,7 @@ reordering in a log is reported), and bits flipped in a written record on the
 emulated flash between boots cost that record only, with a warning naming it.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -99,29 +100,37 @@ def test_the_oracle_reports_each_kind_of_violation():
                                                 _copies((0, 1), (1, 2), (2, 1)), 1))
 
 
+@contextlib.contextmanager
+def _probe(img):
+    """The FlashStore of a copy of the image `img` (opening a store may write: the original stays as
+    the cut left it); the copy is removed afterwards."""
+    from norflash import NorFlash
+    from tern.flashstore import FlashStore
+
+    probe = img + ".probe"
+    shutil.copyfile(img, probe)
+    shutil.copyfile(img + ".wear", probe + ".wear")
+    dev = NorFlash(probe, blocks=D.FLASH_BLOCKS, block_size=4096)
+    try:
+        yield FlashStore(dev, verbose=False).open()
+    finally:
+        dev.close()
+        for p in (probe, probe + ".wear"):
+            os.remove(p)
+
+
 def _flip_newest_pending(rng):
     """Flip 1..3 bits in the body of the newest pending PUBLISH record of a
     FlashStore image; returns what was damaged (found on a copy of the image)."""
-    from norflash import NorFlash
-    from tern.flashstore import FlashStore
     from tern.store import PUBLISH
 
     def flip(img):
-        probe = img + ".probe"
-        shutil.copyfile(img, probe)
-        shutil.copyfile(img + ".wear", probe + ".wear")
-        dev = NorFlash(probe, blocks=D.FLASH_BLOCKS, block_size=4096)
-        try:
-            st = FlashStore(dev, verbose=False).open()
+        with _probe(img) as st:
             pend = [p for p in st.pending() if st.kind(p) == PUBLISH]
             assert pend, "nothing pending to damage"
             pid = pend[-1]
             addr = st._iaddr[st._find(pid)] & ~7
             packet = read_all(st, pid)
-        finally:
-            dev.close()
-            for p in (probe, probe + ".wear"):
-                os.remove(p)
         m = [i for i in range(D.N_PUB) if packet.endswith(D.payload(i))][-1]
         with open(img, "r+b") as f:
             f.seek(addr)
@@ -158,23 +167,12 @@ def test_bit_flips_in_a_written_record_cost_that_record_only(rig, k):
 def _flip_sector_header(rng):
     """Flip one bit in the 28 checked header bytes of the sector that holds the
     oldest pending record (every record in it would be lost without recovery)."""
-    from norflash import NorFlash
-    from tern.flashstore import FlashStore
 
     def flip(img):
-        probe = img + ".probe"
-        shutil.copyfile(img, probe)
-        shutil.copyfile(img + ".wear", probe + ".wear")
-        dev = NorFlash(probe, blocks=D.FLASH_BLOCKS, block_size=4096)
-        try:
-            st = FlashStore(dev, verbose=False).open()
+        with _probe(img) as st:
             oldest = st.pending()[0]
             sector = (st._iaddr[st._find(oldest)] & ~7) // 4096
             held = sum(1 for p in st.pending() if (st._iaddr[st._find(p)] & ~7) // 4096 == sector)
-        finally:
-            dev.close()
-            for p in (probe, probe + ".wear"):
-                os.remove(p)
         with open(img, "r+b") as f:
             at = sector * 4096 + rng.below(28)
             f.seek(at)

@@ -70,18 +70,23 @@ def test_segments_on_littlefs_over_nor():
         vol.cleanup()
 
 
+def fresh_segment(p, n):
+    """A new store in p holding PUBLISH records 1..n, closed: (its segment file, that file's bytes)."""
+    rmtree(p)
+    st = FileStore(p).open()
+    for pid in range(1, n + 1):
+        st.append(PUBLISH, pid, b"\x32\x3e", body(pid))
+    st.close()
+    name = p + "/" + segs(p)[-1]
+    with open(name, "rb") as f:
+        return name, f.read()
+
+
 def test_torn_tail_is_ignored_and_never_appended_to():
     p = tmppath("torn")
     try:
         for cut in (1, 5, 17, 40, 81):
-            rmtree(p)
-            st = FileStore(p).open()
-            for pid in range(1, 6):
-                st.append(PUBLISH, pid, b"\x32\x3e", body(pid))
-            st.close()
-            name = p + "/" + segs(p)[-1]
-            with open(name, "rb") as f:
-                data = f.read()
+            name, data = fresh_segment(p, 5)
             with open(name, "wb") as f:  # the last record lost its last `cut` bytes
                 f.write(data[: len(data) - cut])
             st = FileStore(p, verbose=False).open()
@@ -103,14 +108,8 @@ def test_bit_flip_skips_that_record_only():
     try:
         for trial in range(8):
             rng = Rng(50 + trial)
-            rmtree(p)
-            st = FileStore(p).open()
-            for pid in range(1, 11):
-                st.append(PUBLISH, pid, b"\x32\x3e", body(pid))
-            st.close()
-            name = p + "/" + segs(p)[-1]
-            with open(name, "rb") as f:
-                data = bytearray(f.read())
+            name, data = fresh_segment(p, 10)
+            data = bytearray(data)
             rec = 16 + 62 + 4
             victim = 1 + rng.below(10)
             start = 20 + (victim - 1) * rec  # after the 20-byte SEG record

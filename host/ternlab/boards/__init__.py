@@ -218,22 +218,27 @@ class Board:
     def exec(self, code, timeout=10):
         """Run code on the board and return what it printed. Raises DeviceError
         with the board's traceback if it raised; `timeout` is the longest silence."""
-        from mpremote.transport import TransportError
-
         with self._lock:
-            t = self._raw()
-            try:
-                out, err = t.exec_raw(code, timeout=timeout)
-            except TransportError as e:
-                self._drop()
-                raise BoardError("%s: %s" % (self.name, e)) from None
-            except BoardError:
-                self._drop()
-                raise
+            out, err = self._transport_call(lambda t: t.exec_raw(code, timeout=timeout))
             out = out.decode("utf-8", "replace").replace("\r\n", "\n")
             if err:
                 raise DeviceError(err.decode("utf-8", "replace").replace("\r\n", "\n"), out)
             return out
+
+    def _transport_call(self, fn):
+        """fn(the raw-REPL transport), with the lock held; a failure drops the connection (the next
+        call opens it again) and is a BoardError naming the board."""
+        from mpremote.transport import TransportError
+
+        t = self._raw()
+        try:
+            return fn(t)
+        except TransportError as e:
+            self._drop()
+            raise BoardError("%s: %s" % (self.name, e)) from None
+        except BoardError:
+            self._drop()
+            raise
 
     def eval(self, expr, timeout=10):
         """The value of a Python literal expression evaluated on the board."""
@@ -245,18 +250,8 @@ class Board:
     def exec_nowait(self, code):
         """Start code on the board and return at once; its output goes to the log.
         The next call that talks to the board interrupts it (Ctrl-C), as mpremote does."""
-        from mpremote.transport import TransportError
-
         with self._lock:
-            t = self._raw()
-            try:
-                t.exec_raw_no_follow(code)
-            except TransportError as e:
-                self._drop()
-                raise BoardError("%s: %s" % (self.name, e)) from None
-            except BoardError:
-                self._drop()
-                raise
+            self._transport_call(lambda t: t.exec_raw_no_follow(code))
             self._busy = True
 
     # -- files ---------------------------------------------------------------

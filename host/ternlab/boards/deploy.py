@@ -98,6 +98,17 @@ def check_board_mpy(board, sample):
                          "or deploy sources with --source" % (v & 0xFF, (v >> 8) & 3, version, flags & 3))
 
 
+def _copy(board, files, say):
+    """Write [(local file, remote path)] to the board; returns [(remote, bytes)]."""
+    done = []
+    for local, remote in files:
+        data = Path(local).read_bytes()
+        board.write_file(remote, data)
+        done.append((remote, len(data)))
+        say("  %-28s %7d bytes" % (remote, len(data)))
+    return done
+
+
 def deploy(board, items, arch=None, source=False, say=print):
     """Copy `items` (from plan()) to the board; returns [(remote, bytes)]."""
     with tempfile.TemporaryDirectory(prefix="tern-deploy-") as tmp:
@@ -116,13 +127,7 @@ def deploy(board, items, arch=None, source=False, say=print):
             elif r.endswith(".py"):
                 twins.append(r[:-3] + ".mpy")
         board.exec(_MKDIRS % _parents(dirs) + _REMOVE % twins)
-        done = []
-        for local, remote in files:
-            data = Path(local).read_bytes()
-            board.write_file(remote, data)
-            done.append((remote, len(data)))
-            say("  %-28s %7d bytes" % (remote, len(data)))
-        return done
+        return _copy(board, files, say)
 
 
 def deploy_romfs(board, items, arch=None, say=print):
@@ -155,13 +160,7 @@ def deploy_romfs(board, items, arch=None, say=print):
             if r.returncode:
                 raise BoardError("mpremote romfs deploy failed: %s" % (r.stderr or r.stdout).strip().splitlines()[-1:])
         say("  %-28s %7d bytes (%d modules)" % ("ROMFS image -> /rom", len(image), len(rom)))
-        done = [("/rom", len(image))]
-        for local, remote in rest:
-            data = Path(local).read_bytes()
-            board.write_file(remote, data)
-            done.append((remote, len(data)))
-            say("  %-28s %7d bytes" % (remote, len(data)))
-        return done
+        return [("/rom", len(image))] + _copy(board, rest, say)
 
 
 def romfs_image(files):
