@@ -87,6 +87,24 @@ def test_tight_profile_has_a_32k_heap(tmp_path):
         b.close()
 
 
+def test_another_build_of_the_port_is_taken_from_TERN_MICROPYTHON(tmp_path, monkeypatch):
+    # a wrapper standing in for another build: it leaves a mark, then runs the real port
+    mark = tmp_path / "used"
+    wrapper = tmp_path / "micropython-other"
+    wrapper.write_text(f"#!/bin/sh\necho $$ >> {mark}\nexec {micropython_path()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("TERN_MICROPYTHON", str(wrapper))
+    b = EmulatedBoard("unix-emulated", workdir=tmp_path / "b")
+    try:
+        assert b.exec("print(6 * 7)") == "42\n"
+        assert mark.read_text().strip()
+    finally:
+        b.close()
+    monkeypatch.setenv("TERN_MICROPYTHON", str(tmp_path / "absent"))
+    with pytest.raises(BoardError, match="TERN_MICROPYTHON=.*absent: no such file"):
+        EmulatedBoard("unix-emulated", workdir=tmp_path / "c")
+
+
 def test_romfs_runs_modules_in_place_and_counts_as_flash_not_heap(tmp_path):
     from ternlab.boards.deploy import deploy_romfs, plan
 

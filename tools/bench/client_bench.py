@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "host"))
 sys.path.insert(0, str(ROOT / "lib"))
 
+from ternlab.boards.emulated import micropython_path, port_id  # noqa: E402
 from ternlab.broker import Broker  # noqa: E402
 
 PAYLOAD = bytes(range(64))
@@ -297,8 +298,8 @@ def build_romfs(mpy_root: Path, out: Path) -> Path:
     return out
 
 
-def run_mp(script: str, path: list[Path], args: list[str], heap="256k") -> dict:
-    exe = Path(sys.executable).with_name("micropython")
+def run_mp(script: str, path: list[Path], args: list[str], heap="256k", exe=None) -> dict:
+    exe = exe or micropython_path()
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(script)
     env = dict(os.environ, MICROPYPATH=os.pathsep.join([".frozen"] + [str(p) for p in path]))
@@ -319,7 +320,14 @@ def _median_runs(runs: list[dict]) -> dict:
     return out
 
 
-def micropython_section(addr, n, rounds=3, umqtt_n=200):
+def heap_figures(addr, mpy: Path, image: Path, exe=None) -> dict:
+    """Heap after import + connect, MQTT 3.1.1 and 5.0, .mpy from files and in place from ROMFS."""
+    return {f"heap_{mode}_v{v}": run_mp(HEAP_SCRIPT, [mpy], [addr[0], str(addr[1]), str(v), mode, str(image)],
+                                        exe=exe)["heap"]
+            for v in (4, 5) for mode in ("mpy", "rom")}
+
+
+def micropython_section(addr, n, rounds=3, umqtt_n=200, heap_ports=()):
     """Tern, umqtt.simple and chumicro-mqtt on the unix port: rates are medians of `rounds`
     interleaved runs (each a fresh interpreter). umqtt.simple sends umqtt_n messages a run: it waits
     ~40 ms for every PUBACK, so its rate is steady after a few and n of them would take minutes."""
@@ -347,10 +355,9 @@ def micropython_section(addr, n, rounds=3, umqtt_n=200):
         tern = _median_runs(runs["tern"])
         umqtt = _median_runs(runs["umqtt"])
         chumicro = chumicro_error or _median_runs(runs["chumicro"])
-        for v in (4, 5):
-            for mode in ("mpy", "rom"):
-                tern[f"heap_{mode}_v{v}"] = run_mp(HEAP_SCRIPT, [tmp / "mpy"],
-                                                   [addr[0], str(addr[1]), str(v), mode, str(image)])["heap"]
+        tern.update(heap_figures(addr, tmp / "mpy", image))
+        tern["ports"] = [dict(heap_figures(addr, tmp / "mpy", image, exe), port=port_id(exe))
+                         for exe in heap_ports]
     print(f"MicroPython: tern {json.dumps(tern)}\n             umqtt.simple {json.dumps(umqtt)}"
           f"\n             chumicro-mqtt {json.dumps(chumicro)}")
     return tern, umqtt, chumicro
@@ -370,8 +377,9 @@ def mp_lines(tern, umqtt, chumicro):
         return f"not run: {chu}" if chu else format(chumicro[key], fmt)
 
     kib = 16 * 1024
-    return [
-        "MicroPython unix port (64-bit, `-X heapsize=256k`; each library compiled with mpy-cross):",
+    lines = [
+        f"MicroPython unix port ({port_id(micropython_path())}, `-X heapsize=256k`; each library compiled "
+        "with mpy-cross):",
         "",
         "| measure | Tern | umqtt.simple | chumicro-mqtt |",
         "|---|---:|---:|---:|",
@@ -406,9 +414,17 @@ def mp_lines(tern, umqtt, chumicro):
         "general PUBLISH codec) is no longer on the device path (`tern.pkt` holds what a client needs;",
         "`tern.codec` is for hosts and tests) and MQTT 5 properties load only for MQTT 5. On this 64-bit",
         "port every heap block is 32 bytes and every object header twice a 32-bit board's, so the same",
-        "import costs noticeably less on an ESP32 or RP2040. The target is not met; what it would take is in",
-        "`docs/mqtt5-client.md`.",
+        "import costs less on an ESP32 or RP2040 (the table below measures a 32-bit build). The target is not",
+        "met; what it would take is in `docs/mqtt5-client.md`.",
     ]
+    if tern["ports"]:
+        lines += ["", "Heap after import + connect (bytes) on other builds of the unix port (`--heap-port`: built",
+                  "from MicroPython's source for measuring, not part of this repository), same .mpy files:", "",
+                  "| build | MQTT 3.1.1, .mpy from files | MQTT 5.0, from files | 3.1.1 in place (ROMFS) "
+                  "| 5.0 in place (ROMFS) |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {p['port']} | {p['heap_mpy_v4']:,} | {p['heap_mpy_v5']:,} | "
+                  f"{p['heap_rom_v4']:,} | {p['heap_rom_v5']:,} |" for p in tern["ports"]]
+    return lines
 
 
 def main() -> int:
@@ -419,20 +435,27 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=16, help="in-flight window for both libraries (default 16)")
     ap.add_argument("--write", type=Path, help="rewrite this file's client_bench section")
     ap.add_argument("--mp-only", action="store_true", help="only the MicroPython measurements (print, no --write)")
+    ap.add_argument("--heap-port", action="append", default=[], metavar="EXE",
+                    help="also measure the heap figures with this build of the unix port (a 32-bit one, say); "
+                         "repeatable")
     a = ap.parse_args()
     if a.write and a.mp_only:
         ap.error("--write needs the CPython section too (drop --mp-only)")
+    for exe in a.heap_port:
+        if not os.access(exe, os.X_OK):
+            ap.error(f"--heap-port {exe}: not an executable file")
     with Broker() as broker:
         rows = [] if a.mp_only else cpython_section(broker.address, a.n, a.rounds, a.window)
-        tern, umqtt, chumicro = micropython_section(broker.address, a.mp_n, a.rounds)
+        tern, umqtt, chumicro = micropython_section(broker.address, a.mp_n, a.rounds, heap_ports=a.heap_port)
     if a.write:
         import paho.mqtt
 
         lines = [
             "## Client throughput and memory",
             "",
-            f"Command: `python tools/bench/client_bench.py --n {a.n} --mp-n {a.mp_n} --rounds {a.rounds} "
-            f"--write docs/benchmarks.md` — {datetime.date.today()}, this 2-core machine (shared, noisy), "
+            f"Command: `python tools/bench/client_bench.py --n {a.n} --mp-n {a.mp_n} --rounds {a.rounds}"
+            + "".join(f" --heap-port {Path(e).name}" for e in a.heap_port)
+            + f" --write docs/benchmarks.md` — {datetime.date.today()}, this 2-core machine (shared, noisy), "
             f"Mosquitto on loopback, 64-byte payloads, window {a.window}, median of {a.rounds} interleaved rounds "
             f"(on MicroPython: {a.mp_n} QoS 1 messages a run, umqtt.simple 200).",
             "",

