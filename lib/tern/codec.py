@@ -36,22 +36,15 @@ from .wire import (
 )
 from . import pkt as _pkt
 from . import props as _props
-from .pkt import (  # noqa: F401  (re-exported: the steady path and the reason code tables)
+from .pkt import (  # noqa: F401  (re-exported: the steady path)
     frame_size,
     publish_header_into,
     ack_into,
     parse_publish,
     PINGREQ_BYTES,
-    PINGRESP_BYTES,
-    CONNACK_RC as _CONNACK_RC,
-    PUBACK_RC as _PUBACK_RC,
-    PUBREL_RC as _PUBREL_RC,
-    SUBACK_RC as _SUBACK_RC,
-    UNSUBACK_RC as _UNSUBACK_RC,
-    DISCONNECT_RC as _DISCONNECT_RC,
-    AUTH_RC as _AUTH_RC,
-    SUBACK_RC_V3 as _SUBACK_RC_V3,
 )
+
+PINGRESP_BYTES = b"\xd0\x00"
 
 scan_publish_props = _props.scan_publish
 
@@ -91,6 +84,13 @@ def packet_name(ptype):
 class Packet(_pkt.Packet):
     """One control packet (fields and defaults: see tern.pkt.Packet), with
     equality and a readable repr for tests and logs."""
+
+    # PUBLISH: a client sends and parses it through the steady path instead.
+    topic = ""
+    payload = b""
+    qos = 0
+    retain = False
+    dup = False
 
     def _key(self):
         out = [self.type]
@@ -137,24 +137,23 @@ def encode(p, version=V311):
         if v5:
             add(_pkt.props_block(p.props, CONNACK))
     elif t == PUBLISH:
-        _pkt.check_qos(p.qos)
         if p.dup and not p.qos:
-            raise ValueError("DUP may only be set on QoS 1 and 2")
-        flags = (8 if p.dup else 0) | p.qos << 1 | (1 if p.retain else 0)
+            raise ValueError("DUP on QoS 0")
+        flags = (8 if p.dup else 0) | _pkt.check("QoS", p.qos, 0, 2) << 1 | (1 if p.retain else 0)
         tb = utf8(p.topic)
         if b"#" in tb or b"+" in tb:
             raise ValueError("wildcard in a topic name")
         if not tb and not (v5 and p.props and _props.TOPIC_ALIAS in p.props):
             raise ValueError("empty topic name (MQTT 5 allows it only with a topic alias)")
-        add(_pkt.u16b(len(tb)) + tb)
+        add(_pkt.datab(tb))
         if p.qos:
-            add(_pkt.pidb(p.pid))
+            add(_pkt.u16b(_pkt.check("packet id", p.pid, 1, 65535)))
         if v5:
             add(_pkt.props_block(p.props, PUBLISH))
         pl = p.payload
         add(pl.encode() if isinstance(pl, str) else pl)
     elif t == SUBACK or t == UNSUBACK:
-        add(_pkt.pidb(p.pid))
+        add(_pkt.u16b(_pkt.check("packet id", p.pid, 1, 65535)))
         if v5:
             add(_pkt.props_block(p.props, t))
         if t == SUBACK or v5:
@@ -168,9 +167,16 @@ def decode(buf, version=V311, max_size=VARINT_MAX + 5):
     PUBLISH payloads are memoryviews into buf. Raises MQTTError, and only
     MQTTError, for anything malformed.
     """
-    p, r = _pkt.open_frame(buf, version, max_size, Packet)
+    return _pkt.decode(buf, version, max_size, Packet, _server_body)
+
+
+def _server_body(p, r, version):
+    """The bodies only a server receives (CONNECT, PUBLISH in full, SUBSCRIBE,
+    UNSUBSCRIBE, PINGREQ): tern.pkt.decode calls this first and decodes the
+    rest itself. True when p was one of these."""
     t = p.type
     v5 = version == V5
+    buf = r.buf
     n = r.end
     if t == CONNECT:
         name = r.string()
@@ -219,7 +225,8 @@ def decode(buf, version=V311, max_size=VARINT_MAX + 5):
             p.props = _props.decode(r, PUBLISH)
             if not p.topic and not (p.props and _props.TOPIC_ALIAS in p.props):
                 raise MQTTError(PROTOCOL_ERROR, "protocol error: empty topic without a topic alias")
-        p.payload = r.rest()
+        p.payload = memoryview(buf)[r.pos : n]
+        r.pos = n
         for a in ("topic_start", "topic_end", "props_start", "props_end", "payload_start", "payload_end"):
             delattr(p, a)
     elif t == SUBSCRIBE or t == UNSUBSCRIBE:
@@ -229,7 +236,7 @@ def decode(buf, version=V311, max_size=VARINT_MAX + 5):
         if v5:
             p.props = _props.decode(r, t)
         topics = []
-        while r.left():
+        while r.pos < n:
             f = r.string()
             if t == UNSUBSCRIBE:
                 topics.append(f)
@@ -251,6 +258,5 @@ def decode(buf, version=V311, max_size=VARINT_MAX + 5):
             raise MQTTError(PROTOCOL_ERROR, "protocol error: %s with no topic filter" % packet_name(t))
         p.topics = topics
     elif t != PINGREQ:
-        _pkt.decode_body(p, r, version)
-    _pkt.done(r)
-    return p
+        return False
+    return True

@@ -28,6 +28,7 @@ from .wire import (
     put_data,
     check_utf8,
     utf8,
+    check,
 )
 
 _CONNECT = const(1)
@@ -51,32 +52,32 @@ _PROTOCOL_ERROR = const(0x82)
 _VARINT_MAX = const(268435455)
 
 # Reason codes each packet type may carry (MQTT 5.0 section 2.4 and the
-# packet sections). Bytes so `code in X` costs nothing.
-CONNACK_RC = b"\x00\x80\x81\x82\x83\x84\x85\x86\x87\x88\x89\x8a\x8c\x90\x95\x97\x99\x9a\x9b\x9c\x9d\x9f"
+# packet sections). Bytes so `code in X` costs nothing; the session checks
+# acknowledgements against the two public ones itself.
 PUBACK_RC = b"\x00\x10\x80\x83\x87\x90\x91\x97\x99"
 PUBREL_RC = b"\x00\x92"
-SUBACK_RC = b"\x00\x01\x02\x80\x83\x87\x8f\x91\x97\x9e\xa1\xa2"
-UNSUBACK_RC = b"\x00\x11\x80\x83\x87\x8f\x91"
-DISCONNECT_RC = (
+_CONNACK_RC = const(b"\x00\x80\x81\x82\x83\x84\x85\x86\x87\x88\x89\x8a\x8c\x90\x95\x97\x99\x9a\x9b\x9c\x9d\x9f")
+_SUBACK_RC = const(b"\x00\x01\x02\x80\x83\x87\x8f\x91\x97\x9e\xa1\xa2")
+_UNSUBACK_RC = const(b"\x00\x11\x80\x83\x87\x8f\x91")
+_DISCONNECT_RC = const(
     b"\x00\x04\x80\x81\x82\x83\x87\x89\x8b\x8d\x8e\x8f\x90\x93\x94\x95\x96\x97\x98\x99\x9a\x9b\x9c\x9d\x9e\x9f\xa0\xa1\xa2"
 )
-AUTH_RC = b"\x00\x18\x19"
-SUBACK_RC_V3 = b"\x00\x01\x02\x80"
+_AUTH_RC = const(b"\x00\x18\x19")
+_SUBACK_RC_V3 = const(b"\x00\x01\x02\x80")
 
 PINGREQ_BYTES = b"\xc0\x00"
-PINGRESP_BYTES = b"\xd0\x00"
 
 
 class Packet:
     """One control packet; fields not given take the defaults below.
 
     CONNECT: version clean keepalive client_id props will_* username password
-    CONNACK: session_present reason props    PUBLISH: topic payload qos retain dup pid props
+    CONNACK: session_present reason props
     PUBACK/PUBREC/PUBREL/PUBCOMP: pid reason props
     SUBSCRIBE: pid topics=[(filter, options)] props   SUBACK: pid reasons=[...] props
     UNSUBSCRIBE: pid topics=[filter] props   UNSUBACK: pid reasons props
     DISCONNECT, AUTH: reason props           PINGREQ, PINGRESP: nothing
-    (tern.codec.Packet adds equality and a readable repr.)
+    (tern.codec.Packet adds PUBLISH's fields, equality and a readable repr.)
     """
 
     version = _V311
@@ -91,11 +92,6 @@ class Packet:
     username = None
     password = None
     session_present = False
-    topic = ""
-    payload = b""
-    qos = 0
-    retain = False
-    dup = False
     pid = 0
     reason = 0
     props = None
@@ -131,27 +127,19 @@ def publish_header_into(buf, topic, qos, retain, dup, pid, payload_len, version,
     """Write a PUBLISH's fixed and variable header; the payload follows it on
     the wire. `topic` is bytes, `props` an encoded property block or None.
     Returns the header length. Allocates nothing."""
-    tl = len(topic)
-    if tl > 65535:
-        raise ValueError("topic over 65535 bytes")
-    if qos > 2 or qos < 0:
-        raise ValueError("QoS must be 0, 1 or 2")
+    tl = check("topic length", len(topic), 0 if version == _V5 else 1, 65535)
+    check("QoS", qos, 0, 2)
     if dup and not qos:
         raise ValueError("DUP on QoS 0")
     n = 2 + tl + payload_len
     if qos:
-        if pid < 1 or pid > 65535:
-            raise ValueError("packet id not in 1..65535")
         n += 2
+        check("packet id", pid, 1, 65535)
     if version == _V5:
         n += len(props) if props else 1
-    elif not tl:
-        raise ValueError("empty topic before MQTT 5")
-    if n > _VARINT_MAX:
-        raise ValueError("packet too large for MQTT")
+    check("packet size", n, 0, _VARINT_MAX)
     buf[0] = 0x30 | (8 if dup else 0) | qos << 1 | (1 if retain else 0)
-    p = put_varint(buf, 1, n)
-    p = put_data(buf, p, topic)
+    p = put_data(buf, put_varint(buf, 1, n), topic)
     if qos:
         p = put_u16(buf, p, pid)
     if version == _V5:
@@ -167,15 +155,11 @@ def publish_header_into(buf, topic, qos, retain, dup, pid, payload_len, version,
 def ack_into(buf, ptype, pid, reason, version):
     """PUBACK, PUBREC, PUBREL or PUBCOMP into buf; returns its length.
     The reason code is sent only in MQTT 5 and only when it is not 0."""
-    if ptype < _PUBACK or ptype > _PUBCOMP:
-        raise ValueError("not an ack type")
-    if pid < 1 or pid > 65535:
-        raise ValueError("packet id not in 1..65535")
-    if reason < 0 or reason > 255:
-        raise ValueError("reason code out of range")
+    check("packet type", ptype, _PUBACK, _PUBCOMP)
+    check("packet id", pid, 1, 65535)
+    check("reason code", reason, 0, 255)
     buf[0] = ptype << 4 | (2 if ptype == _PUBREL else 0)
-    buf[2] = pid >> 8
-    buf[3] = pid & 0xFF
+    put_u16(buf, 2, pid)
     if version == _V5 and reason:
         buf[1] = 3
         buf[4] = reason
@@ -200,38 +184,30 @@ def parse_publish(m, buf, pos, end, version):
     p = pos + 1
     while p < end and buf[p] & 0x80:
         p += 1
-    p += 1
-    if p + 2 > end:
-        fail("truncated")
-    tl = buf[p] << 8 | buf[p + 1]
-    p += 2
-    if p + tl > end:
+    p += 3
+    if p > end:
         fail("truncated")
     m.topic_start = p
-    p += tl
+    p += buf[p - 2] << 8 | buf[p - 1]
     m.topic_end = p
+    pid = 0
     if qos:
-        if p + 2 > end:
+        p += 2
+        if p > end:
             fail("truncated")
-        pid = buf[p] << 8 | buf[p + 1]
+        pid = buf[p - 2] << 8 | buf[p - 1]
         if not pid:
             fail("packet id 0")
-        p += 2
-    else:
-        pid = 0
+    m.props_start = p
     if version == _V5:
         n = get_varint(buf, p, end)
         if n < 0:
             fail("truncated")
-        p += varint_size(n)
-        if p + n > end:
-            fail("truncated")
-        m.props_start = p
+        m.props_start = p = p + varint_size(n)
         p += n
-    else:
-        m.props_start = p
-    m.props_end = p
-    m.payload_start = p
+    if p > end:
+        fail("truncated")
+    m.props_end = m.payload_start = p
     m.payload_end = end
     m.qos = qos
     m.retain = b0 & 1
@@ -254,30 +230,17 @@ def parse_publish(m, buf, pos, end, version):
 
 
 def u16b(n):
-    if n < 0 or n > 65535:
-        raise ValueError("two-byte integer out of range: %r" % n)
     return bytes((n >> 8, n & 0xFF))
 
 
-def pidb(pid):
-    if pid < 1 or pid > 65535:
-        raise ValueError("packet id not in 1..65535: %r" % pid)
-    return u16b(pid)
-
-
-def strb(s):
-    b = utf8(s)
-    return u16b(len(b)) + b
-
-
-def binb(b):
-    b = b.encode() if isinstance(b, str) else bytes(b)
-    return u16b(len(b)) + b
-
-
-def check_qos(q):
-    if q not in (0, 1, 2):
-        raise ValueError("QoS must be 0, 1 or 2, got %r" % q)
+def datab(x, text=True):
+    """Two-byte length then the bytes: x checked as an MQTT UTF-8 string, or
+    with text=False sent as binary data (a str is encoded)."""
+    if text:
+        b = utf8(x)
+    else:
+        b = x.encode() if isinstance(x, str) else bytes(x)
+    return u16b(check("data length", len(b), 0, 65535)) + b
 
 
 def props_block(props, ptype):
@@ -294,9 +257,7 @@ def frame(t, flags, parts):
     n = 0
     for x in parts:
         n += len(x)
-    if n > _VARINT_MAX:
-        raise ValueError("packet too large for MQTT")
-    out = bytearray(1 + varint_size(n) + n)
+    out = bytearray(1 + varint_size(check("packet size", n, 0, _VARINT_MAX)) + n)
     out[0] = t << 4 | flags
     pos = put_varint(out, 1, n)
     for x in parts:
@@ -308,23 +269,19 @@ def frame(t, flags, parts):
 def encode(p, version=_V311):
     """A packet a client sends, as bytes (CONNECT uses its own version)."""
     t = p.type
-    flags = 0
     parts = []
     add = parts.append
     v5 = version == _V5
     if t == _CONNECT:
         version = p.version
         v5 = version == _V5
-        if version == _V31:
+        if check("protocol version", version, _V31, _V5) == _V31:
             add(b"\x00\x06MQIsdp\x03")
-        elif version == _V311 or v5:
-            add(b"\x00\x04MQTT" + bytes((version,)))
         else:
-            raise ValueError("protocol version must be 3, 4 or 5")
+            add(b"\x00\x04MQTT" + bytes((version,)))
         cf = 2 if p.clean else 0
         if p.will_topic is not None:
-            check_qos(p.will_qos)
-            cf |= 4 | p.will_qos << 3 | (0x20 if p.will_retain else 0)
+            cf |= 4 | check("QoS", p.will_qos, 0, 2) << 3 | (0x20 if p.will_retain else 0)
         if p.username is not None:
             cf |= 0x80
         if p.password is not None:
@@ -332,30 +289,21 @@ def encode(p, version=_V311):
                 raise ValueError("MQTT 3 needs a username with a password")
             cf |= 0x40
         add(bytes((cf,)))
-        add(u16b(p.keepalive))
+        add(u16b(check("keepalive", p.keepalive, 0, 65535)))
         if v5:
             add(props_block(p.props, _CONNECT))
-        add(strb(p.client_id))
+        add(datab(p.client_id))
         if p.will_topic is not None:
             if v5:
                 add(props_block(p.will_props, 0))
-            add(strb(p.will_topic))
-            add(binb(p.will_payload))
+            add(datab(p.will_topic))
+            add(datab(p.will_payload, False))
         if p.username is not None:
-            add(strb(p.username))
+            add(datab(p.username))
         if p.password is not None:
-            add(binb(p.password))
-    elif _PUBACK <= t <= _PUBCOMP:
-        if t == _PUBREL:
-            flags = 2
-        add(pidb(p.pid))
-        if v5 and (p.reason or p.props):
-            add(bytes((p.reason,)))
-            if p.props:
-                add(props_block(p.props, t))
+            add(datab(p.password, False))
     elif t == _SUBSCRIBE or t == _UNSUBSCRIBE:
-        flags = 2
-        add(pidb(p.pid))
+        add(u16b(check("packet id", p.pid, 1, 65535)))
         if v5:
             add(props_block(p.props, t))
         if not p.topics:
@@ -365,26 +313,28 @@ def encode(p, version=_V311):
                 o = f[1]
                 if o & 3 == 3 or o & (0xC0 if v5 else 0xFC) or (v5 and o & 0x30 == 0x30) or o < 0:
                     raise ValueError("invalid subscription options 0x%02X" % o)
-                add(strb(f[0]))
+                add(datab(f[0]))
                 add(bytes((o,)))
             else:
-                add(strb(f))
-    elif t == _DISCONNECT or t == _AUTH:
-        if t == _AUTH and not v5:
-            raise ValueError("AUTH exists only in MQTT 5")
+                add(datab(f))
+    elif t != _PINGREQ:
+        # PUBACK..PUBCOMP (a packet id first), DISCONNECT, AUTH: then, in MQTT 5,
+        # a reason code and properties when either is not the default.
+        if _PUBACK <= t <= _PUBCOMP:
+            add(u16b(check("packet id", p.pid, 1, 65535)))
+        elif t < _DISCONNECT or t > _AUTH or (t == _AUTH and not v5):
+            raise ValueError("unexpected packet type %d in MQTT %d" % (t, version))
         if v5 and (p.reason or p.props):
             add(bytes((p.reason,)))
             if p.props:
                 add(props_block(p.props, t))
-    elif t != _PINGREQ:
-        raise ValueError("not a packet a client sends: type %r" % t)
-    return frame(t, flags, parts)
+    return frame(t, 2 if t == _PUBREL or t == _SUBSCRIBE or t == _UNSUBSCRIBE else 0, parts)
 
 
 def reason(r, allowed):
     c = r.u8()
     if c not in allowed:
-        raise MQTTError(_PROTOCOL_ERROR, "protocol error: reason code 0x%02X not allowed here" % c)
+        fail("reason code 0x%02X not allowed here" % c, _PROTOCOL_ERROR)
     return c
 
 
@@ -398,91 +348,72 @@ def props_in(r, ptype):
     return P.decode(r, ptype)
 
 
-def open_frame(buf, version, max_size, cls):
-    """Check the fixed header of the one packet in buf; return (packet, Reader
-    over its body)."""
+def decode(buf, version=_V311, max_size=_VARINT_MAX + 5, cls=Packet, more=None):
+    """Decode one packet a client receives (not PUBLISH: see parse_publish).
+    Raises MQTTError, and only MQTTError, for anything malformed.
+
+    tern.codec passes its Packet class as cls and, as more(p, reader, version),
+    the decoder of the packets only a server receives (True when it took p)."""
     end = len(buf)
     n = frame_size(buf, 0, end, max_size)
     if n < 0 or n > end:
         fail("truncated")
-    if n < end:
-        fail("%d bytes after the packet" % (end - n))
     b0 = buf[0]
     t = b0 >> 4
-    flags = b0 & 15
-    if t == _PUBLISH:
-        pass
-    elif t == _PUBREL or t == _SUBSCRIBE or t == _UNSUBSCRIBE:
-        if flags != 2:
-            fail("reserved flags of type %d must be 0010" % t)
-    elif flags:
-        fail("reserved flags of type %d must be 0" % t)
-    return cls(t), Reader(buf, n - get_varint(buf, 1, end), n)  # body: after the fixed header
-
-
-def done(r):
-    if r.pos != r.end:
-        fail("%d unexpected bytes at the end" % (r.end - r.pos))
-
-
-def decode(buf, version=_V311, max_size=_VARINT_MAX + 5, cls=Packet):
-    """Decode one packet a client receives (not PUBLISH: see parse_publish).
-    Raises MQTTError, and only MQTTError, for anything malformed."""
-    p, r = open_frame(buf, version, max_size, cls)
-    decode_body(p, r, version)
-    done(r)
-    return p
-
-
-def decode_body(p, r, version):
-    t = p.type
+    if t != _PUBLISH and b0 & 15 != (2 if t == _PUBREL or t == _SUBSCRIBE or t == _UNSUBSCRIBE else 0):
+        fail("reserved flags of packet type %d" % t)
+    p = cls(t)
+    r = Reader(buf, n - get_varint(buf, 1, end), n)  # body: after the fixed header
     v5 = version == _V5
-    if t == _CONNACK:
+    if n < end:
+        r.pos = n  # reported below
+    elif more and more(p, r, version):
+        pass
+    elif t == _CONNACK:
         af = r.u8()
         if version != _V31:
             if af & 0xFE:
-                fail("reserved CONNACK flags set")
+                fail("reserved flags of packet type %d" % t)
             p.session_present = bool(af & 1)
         if v5:
-            p.reason = reason(r, CONNACK_RC)
+            p.reason = reason(r, _CONNACK_RC)
         else:
             p.reason = r.u8()
             if p.reason > 5:
-                raise MQTTError(_PROTOCOL_ERROR, "protocol error: CONNACK return code %d" % p.reason)
+                fail("reason code 0x%02X not allowed here" % p.reason, _PROTOCOL_ERROR)
         if p.reason and p.session_present:
-            raise MQTTError(_PROTOCOL_ERROR, "protocol error: session present with a refusal")
+            fail("session present with a refusal", _PROTOCOL_ERROR)
         if v5:
             p.props = props_in(r, _CONNACK)
-    elif _PUBACK <= t <= _PUBCOMP:
+    elif _PUBACK <= t <= _PUBCOMP or t == _SUBACK or t == _UNSUBACK:
         p.pid = r.u16()
         if not p.pid:
             fail("packet id 0")
-        if v5 and r.left():
-            p.reason = reason(r, PUBREL_RC if t >= _PUBREL else PUBACK_RC)
-            if r.left():
+        if t <= _PUBCOMP:
+            if v5 and r.pos < r.end:
+                p.reason = reason(r, PUBREL_RC if t >= _PUBREL else PUBACK_RC)
+                if r.pos < r.end:
+                    p.props = props_in(r, t)
+        else:  # SUBACK, UNSUBACK: a reason code per filter (UNSUBACK before 5: none)
+            if v5:
                 p.props = props_in(r, t)
-    elif t == _SUBACK or t == _UNSUBACK:
-        p.pid = r.u16()
-        if not p.pid:
-            fail("packet id 0")
-        if v5:
-            p.props = props_in(r, t)
-        rs = []
-        if t == _SUBACK or v5:
-            ok = SUBACK_RC if t == _SUBACK else UNSUBACK_RC
-            if not v5:
-                ok = SUBACK_RC_V3
-            while r.left():
-                rs.append(reason(r, ok))
-            if not rs:
-                raise MQTTError(_PROTOCOL_ERROR, "protocol error: packet type %d with no reason code" % t)
-        p.reasons = rs
+            rs = []
+            if t == _SUBACK or v5:
+                ok = _SUBACK_RC_V3 if not v5 else _SUBACK_RC if t == _SUBACK else _UNSUBACK_RC
+                while r.pos < r.end:
+                    rs.append(reason(r, ok))
+                if not rs:
+                    fail("packet type %d with no reason code" % t, _PROTOCOL_ERROR)
+            p.reasons = rs
     elif t == _DISCONNECT or t == _AUTH:
-        if t == _AUTH and not v5:
-            fail("packet type 15 is reserved before MQTT 5")
-        if v5 and r.left():
-            p.reason = reason(r, DISCONNECT_RC if t == _DISCONNECT else AUTH_RC)
-            if r.left():
+        if not v5 and t == _AUTH:
+            fail("unexpected packet type %d in MQTT %d" % (t, version))
+        if v5 and r.pos < r.end:
+            p.reason = reason(r, _DISCONNECT_RC if t == _DISCONNECT else _AUTH_RC)
+            if r.pos < r.end:
                 p.props = props_in(r, t)
     elif t != _PINGRESP:
-        raise MQTTError(_PROTOCOL_ERROR, "protocol error: a client does not receive packet type %d" % t)
+        fail("unexpected packet type %d in MQTT %d" % (t, version), _PROTOCOL_ERROR)
+    if r.pos != end:
+        fail("%d bytes too many" % (end - r.pos))
+    return p

@@ -13,7 +13,7 @@ _SLASH = const(0x2F)
 _PLUS = const(0x2B)
 _HASH = const(0x23)
 _DOLLAR = const(0x24)
-_SHARE = b"$share/"
+_SHARE = const(b"$share/")
 
 
 def _bad(what, topic, problem):
@@ -23,25 +23,17 @@ def _bad(what, topic, problem):
 
 def _utf8(topic, what):
     """The topic as bytes, with the rules every name and filter shares checked."""
-    if isinstance(topic, str):
-        try:
-            b = topic.encode()
-        except UnicodeError:  # CPython: lone surrogates
-            raise _bad(what, topic, "is not valid UTF-8")
-    elif isinstance(topic, (bytes, bytearray)):
-        b = bytes(topic)
-    else:
+    if not isinstance(topic, (str, bytes, bytearray)):
         raise TypeError("%s must be str or bytes, not %s" % (what, type(topic).__name__))
-    if not b:
+    if not topic:
         raise _bad(what, topic, "is empty")
-    if len(b) > 65535:
-        raise _bad(what, topic, "is longer than 65535 bytes (%d)" % len(b))
-    if b"\0" in b:
-        raise _bad(what, topic, "contains U+0000")
     try:
+        b = topic.encode() if isinstance(topic, str) else bytes(topic)
+        if len(b) > 65535:
+            raise _bad(what, topic, "is longer than 65535 bytes (%d)" % len(b))
         check_utf8(b, 0, len(b))
-    except MQTTError as e:
-        raise _bad(what, topic, "is not valid UTF-8: " + e.args[0].split(": ")[-1])
+    except (UnicodeError, MQTTError) as e:  # CPython: lone surrogates; "malformed packet: <problem>"
+        raise _bad(what, topic, "is not valid UTF-8 (%s)" % e.args[-1].split(": ")[-1])
     return b
 
 
@@ -53,9 +45,28 @@ def validate_name(topic):
     return b
 
 
-def _levels(b, i, what, flt):
-    """Check that the wildcards in b[i:] each fill a level, '#' only the last."""
+def validate_filter(flt):
+    """Check a subscription filter (shared or not); return its UTF-8 bytes.
+
+    A shared one, `$share/{name}/{filter}`, needs a name without wildcards
+    and a filter after it; in any filter each wildcard fills a whole level
+    and '#' only the last one."""
+    what = "topic filter"
+    b = _utf8(flt, what)
+    i = 0
     n = len(b)
+    if b == b"$share" or b.startswith(_SHARE):
+        what = "shared subscription"
+        k = b.find(b"/", 7)
+        if k < 0:
+            k = n
+        if k <= 7:
+            raise _bad(what, flt, "has no share name")
+        if b.find(b"+", 7, k) >= 0 or b.find(b"#", 7, k) >= 0:
+            raise _bad(what, flt, "has a wildcard in its share name")
+        i = k + 1
+        if i >= n:
+            raise _bad(what, flt, "has no topic filter after the share name")
     while i < n:
         c = b[i]
         if c == _PLUS or c == _HASH:
@@ -64,45 +75,16 @@ def _levels(b, i, what, flt):
             if c == _HASH and i + 1 < n:
                 raise _bad(what, flt, "has '#' that is not the last level")
         i += 1
-
-
-def _share_split(b, flt):
-    """For a valid shared filter, the index of the '/' after the share name;
-    0 when b is not shared. Raises when it starts like one but is malformed."""
-    if not (b == b"$share" or b.startswith(_SHARE)):
-        return 0
-    k = b.find(b"/", 7)
-    if k < 0:
-        k = len(b)
-    if k <= 7:
-        raise _bad("shared subscription", flt, "has no share name")
-    if b.find(b"+", 7, k) >= 0 or b.find(b"#", 7, k) >= 0:
-        raise _bad("shared subscription", flt, "has a wildcard in its share name")
-    if k + 1 >= len(b):
-        raise _bad("shared subscription", flt, "has no topic filter after the share name")
-    _levels(b, k + 1, "shared subscription", flt)
-    return k
-
-
-def _filter(flt):
-    b = _utf8(flt, "topic filter")
-    k = _share_split(b, flt)
-    if not k:
-        _levels(b, 0, "topic filter", flt)
-    return b, k
-
-
-def validate_filter(flt):
-    """Check a subscription filter (shared or not); return its UTF-8 bytes."""
-    return _filter(flt)[0]
+    return b
 
 
 def parse_shared(flt):
     """(share_name, inner_filter) of a valid `$share/{name}/{filter}`, each the
     type of flt; None for a valid filter that is not shared."""
-    b, k = _filter(flt)
-    if not k:
+    b = validate_filter(flt)
+    if not b.startswith(_SHARE):
         return None
+    k = b.find(b"/", 7)
     if isinstance(flt, str):
         return str(b[7:k], "utf-8"), str(b[k + 1 :], "utf-8")
     return b[7:k], b[k + 1 :]

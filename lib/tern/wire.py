@@ -59,8 +59,17 @@ class MQTTError(Exception):
         return "%s (reason 0x%02X)" % (self.args[0], self.code)
 
 
-def fail(msg):
-    raise MQTTError(MALFORMED, "malformed packet: " + msg)
+def fail(msg, code=MALFORMED):
+    """Raise the codec's error: a malformed packet, or (code=PROTOCOL_ERROR) a
+    protocol error; one place for the prefix, so each site names only the problem."""
+    raise MQTTError(code, ("malformed packet: " if code == MALFORMED else "protocol error: ") + msg)
+
+
+def check(what, n, lo, hi):
+    """n when lo <= n <= hi; else a ValueError naming what was out of range."""
+    if n < lo or n > hi:
+        raise ValueError("%s not in %d..%d: %r" % (what, lo, hi, n))
+    return n
 
 
 def varint_size(n):
@@ -75,8 +84,7 @@ def varint_size(n):
 
 def put_varint(buf, pos, n):
     """Write n as a variable byte integer at pos; return the position after it."""
-    if n < 0 or n > VARINT_MAX:
-        raise ValueError("variable byte integer out of range: %d" % n)
+    check("variable byte integer", n, 0, VARINT_MAX)
     while True:
         b = n & 0x7F
         n >>= 7
@@ -104,12 +112,12 @@ def get_varint(buf, pos, end):
         n |= (b & 0x7F) << shift
         if not b & 0x80:
             if b == 0 and shift:
-                fail("variable byte integer not minimally encoded")
+                fail("invalid variable byte integer")
             return n
         shift += 7
         pos += 1
         if shift == 28:
-            fail("variable byte integer longer than 4 bytes")
+            fail("invalid variable byte integer")
 
 
 def put_u16(buf, pos, n):
@@ -119,19 +127,13 @@ def put_u16(buf, pos, n):
 
 
 def put_u32(buf, pos, n):
-    buf[pos] = (n >> 24) & 0xFF
-    buf[pos + 1] = (n >> 16) & 0xFF
-    buf[pos + 2] = (n >> 8) & 0xFF
-    buf[pos + 3] = n & 0xFF
-    return pos + 4
+    return put_u16(buf, put_u16(buf, pos, n >> 16 & 0xFFFF), n & 0xFFFF)
 
 
 def put_data(buf, pos, data):
     """Two-byte length then the bytes (UTF-8 string or binary data)."""
     n = len(data)
-    buf[pos] = n >> 8
-    buf[pos + 1] = n & 0xFF
-    pos += 2
+    pos = put_u16(buf, pos, n)
     buf[pos : pos + n] = data
     return pos + n
 
@@ -145,42 +147,24 @@ def check_utf8(b, i, end):
     """
     while i < end:
         c = b[i]
+        i += 1
         if c < 0x80:
-            if c == 0:
+            if not c:
                 fail("U+0000 in a UTF-8 string")
-            i += 1
             continue
-        lo = 0x80
-        hi = 0xBF
-        if c < 0xC2:
-            fail("invalid UTF-8 lead byte")
-        elif c < 0xE0:
-            n = 1
-        elif c < 0xF0:
-            n = 2
-            if c == 0xE0:
-                lo = 0xA0
-            elif c == 0xED:
-                hi = 0x9F  # surrogates
-        elif c < 0xF5:
-            n = 3
-            if c == 0xF0:
-                lo = 0x90
-            elif c == 0xF4:
-                hi = 0x8F
-        else:
-            fail("invalid UTF-8 lead byte")
-        if i + n >= end:
-            fail("truncated UTF-8 sequence")
-        c = b[i + 1]
-        if c < lo or c > hi:
-            fail("invalid UTF-8 sequence")
-        k = 2
-        while k <= n:
+        # n continuation bytes follow; the first must be in lo..hi, which
+        # rules out overlong forms (E0, F0), surrogates (ED) and > U+10FFFF (F4).
+        n = 1 if c < 0xE0 else 2 if c < 0xF0 else 3
+        lo = 0xA0 if c == 0xE0 else 0x90 if c == 0xF0 else 0x80
+        hi = 0x9F if c == 0xED else 0x8F if c == 0xF4 else 0xBF
+        if c < 0xC2 or c > 0xF4 or i + n > end or b[i] < lo or b[i] > hi:
+            fail("invalid UTF-8")
+        k = 1
+        while k < n:
             if b[i + k] & 0xC0 != 0x80:
-                fail("invalid UTF-8 continuation")
+                fail("invalid UTF-8")
             k += 1
-        i += n + 1
+        i += n
 
 
 def utf8(s):
@@ -189,8 +173,7 @@ def utf8(s):
         b = s.encode()
     else:
         b = bytes(s)
-    if len(b) > 65535:
-        raise ValueError("string longer than 65535 bytes")
+    check("string length", len(b), 0, 65535)
     try:
         check_utf8(b, 0, len(b))
     except MQTTError as e:
@@ -206,56 +189,40 @@ class Reader:
         self.pos = pos
         self.end = end
 
-    def left(self):
-        return self.end - self.pos
-
     def need(self, n):
-        if self.pos + n > self.end:
+        """Raise unless n more bytes are there; return where they start."""
+        p = self.pos
+        if p + n > self.end:
             fail("truncated")
+        return p
 
     def u8(self):
-        self.need(1)
-        self.pos += 1
-        return self.buf[self.pos - 1]
+        p = self.need(1)
+        self.pos = p + 1
+        return self.buf[p]
 
     def u16(self):
-        self.need(2)
-        b = self.buf
-        p = self.pos
+        p = self.need(2)
         self.pos = p + 2
-        return b[p] << 8 | b[p + 1]
+        return self.buf[p] << 8 | self.buf[p + 1]
 
     def u32(self):
-        self.need(4)
-        b = self.buf
-        p = self.pos
-        self.pos = p + 4
-        return b[p] << 24 | b[p + 1] << 16 | b[p + 2] << 8 | b[p + 3]
+        return self.u16() << 16 | self.u16()
 
     def varint(self):
         n = get_varint(self.buf, self.pos, self.end)
         if n < 0:
-            fail("truncated variable byte integer")
+            fail("truncated")
         self.pos += varint_size(n)
         return n
 
     def binary(self):
         n = self.u16()
-        self.need(n)
-        p = self.pos
+        p = self.need(n)
         self.pos = p + n
         return bytes(self.buf[p : p + n])
 
     def string(self):
-        n = self.u16()
-        self.need(n)
-        p = self.pos
-        check_utf8(self.buf, p, p + n)
-        self.pos = p + n
-        return str(self.buf[p : p + n], "utf-8")
-
-    def rest(self):
-        """The remaining bytes as a view into the buffer (no copy)."""
-        p = self.pos
-        self.pos = self.end
-        return memoryview(self.buf)[p : self.end]
+        b = self.binary()
+        check_utf8(b, 0, len(b))
+        return str(b, "utf-8")
