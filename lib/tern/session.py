@@ -19,20 +19,15 @@ keeps a `reboot` command from looping); manual acknowledgement reverses this
 for applications that make their own write durable first.
 """
 
-from array import array
-
-from .wire import const, MQTTError, fail
+from .wire import const, MQTTError
 from . import pkt
 from .pkt import Packet
-from .message import Message
 from .topic import matches_bytes, parse_shared, validate_filter, validate_name
 
 try:
     from time import ticks_diff
-except ImportError:  # CPython: the driver's clock does not wrap
-
-    def ticks_diff(a, b):
-        return a - b
+except ImportError:  # CPython: the driver's clock does not wrap, a plain a - b will do
+    from operator import sub as ticks_diff
 
 
 # Packet types and property identifiers as private constants: folded into the
@@ -69,9 +64,9 @@ _P_WILDCARD_OK = const(0x28)
 _P_SUB_ID_OK = const(0x29)
 _P_SHARED_OK = const(0x2A)
 
-# Connection states.
+# Connection states (CONNECTING is private: no driver needs to tell it apart).
 DISCONNECTED = const(0)
-CONNECTING = const(1)
+_CONNECTING = const(1)
 CONNECTED = const(2)
 
 # Events for on_event(kind, a, b).
@@ -80,7 +75,7 @@ EV_PUBLISHED = const(2)  # a = pid, b = reason (acknowledged, or refused when >=
 EV_SUBACK = const(3)  # a = pid, b = list of reason codes
 EV_UNSUBACK = const(4)  # a = pid, b = list of reason codes
 EV_DISCONNECT = const(5)  # a = reason code, b = DISCONNECT Packet
-EV_RESTORED = const(6)  # a = messages resent after a reconnect, b = broker lost the session
+_EV_RESTORED = const(6)  # a = messages resent after a reconnect, b = broker lost the session (no driver reads it)
 EV_AUTH = const(7)  # a = 0: a re-authentication succeeded, b = AUTH Packet
 EV_LOST = const(8)  # a = 0, b = the OSError: sending an accepted message failed, the connection is over
 
@@ -96,18 +91,6 @@ WOULD_BLOCK = const(-1)
 
 class NotConnected(OSError):
     pass
-
-
-class _Sub:
-    # One subscription: its filter as bytes (inner filter for $share), handler, id.
-    def __init__(self, flt, match, qos, opts, handler, sid, user_props):
-        self.user_props = user_props  # sent again with every resubscription
-        self.filter = flt
-        self.match = match
-        self.qos = qos
-        self.opts = opts
-        self.handler = handler
-        self.sid = sid
 
 
 class Session:
@@ -133,6 +116,9 @@ class Session:
     raises ends the connection (DISCONNECT 0x80) and its exception reaches the
     driver as MQTTError 0x80 naming it. A refusal arrives as a CONNACK reason code (the driver raises
     ConnectError) or, during re-authentication, as a server DISCONNECT.
+
+    Counters: stats_recovered (messages found in the store at start),
+    stats_resent (messages replayed after reconnects).
     """
 
     def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
@@ -144,7 +130,6 @@ class Session:
             raise ValueError("protocol version must be 3 (3.1), 4 (3.1.1) or 5")
         self.client_id = client_id
         self.version = version
-        self.clean = clean
         self.keepalive = keepalive
         if store is None:  # loaded only when used: a board with a flash store does not carry it
             from .store import MemoryStore
@@ -152,13 +137,19 @@ class Session:
             store = MemoryStore()
         self.store = store
         self.window = window
-        self.session_expiry = session_expiry
-        self.username = username
-        self.password = password
-        self.will = (will_topic, will_payload, will_qos, will_retain, will_props)
-        self.connect_props = connect_props
+        # What CONNECT carries besides keepalive and client_id (which the
+        # server may change in CONNACK); its properties are connect_props as
+        # given plus what the session announces (MQTT 5).
+        self._conn = (clean, username, password, will_topic, will_payload, will_qos, will_retain, will_props)
+        props = dict(connect_props) if connect_props else {}
+        if version == _V5:
+            if session_expiry:
+                props[_P_SESSION_EXPIRY] = session_expiry
+            props[_P_MAX_PACKET] = rx_size
+            if topic_alias_max:
+                props[_P_ALIAS_MAX] = topic_alias_max
+        self.connect_props = props or None
         self.topic_alias_max = topic_alias_max
-        self.manual_ack = manual_ack
         self.auth = auth  # enhanced authentication hook: auth(reason, props) -> props
         self.outbound_aliases = outbound_aliases
         self._oalias = None  # topic bytes -> encoded property block with its alias (this connection)
@@ -166,7 +157,7 @@ class Session:
         self._reauth = False  # a re-authentication is under way
         # MQTT 5 properties are loaded only for MQTT 5 (or when properties are given)
         self._P = None
-        if version == 5:
+        if version == _V5:
             from . import props
 
             self._P = props
@@ -175,15 +166,17 @@ class Session:
         self.on_message = None  # default handler
         self.on_event = None
         self.state = DISCONNECTED
+        # array and Message are imported here, where they are used once: two
+        # globals fewer keep the module's dict a size smaller on a board.
+        from array import array
+        from .message import Message
+
         self.rx = bytearray(rx_size)
         self.rx_len = 0
         self._rxmv = memoryview(self.rx)
         self._tx = bytearray(tx_size)
-        self._txmv = memoryview(self._tx)
         self._msg = Message()
-        self._tcache = {}
-        self._hviews = {}
-        self._cap = max_pending
+        self._cache = {}  # steady-path allocations made once: see publish
         self._ring = array("H", bytes(2 * max_pending))  # zeroed, without a list of max_pending items
         self._rflags = bytearray(max_pending)
         self._head = 0
@@ -193,58 +186,48 @@ class Session:
         self._subs = []
         self._next_sid = 1
         self._aliases = None
-        self._inq = None  # manual acknowledgement queue: [pid, qos, acked]
-        self._last_pid = 0
+        # With manual_ack, the queue of acknowledgements in arrival order:
+        # [pid, ack type, reason code to send, or -1 until the app's ack()].
+        self._inq = [] if manual_ack else None
         self._last_tx = 0
-        self._last_rx = 0
         self._ping_sent = -1
-        self.server = None  # CONNACK properties (MQTT 5)
-        self.server_keepalive = None
-        self.receive_max = 65535
+        self.server = {}  # the last CONNACK's properties (MQTT 5)
         self.max_qos = 2
         self.retain_ok = True
         self.sid_ok = True
         self.wildcard_ok = True
         self.shared_ok = True
-        self.server_max_packet = 268435460
         self.session_present = False
-        self.stats_sent = 0
         self.stats_resent = 0
-        self.stats_acked = 0
-        self.stats_recovered = 0
-        self._restore()
-
-    # ------------------------------------------------------------ store replay
-
-    def _restore(self):
-        """Rebuild the send ring from what the store recovered (after a reboot)."""
-        st = self.store
-        st.open()
-        self._last_pid = st.last_pid()
-        for pid in st.pending():
-            if self._n >= self._cap:
-                raise ValueError("store holds more pending messages than max_pending=%d" % self._cap)
+        # Rebuild the send ring from what the store recovered (after a reboot).
+        store.open()
+        self._last_pid = store.last_pid()
+        for pid in store.pending():
+            if self._n >= max_pending:
+                raise ValueError("store holds more pending messages than max_pending=%d" % max_pending)
             f = _EVER
-            if st.kind(pid) != _PUBLISH:
+            if store.kind(pid) != _PUBLISH:
                 f |= _CTRL
             else:
-                st.read(pid, 0, self._tx)
+                store.read(pid, 0, self._tx)
                 if (self._tx[0] >> 1) & 3 == 2:
                     f |= _QOS2
-                if st.marked(pid):
+                if store.marked(pid):
                     f |= _MARKED
             self._push(pid, f)
-            self.stats_recovered += 1
+        self.stats_recovered = self._n
+
+    # ------------------------------------------------------------- send ring
 
     def _push(self, pid, f):
-        i = (self._head + self._n) % self._cap
+        i = (self._head + self._n) % len(self._rflags)
         self._ring[i] = pid
         self._rflags[i] = f
         self._n += 1
         self._unsent += 1
 
     def _find(self, pid):
-        cap = self._cap
+        cap = len(self._rflags)  # the ring's capacity, max_pending
         i = self._head
         k = self._n
         ring = self._ring
@@ -257,15 +240,6 @@ class Session:
             k -= 1
         return -1
 
-    def _drop(self, i):
-        # Release ring slot i; trim released slots off the head.
-        self._ring[i] = 0
-        self._rflags[i] = 0
-        ring = self._ring
-        while self._n and ring[self._head] == 0:
-            self._head = (self._head + 1) % self._cap
-            self._n -= 1
-
     def pending(self):
         """Packet identifiers of everything not yet acknowledged, in send order."""
         out = []
@@ -273,7 +247,7 @@ class Session:
         for _ in range(self._n):
             if self._ring[i]:
                 out.append(self._ring[i])
-            i = (i + 1) % self._cap
+            i = (i + 1) % len(self._rflags)
         return out
 
     def _alloc_pid(self):
@@ -288,21 +262,17 @@ class Session:
 
     # ------------------------------------------------------------------ output
 
-    def _out(self, buf, off, n, now):
-        self.send(buf, off, n)
-        self._last_tx = now
-
     def _ack(self, ptype, pid, reason, now):
-        n = pkt.ack_into(self._tx, ptype, pid, reason, self.version)
-        self._out(self._tx, 0, n, now)
+        self.send(self._tx, 0, pkt.ack_into(self._tx, ptype, pid, reason, self.version))
+        self._last_tx = now
 
     def _packet(self, p, now):
         b = pkt.encode(p, self.version)
-        if len(b) > self.server_max_packet:
-            raise ValueError("packet type %d of %d bytes is over the server's maximum packet size %d" % (
-                p.type, len(b), self.server_max_packet))
-        self._out(b, 0, len(b), now)
-        return b
+        mx = self.server.get(_P_MAX_PACKET, 268435460)
+        if len(b) > mx:
+            raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (len(b), mx))
+        self.send(b, 0, len(b))
+        self._last_tx = now
 
     def _violation(self, code, msg, now):
         """The server broke the protocol: tell it why (MQTT 5) and stop."""
@@ -319,129 +289,54 @@ class Session:
     def connect_packet(self, now):
         """Send CONNECT; the driver calls this right after the socket opens."""
         self.rx_len = 0
-        self.state = CONNECTING
+        self.state = _CONNECTING
         self._ping_sent = -1
-        props = dict(self.connect_props) if self.connect_props else {}
-        if self.version == _V5:
-            if self.session_expiry:
-                props[_P_SESSION_EXPIRY] = self.session_expiry
-            props[_P_MAX_PACKET] = len(self.rx)
-            if self.topic_alias_max:
-                props[_P_ALIAS_MAX] = self.topic_alias_max
-        wt, wp, wq, wr, wprops = self.will
         self._reauth = False
-        self._last_rx = now
+        c, u, pw, wt, wp, wq, wr, wprops = self._conn
         self._packet(Packet(
-            _CONNECT, version=self.version, clean=self.clean, keepalive=self.keepalive,
-            client_id=self.client_id, props=props or None, username=self.username,
-            password=self.password, will_topic=wt, will_payload=wp, will_qos=wq,
+            _CONNECT, version=self.version, clean=c, keepalive=self.keepalive, client_id=self.client_id,
+            props=self.connect_props, username=u, password=pw, will_topic=wt, will_payload=wp, will_qos=wq,
             will_retain=wr, will_props=wprops), now)
 
-    def _on_connack(self, p, now):
-        if p.reason:
-            self.state = DISCONNECTED
-            self._event(EV_CONNACK, False, p)
-            return
-        self.state = CONNECTED
-        self.session_present = sp = p.session_present
-        props = p.props or {}
-        self.server = props
-        self.receive_max = props.get(_P_RECEIVE_MAX, 65535)
-        self.max_qos = props.get(_P_MAX_QOS, 2)
-        self.retain_ok = props.get(_P_RETAIN_OK, 1) == 1
-        self.sid_ok = props.get(_P_SUB_ID_OK, 1) == 1
-        self.wildcard_ok = props.get(_P_WILDCARD_OK, 1) == 1
-        self.shared_ok = props.get(_P_SHARED_OK, 1) == 1
-        self.server_max_packet = props.get(_P_MAX_PACKET, 268435460)
-        if _P_ASSIGNED_ID in props:
-            self.client_id = props[_P_ASSIGNED_ID]
-        self.server_keepalive = props.get(_P_SERVER_KEEPALIVE)
-        if self.server_keepalive is not None:
-            self.keepalive = self.server_keepalive
-        self._aliases = None
-        # Outbound aliases start afresh on every connection.
-        self._oalias = None
-        c = props.get(_P_ALIAS_MAX, 0)
-        self._oalias_cap = c if c < self.outbound_aliases else self.outbound_aliases
-        lost = not sp and self._n > 0
-        if not sp:
-            # The broker has no session for us (clean start, expiry, or it
-            # forgot): accepted messages still go out; a QoS 2 message whose
-            # PUBREC was seen is published again, since the broker no longer
-            # holds it (at least once rather than lost); inbound QoS 2 ids
-            # and the broker's copies of our subscriptions are gone.
-            self.store.in_clear()
-            i = self._head
-            for _ in range(self._n):
-                if self._rflags[i] & _MARKED:
-                    self.store.unmark(self._ring[i])
-                    self._rflags[i] &= ~_MARKED
-                i = (i + 1) % self._cap
-        self._event(EV_CONNACK, sp, p)
-        # Replay the ring in its original order.
-        self._inflight = 0
-        self._unsent = 0
-        i = self._head
-        for _ in range(self._n):
-            if self._ring[i]:
-                self._rflags[i] &= ~_SENT
-                self._unsent += 1
-            i = (i + 1) % self._cap
-        resent = self._unsent
-        if not sp and self._subs:
-            self._resubscribe(now)
-        self._pump(now)
-        if resent or lost:
-            self.stats_resent += resent
-            self._event(EV_RESTORED, resent, lost)
-
-    def _limit(self):
-        w = self.window
-        return w if w < self.receive_max else self.receive_max
-
     def _pump(self, now):
-        """Send what the window allows, oldest first."""
+        """Send what the window allows, oldest first: a PUBREL for a QoS 2
+        message whose PUBREC was seen, else the stored packet as it is
+        (with DUP when a PUBLISH went out before)."""
         if self.state != CONNECTED or not self._unsent:
             return
-        self.store.commit()  # write-ahead: durable before the first byte leaves (group commit)
-        limit = self._limit()
+        st = self.store
+        st.commit()  # write-ahead: durable before the first byte leaves (group commit)
+        limit = min(self.window, self.server.get(_P_RECEIVE_MAX, 65535))
+        tx = self._tx
+        flags = self._rflags
         i = self._head
-        cap = self._cap
         for _ in range(self._n):
             pid = self._ring[i]
-            f = self._rflags[i]
+            f = flags[i]
             if pid and not f & _SENT:
                 if not f & _CTRL:
                     if self._inflight >= limit:
                         return
                     self._inflight += 1
-                self._send_record(pid, f, now)
-                self._rflags[i] = f | _SENT | _EVER
+                if f & _MARKED:
+                    self._ack(_PUBREL, pid, 0, now)
+                else:
+                    size = st.size(pid)
+                    off = 0
+                    while off < size:
+                        n = st.read(pid, off, tx)
+                        if not n:
+                            raise OSError("store returned a short record for packet %d" % pid)
+                        if off == 0 and f & _EVER and not f & _CTRL:
+                            tx[0] |= 8  # DUP
+                        self.send(tx, 0, n)
+                        off += n
+                    self._last_tx = now
+                flags[i] = f | _SENT | _EVER
                 self._unsent -= 1
                 if not self._unsent:
                     return
-            i += 1
-            if i == cap:
-                i = 0
-
-    def _send_record(self, pid, f, now):
-        if f & _MARKED:
-            self._ack(_PUBREL, pid, 0, now)
-            return
-        st = self.store
-        size = st.size(pid)
-        off = 0
-        tx = self._tx
-        while off < size:
-            n = st.read(pid, off, tx)
-            if not n:
-                raise OSError("store returned a short record for packet %d" % pid)
-            if off == 0 and f & _EVER and not f & _CTRL:
-                tx[0] |= 8  # DUP: this PUBLISH went out before
-            self.send(tx, 0, n)
-            off += n
-        self._last_tx = now
-        self.stats_sent += 1
+            i = (i + 1) % len(flags)
 
     # ---------------------------------------------------------------- publish
 
@@ -459,12 +354,12 @@ class Session:
         if isinstance(topic, str):
             # Devices publish to a handful of topics: validate and encode each
             # once, so a str topic costs no allocation on the steady path.
-            t = self._tcache.get(topic)
+            t = self._cache.get(topic)
             if t is None:
                 t = validate_name(topic)
-                if len(self._tcache) >= 8:
-                    self._tcache.clear()
-                self._tcache[topic] = t
+                if len(self._cache) >= 24:
+                    self._cache.clear()
+                self._cache[topic] = t
             topic = t
         # What the server's last CONNACK said it supports (MQTT 5; before any
         # CONNACK everything is allowed): refused here, before a byte is sent
@@ -479,16 +374,17 @@ class Session:
                 raise ValueError("properties need MQTT 5")
             pblock = self._P.encode(props, _PUBLISH)
         plen = len(payload)
+        tx = self._tx
         hlen = 2 + len(topic) + 2 + 5 + (len(pblock) if pblock else 1)
-        if hlen > len(self._tx):
-            raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(self._tx))
-        if hlen + plen > self.server_max_packet:
-            raise ValueError("message of %d bytes exceeds the server's maximum packet size %d" % (
-                hlen + plen, self.server_max_packet))
+        if hlen > len(tx):
+            raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(tx))
+        mx = self.server.get(_P_MAX_PACKET, 268435460)
+        if hlen + plen > mx:
+            raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (hlen + plen, mx))
         if not qos:
             if self.state != CONNECTED:
                 raise NotConnected("not connected: QoS 0 messages are not kept")
-            if self._unsent or (self._inflight and self._limit() == 1):
+            if self.wait_needed():
                 return WOULD_BLOCK  # keep order behind queued messages
             if self._oalias_cap and not (props and _P_ALIAS in props):
                 # Outbound topic alias (see the class docstring): the
@@ -509,18 +405,26 @@ class Session:
                         pp[_P_ALIAS] = blk[2] << 8 | blk[3]
                         blk = self._P.encode(pp, _PUBLISH)
                     pblock = blk
-            n = pkt.publish_header_into(self._tx, topic, 0, retain, False, 0, plen, self.version, pblock)
-            self.send(self._tx, 0, n)
+            n = pkt.publish_header_into(tx, topic, 0, retain, False, 0, plen, self.version, pblock)
+            self.send(tx, 0, n)
             if plen:
                 self.send(payload, 0, plen)
             self._last_tx = now
-            self.stats_sent += 1
             return 0
-        if self._n >= self._cap:
+        if self._n >= len(self._rflags):
             return WOULD_BLOCK
         pid = self._alloc_pid()
-        n = pkt.publish_header_into(self._tx, topic, qos, retain, False, pid, plen, self.version, pblock)
-        self.store.append(_PUBLISH, pid, self._head_view(n), payload)
+        n = pkt.publish_header_into(tx, topic, qos, retain, False, pid, plen, self.version, pblock)
+        # The store takes the encoded header as a buffer of exactly n bytes;
+        # one view of the transmit buffer per header length (a device has few
+        # topics), cached beside the topics (int keys, not str), keeps that
+        # allocation out of the steady path.
+        v = self._cache.get(n)
+        if v is None:
+            if len(self._cache) >= 24:
+                self._cache.clear()
+            v = self._cache[n] = memoryview(tx)[:n]
+        self.store.append(_PUBLISH, pid, v, payload)
         self._push(pid, _QOS2 if qos == 2 else 0)
         if self.state == CONNECTED:
             self.store.commit()  # durable before a byte leaves; a store failure is not an acceptance
@@ -535,23 +439,12 @@ class Session:
                 self._event(EV_LOST, 0, e)
         return pid
 
-    def _head_view(self, n):
-        # The store takes the encoded header as a buffer of exactly n bytes; one
-        # view of the transmit buffer per header length (a device has few
-        # topics) keeps that allocation out of the steady path.
-        v = self._hviews.get(n)
-        if v is None:
-            if len(self._hviews) >= 16:
-                self._hviews.clear()
-            v = self._hviews[n] = self._txmv[:n]
-        return v
-
     def wait_needed(self):
         """True while a QoS 0 publish would have to wait (see publish)."""
-        return bool(self._unsent or (self._inflight and self._limit() == 1))
+        return bool(self._unsent or (self._inflight and min(self.window, self.server.get(_P_RECEIVE_MAX, 65535)) == 1))
 
     def outbox_full(self):
-        return self._n >= self._cap
+        return self._n >= len(self._rflags)
 
     def is_pending(self, pid):
         return self._find(pid) >= 0
@@ -583,7 +476,7 @@ class Session:
         match = (shared[1] if shared else flt).encode()
         if shared and not self.shared_ok:
             raise ValueError("the server does not support shared subscriptions (CONNACK: Shared Subscription Available = 0)")
-        if not self.wildcard_ok and (b"+" in match or b"#" in match):
+        if not self.wildcard_ok and (43 in match or 35 in match):  # "+" or "#"
             raise ValueError("the server does not support wildcard subscriptions (CONNACK: Wildcard Subscription Available = 0)")
         if sub_id is not None:
             if not 0 < sub_id <= 268435455:
@@ -593,42 +486,49 @@ class Session:
         elif handler is not None and self.version == _V5 and self.sid_ok:
             sub_id = self._next_sid
             self._next_sid += 1
-        opts = qos | (4 if no_local else 0) | (8 if retain_as_published else 0) | retain_handling << 4
-        self._subs = [s for s in self._subs if s.filter != flt]
-        s = _Sub(flt, match, qos, opts, handler, sub_id, user_props)
-        self._subs.append(s)
+        opts = qos
+        if self.version == _V5:  # the other options exist only in MQTT 5
+            opts |= (4 if no_local else 0) | (8 if retain_as_published else 0) | retain_handling << 4
+        for s in self._subs:  # a filter subscribed again replaces its entry
+            if s.filter == flt:
+                self._subs.remove(s)
+                break
+        # A subscription is a record of its fields (a Packet used as one: no
+        # class of its own to load): filter (str), opts as sent, match (the
+        # filter topics are matched against: bytes, the inner filter of a
+        # $share), handler, sid, and user_props, sent again with every
+        # resubscription.
+        self._subs.append(Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
+                                 user_props=user_props))
         if self.state != CONNECTED:
             return 0
-        return self._send_subscribe(s, now)
+        return self._ctrl(_SUBSCRIBE, (flt, opts), user_props, sub_id, now)
 
-    def _send_subscribe(self, s, now):
+    def unsubscribe(self, flt, now, user_props=None):
+        """Forget the filter's handler and send UNSUBSCRIBE (when connected)."""
+        validate_filter(flt)
+        for s in self._subs:
+            if s.filter == flt:
+                self._subs.remove(s)
+                break
+        if self.state != CONNECTED:
+            return 0
+        return self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
+
+    def _ctrl(self, t, topic, user_props, sid, now):
+        # SUBSCRIBE or UNSUBSCRIBE of one filter: stored, queued in the ring
+        # like a QoS 1 message (outside the window), resent until acknowledged.
         props = {}
-        if self.version == _V5 and s.sid and self.sid_ok:
-            props[_P_SUB_ID] = s.sid
-        if s.user_props:
-            props[_P_USER] = list(s.user_props)
-        return self._store_ctrl(_SUBSCRIBE, (s.filter, s.opts & (0xFF if self.version == _V5 else 3)), props, now)
-
-    def _store_ctrl(self, t, topic, props, now):
+        if sid and self.version == _V5 and self.sid_ok:
+            props[_P_SUB_ID] = sid
+        if user_props:
+            props[_P_USER] = list(user_props)
         pid = self._alloc_pid()
         b = pkt.encode(Packet(t, pid=pid, topics=[topic], props=props or None), self.version)
         self.store.append(t, pid, b, b"")
         self._push(pid, _CTRL)
         self._pump(now)
         return pid
-
-    def _resubscribe(self, now):
-        # One SUBSCRIBE per subscription: each may carry its own identifier.
-        for s in self._subs:
-            self._send_subscribe(s, now)
-
-    def unsubscribe(self, flt, now, user_props=None):
-        """Forget the filter's handler and send UNSUBSCRIBE (when connected)."""
-        validate_filter(flt)
-        self._subs = [s for s in self._subs if s.filter != flt]
-        if self.state != CONNECTED:
-            return 0
-        return self._store_ctrl(_UNSUBSCRIBE, flt, {_P_USER: list(user_props)} if user_props else None, now)
 
     # ------------------------------------------------------------------- input
 
@@ -649,7 +549,6 @@ class Session:
     def feed_n(self, n, now):
         """The driver wrote n more bytes into rx at rx_len (zero-copy receive)."""
         self.rx_len += n
-        self._last_rx = now
         self._ping_sent = -1
         rx = self.rx
         end = self.rx_len
@@ -681,73 +580,105 @@ class Session:
         rx = self.rx
         b0 = rx[pos]
         t = b0 >> 4
-        if self.state == CONNECTING and t != _CONNACK and t != _AUTH:
+        if self.state == _CONNECTING and t != _CONNACK and t != _AUTH:
             self._violation(_PROTOCOL_ERROR, "packet type %d before CONNACK" % t, now)
         if t == _PUBLISH:
             self._on_publish(pos, end, now)
             return
         body = end - pos
         if _PUBACK <= t <= _PUBCOMP and (body == 4 or (body == 5 and self.version == _V5)):
-            # Fast path: fixed header, packet id and (MQTT 5) a reason code.
-            if b0 & 15 != (2 if t == _PUBREL else 0):
-                fail("reserved flags of packet type %d" % t)
+            # Fast path, allocating nothing: fixed header, packet id and (MQTT
+            # 5) a reason code. Anything odd in them goes on to the full
+            # decoder below, which says what is wrong.
             pid = rx[pos + 2] << 8 | rx[pos + 3]
-            if not pid:
-                fail("packet id 0")
             reason = rx[pos + 4] if body == 5 else 0
-            if body == 5 and reason not in (pkt.PUBREL_RC if t >= _PUBREL else pkt.PUBACK_RC):
-                raise MQTTError(_PROTOCOL_ERROR, "protocol error: reason code 0x%02X in packet type %d" % (
-                    reason, t))
-            self._on_ack(t, pid, reason, now)
-            return
+            if pid and b0 & 15 == (2 if t == _PUBREL else 0) and (
+                    body == 4 or reason in (pkt.PUBREL_RC if t >= _PUBREL else pkt.PUBACK_RC)):
+                self._on_ack(t, pid, reason, now)
+                return
         if t == _PINGRESP and body == 2 and b0 == 0xD0:
             return
         p = pkt.decode(self._rxmv[pos:end], self.version, len(rx))
-        if _PUBACK <= t <= _PUBCOMP:
-            self._on_ack(t, p.pid, p.reason, now)
-        elif t == _CONNACK:
-            if self.state != CONNECTING:
-                self._violation(_PROTOCOL_ERROR, "unexpected CONNACK", now)
-            self._on_connack(p, now)
-        elif t == _SUBACK or t == _UNSUBACK:
-            i = self._find(p.pid)
-            if i < 0 or not self._rflags[i] & _CTRL:
-                return  # not ours (any more): nothing to update
-            self.store.release(p.pid)
-            self._drop(i)
-            self._event(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, p.pid, p.reasons)
+        if t == _CONNACK:
+            if self.state != _CONNECTING:
+                self._violation(_PROTOCOL_ERROR, "unexpected %s (reason 0x%02X)" % ("CONNACK", p.reason), now)
+            if p.reason:
+                self.state = DISCONNECTED
+                self._event(EV_CONNACK, False, p)
+                return
+            self.state = CONNECTED
+            self.session_present = sp = p.session_present
+            self.server = props = p.props or {}
+            g = props.get
+            self.max_qos = g(_P_MAX_QOS, 2)
+            self.retain_ok = g(_P_RETAIN_OK, 1) == 1
+            self.sid_ok = g(_P_SUB_ID_OK, 1) == 1
+            self.wildcard_ok = g(_P_WILDCARD_OK, 1) == 1
+            self.shared_ok = g(_P_SHARED_OK, 1) == 1
+            self.client_id = g(_P_ASSIGNED_ID, self.client_id)
+            self.keepalive = g(_P_SERVER_KEEPALIVE, self.keepalive)
+            # Topic aliases, both ways, start afresh on every connection.
+            self._aliases = self._oalias = None
+            c = g(_P_ALIAS_MAX, 0)
+            self._oalias_cap = c if c < self.outbound_aliases else self.outbound_aliases
+            lost = not sp and self._n > 0
+            if not sp:
+                # The broker has no session for us (clean start, expiry, or it
+                # forgot): accepted messages still go out; a QoS 2 message whose
+                # PUBREC was seen is published again, since the broker no longer
+                # holds it (at least once rather than lost); inbound QoS 2 ids
+                # and the broker's copies of our subscriptions are gone.
+                self.store.in_clear()
+            self._event(EV_CONNACK, sp, p)
+            # Replay the ring in its original order (and without a session on
+            # the broker, forget the PUBRECs seen).
+            self._inflight = 0
+            self._unsent = 0
+            i = self._head
+            for _ in range(self._n):
+                pid = self._ring[i]
+                if pid:
+                    f = self._rflags[i] & ~_SENT
+                    if f & _MARKED and not sp:
+                        self.store.unmark(pid)
+                        f &= ~_MARKED
+                    self._rflags[i] = f
+                    self._unsent += 1
+                i = (i + 1) % len(self._rflags)
+            resent = self._unsent
+            if not sp:
+                for s in self._subs:  # one SUBSCRIBE each: each may carry its own identifier
+                    self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
+            self._pump(now)
+            if resent or lost:
+                self.stats_resent += resent
+                self._event(_EV_RESTORED, resent, lost)
         elif t == _DISCONNECT:
             self.connection_lost()
             self._event(EV_DISCONNECT, p.reason, p)
         elif t == _AUTH:
-            self._on_auth(p, now)
-
-    # ------------------------------------------------- enhanced authentication
-
-    def _auth_method(self):
-        cp = self.connect_props
-        return cp.get(_P_AUTH_METHOD) if cp else None
-
-    def _on_auth(self, p, now):
-        # AUTH from the server: a challenge (0x18) while connecting or
-        # re-authenticating, or success (0) at the end of a re-authentication.
-        r = p.reason
-        if not self.auth or not self._auth_method():
-            self._violation(_PROTOCOL_ERROR, "AUTH without enhanced authentication", now)
-        if not (self.state == CONNECTING or self._reauth) or r == 0x19 or (r == 0 and not self._reauth):
-            self._violation(_PROTOCOL_ERROR, "unexpected AUTH (reason 0x%02X)" % r, now)
-        try:
-            out = self.auth(r, p.props)
-        except Exception as e:
-            self._violation(0x80, "authentication hook failed: %r" % e, now)
-        if not r:
-            self._reauth = False
-            self._event(EV_AUTH, 0, p)
-            return
-        out = dict(out) if out else {}
-        if _P_AUTH_METHOD not in out:
-            out[_P_AUTH_METHOD] = self._auth_method()
-        self._packet(Packet(_AUTH, reason=0x18, props=out), now)
+            # Enhanced authentication: a challenge (0x18) while connecting or
+            # re-authenticating, or success (0) at the end of a re-authentication.
+            r = p.reason
+            cp = self.connect_props
+            m = cp and cp.get(_P_AUTH_METHOD)
+            if not (self.auth and m and (self.state == _CONNECTING or self._reauth)) or r == 0x19 or (
+                    r == 0 and not self._reauth):
+                self._violation(_PROTOCOL_ERROR, "unexpected %s (reason 0x%02X)" % ("AUTH", r), now)
+            try:
+                out = self.auth(r, p.props)
+            except Exception as e:
+                self._violation(0x80, "authentication hook failed: %r" % e, now)
+            if r:
+                out = dict(out) if out else {}
+                if _P_AUTH_METHOD not in out:
+                    out[_P_AUTH_METHOD] = m
+                self._packet(Packet(_AUTH, reason=0x18, props=out), now)
+            else:
+                self._reauth = False
+                self._event(EV_AUTH, 0, p)
+        elif t != _PINGRESP:  # PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK, UNSUBACK
+            self._on_ack(t, p.pid, p.reasons if t > _PUBCOMP else p.reason, now)
 
     def reauthenticate(self, now, props=None):
         """Start a re-authentication on the open connection (MQTT 5 enhanced
@@ -757,7 +688,8 @@ class Session:
         server DISCONNECT."""
         if self.state != CONNECTED:
             raise NotConnected("not connected")
-        m = self._auth_method()
+        cp = self.connect_props
+        m = cp and cp.get(_P_AUTH_METHOD)
         if not m or not self.auth:
             raise ValueError("re-authentication needs auth= and an Authentication Method (0x15) in connect_props")
         out = dict(props) if props else {}
@@ -766,58 +698,72 @@ class Session:
         self._packet(Packet(_AUTH, reason=0x19, props=out), now)
 
     def _on_ack(self, t, pid, reason, now):
+        # An acknowledgement from the server; for SUBACK and UNSUBACK, reason
+        # is the list of reason codes.
+        st = self.store
         if t == _PUBREL:
             # The server releases an inbound QoS 2 message.
-            known = self.store.in_has(pid)
+            known = st.in_has(pid)
             if known:
-                self.store.in_release(pid)
+                st.in_release(pid)
+            r = 0 if known else 0x92
             if self._inq is not None:
-                self._inq.append([pid, 7, 1])  # PUBCOMP, in order with other acks
-                self._flush_acks(now)
+                self._inq.append([pid, _PUBCOMP, r])  # in order with other acks
+                self.ack(0, now)  # no message has id 0: this only sends what the queue allows
             else:
-                self._ack(_PUBCOMP, pid, 0 if known else 0x92, now)
+                self._ack(_PUBCOMP, pid, r, now)
             return
         i = self._find(pid)
         f = self._rflags[i] if i >= 0 else 0
-        if i < 0 or f & _CTRL or not f & _SENT:
+        if t > _PUBCOMP:
+            done = f & _CTRL  # else not ours (any more): nothing to update
+        elif i < 0 or f & _CTRL or not f & _SENT:
             # Unknown identifier: nothing pending changes (a late ack after a
             # reboot or a confused server). PUBREC still needs an answer.
             if t == _PUBREC:
                 self._ack(_PUBREL, pid, 0x92, now)
             return
-        if t == _PUBACK and not f & _QOS2 or t == _PUBCOMP and f & _QOS2 and f & _MARKED:
-            self._complete(i, pid, reason, now)
-        elif t == _PUBREC and f & _QOS2:
-            if reason >= 0x80:
-                self._complete(i, pid, reason, now)
-                return
+        elif t == _PUBREC and f & _QOS2 and reason < 0x80:
             if not f & _MARKED:
-                self.store.mark(pid)
+                st.mark(pid)
                 self._rflags[i] = f | _MARKED
             self._ack(_PUBREL, pid, 0, now)
-        # other combinations (PUBACK for QoS 2, PUBCOMP before PUBREC) change nothing
-
-    def _complete(self, i, pid, reason, now):
-        self.store.release(pid)
-        self._drop(i)
-        self._inflight -= 1
-        self.stats_acked += 1
-        self._event(EV_PUBLISHED, pid, reason)
-        self._pump(now)
+            return
+        else:
+            # PUBACK of a QoS 1 message, PUBCOMP after PUBREC, or a PUBREC
+            # refusing a QoS 2 message. Other combinations (PUBACK for QoS 2,
+            # PUBCOMP before PUBREC) change nothing.
+            done = not f & _QOS2 if t == _PUBACK else f & _QOS2 and (t == _PUBREC or f & _MARKED)
+        if not done:
+            return
+        st.release(pid)
+        # Release ring slot i; trim released slots off the head.
+        ring = self._ring
+        ring[i] = 0
+        self._rflags[i] = 0
+        while self._n and ring[self._head] == 0:
+            self._head = (self._head + 1) % len(self._rflags)
+            self._n -= 1
+        if t > _PUBCOMP:
+            self._event(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, pid, reason)
+        else:
+            self._inflight -= 1
+            self._event(EV_PUBLISHED, pid, reason)
+            self._pump(now)
 
     def _on_publish(self, pos, end, now):
         m = self._msg
         rx = self.rx
-        pkt.parse_publish(m, rx, pos, end, self.version)
-        m.buf = rx
-        m.tbuf = rx
-        m.version = self.version
-        if self.version == _V5:
+        v = self.version
+        pkt.parse_publish(m, rx, pos, end, v)
+        m.buf = m.tbuf = rx
+        m.version = v
+        if v == _V5:
             self._P.scan_publish(m, rx, m.sub_ids)
             a = m.alias
             if a:
                 if a > self.topic_alias_max:
-                    self._violation(0x94, "topic alias %d above the maximum %d" % (a, self.topic_alias_max), now)
+                    self._violation(0x94, "unknown topic alias %d (maximum %d)" % (a, self.topic_alias_max), now)
                 if self._aliases is None:
                     self._aliases = {}
                 if m.topic_end > m.topic_start:
@@ -825,7 +771,8 @@ class Session:
                 else:
                     t = self._aliases.get(a)
                     if t is None:
-                        self._violation(_PROTOCOL_ERROR, "unknown topic alias %d" % a, now)
+                        self._violation(_PROTOCOL_ERROR, "unknown topic alias %d (maximum %d)" % (
+                            a, self.topic_alias_max), now)
                     m.tbuf = t
                     m.topic_start = 0
                     m.topic_end = len(t)
@@ -835,27 +782,22 @@ class Session:
             m.n_sub_ids = 0
         q = m.qos
         pid = m.pid
-        if q == 2 and self.store.in_has(pid):
+        st = self.store
+        if q == 2 and st.in_has(pid):
             # A repeat of a message already delivered: answer, do not deliver.
             if self._inq is not None:
-                self._inq.append([pid, 5, 1])
-                self._flush_acks(now)
+                self._inq.append([pid, _PUBREC, 0])
+                self.ack(0, now)
             else:
                 self._ack(_PUBREC, pid, 0, now)
             return
-        if self.manual_ack and q:
-            if self._inq is None:
-                self._inq = []
-            self._inq.append([pid, 4 if q == 1 else 5, 0])
-            self._dispatch(m)
-            return
-        if q == 2:
-            self.store.in_add(pid)
-        self._dispatch(m)
-        if q:
-            self._ack(_PUBACK if q == 1 else _PUBREC, pid, 0, now)
-
-    def _dispatch(self, m):
+        manual = self._inq is not None and q
+        if manual:  # acknowledged by ack(), in arrival order
+            self._inq.append([pid, _PUBACK if q == 1 else _PUBREC, -1])
+        elif q == 2:
+            st.in_add(pid)
+        # Dispatch to the handler of each matching subscription; with
+        # subscription identifiers, only those the message carries.
         delivered = False
         n_ids = m.n_sub_ids
         ids = m.sub_ids
@@ -864,14 +806,10 @@ class Session:
             if h is None:
                 continue
             if n_ids and s.sid:
-                k = 0
-                hit = False
-                while k < n_ids and k < len(ids):
-                    if ids[k] == s.sid:
-                        hit = True
-                        break
-                    k += 1
-                if not hit:
+                k = min(n_ids, len(ids))
+                while k and ids[k - 1] != s.sid:
+                    k -= 1
+                if not k:
                     continue
                 # identifiers may be shared: the filter must match too
             if matches_bytes(s.match, m.tbuf, m.topic_start, m.topic_end):
@@ -879,29 +817,29 @@ class Session:
                 delivered = True
         if not delivered and self.on_message:
             self.on_message(m)
+        if q and not manual:
+            self._ack(_PUBACK if q == 1 else _PUBREC, pid, 0, now)
 
     def ack(self, ack_id, now):
         """Manual acknowledgement: the application is done with a message.
-        Acknowledgements still leave in the order the messages arrived."""
-        if self._inq is None:
+        Acknowledgements still leave in the order the messages arrived: this
+        sends those at the head of the queue that are ready."""
+        q = self._inq
+        if q is None:
             return
         pid = ack_id & 0xFFFF
-        q = ack_id >> 16
-        for e in self._inq:
-            if e[0] == pid and e[2] == 0 and e[1] == (4 if q == 1 else 5):
-                e[2] = 1
+        t = _PUBACK if ack_id >> 16 == 1 else _PUBREC
+        for e in q:
+            if e[0] == pid and e[2] < 0 and e[1] == t:
+                e[2] = 0
                 break
-        self._flush_acks(now)
-
-    def _flush_acks(self, now):
-        q = self._inq
-        while q and q[0][2]:
-            pid, t, _ = q.pop(0)
+        while q and q[0][2] >= 0:
+            pid, t, r = q.pop(0)
             if self.state != CONNECTED:
                 continue
-            if t == 5 and not self.store.in_has(pid):
+            if t == _PUBREC and not self.store.in_has(pid):
                 self.store.in_add(pid)
-            self._ack(t, pid, 0, now)
+            self._ack(t, pid, r, now)
 
     def _event(self, kind, a, b):
         if self.on_event:
@@ -915,10 +853,11 @@ class Session:
         if self.state == DISCONNECTED:
             return 1000
         ka = self.keepalive * 1000
-        if self.state == CONNECTING:
-            if ticks_diff(now, self._last_tx) > (ka or 30000):
+        if self.state == _CONNECTING:
+            limit = ka or 30000
+            if ticks_diff(now, self._last_tx) > limit:
                 self.connection_lost()
-                raise OSError("no CONNACK within the keepalive interval")
+                raise OSError("no %s within %d ms" % ("CONNACK", limit))
             return 100
         if not ka:
             return 60000
@@ -927,22 +866,19 @@ class Session:
             waited = ticks_diff(now, self._ping_sent)
             if waited >= limit:
                 self.connection_lost()
-                raise OSError("no PINGRESP within %d ms: connection dead" % limit)
+                raise OSError("no %s within %d ms" % ("PINGRESP", limit))
             return limit - waited
         idle = ticks_diff(now, self._last_tx)
         if idle >= ka:
-            self._out(pkt.PINGREQ_BYTES, 0, 2, now)
-            self._ping_sent = now
+            self.send(pkt.PINGREQ_BYTES, 0, 2)
+            self._last_tx = self._ping_sent = now
             return ka
         return ka - idle
 
     def disconnect(self, now, reason=0, props=None):
         """Send DISCONNECT (the will is discarded) and close the session."""
         if self.state == CONNECTED:
-            if self.version == _V5 and (reason or props):
-                self._packet(Packet(_DISCONNECT, reason=reason, props=props), now)
-            else:
-                self._out(b"\xe0\x00", 0, 2, now)
+            self._packet(Packet(_DISCONNECT, reason=reason, props=props), now)
         self.connection_lost()
         self.store.commit()
 
