@@ -10,31 +10,25 @@ import sys
 import select
 import socket
 
-from . import session as S
-from .wire import MQTTError
+from .session import Session
+from .wire import MQTTError, const
 
 MICROPYTHON = sys.implementation.name == "micropython"
 
 if MICROPYTHON:
-    import time
     from time import ticks_ms, ticks_diff, sleep_ms
 
-    def _read_into(sock, mv, n):
-        r = sock.readinto(mv, n) if n < len(mv) else sock.readinto(mv)
+    def _read_into(sock, buf, n):
+        r = sock.readinto(buf, n) if n < len(buf) else sock.readinto(buf)
         return -1 if r is None else r
 
     def _write(sock, buf, off, n):
         r = sock.write(buf, off, n)
         return 0 if r is None else r
 
-    def _rand():
-        import random
-
-        return random.getrandbits(16) / 65536
-
 else:
     import time
-    import random as _random
+    from ssl import SSLWantReadError, SSLWantWriteError
 
     def ticks_ms():
         return int(time.monotonic() * 1000)
@@ -45,50 +39,37 @@ else:
     def sleep_ms(ms):
         time.sleep(ms / 1000)
 
-    def _read_into(sock, mv, n):
+    # The socket would block: try again later (TLS may need to read before it
+    # can write, and the other way round).
+    _AGAIN = (BlockingIOError, InterruptedError, SSLWantReadError, SSLWantWriteError)
+
+    def _read_into(sock, buf, n):
         try:
-            r = sock.recv_into(mv, n)
-        except (BlockingIOError, InterruptedError):
+            return sock.recv_into(buf, n)
+        except _AGAIN:
             return -1
-        except OSError as e:
-            # ssl.SSLWantReadError is an OSError subclass
-            if e.__class__.__name__ in ("SSLWantReadError", "SSLWantWriteError"):
-                return -1
-            raise
-        return r
 
     def _write(sock, buf, off, n):
         try:
             return sock.send(memoryview(buf)[off : off + n])
-        except (BlockingIOError, InterruptedError):
+        except _AGAIN:
             return 0
-        except OSError as e:
-            if e.__class__.__name__ in ("SSLWantReadError", "SSLWantWriteError"):
-                return 0
-            raise
-
-    def _rand():
-        return _random.random()
-
-
-# CONNACK refusals that a retry cannot fix: bad or unknown identity.
-_PERMANENT = (2, 4, 5, 0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C)
-# Names for the refusals a user most often has to act on.
-_WHY = {4: "bad user name or password", 5: "not authorized", 0x86: "bad user name or password",
-        0x87: "not authorized", 0x8A: "banned", 0x8C: "bad authentication method"}
 
 
 class ConnectError(OSError):
     """The broker refused the connection; `reason` is its code, `permanent`
     says whether retrying can help."""
 
-    def __init__(self, reason, msg=None):
-        if msg is None:
-            w = _WHY.get(reason)
-            msg = "connection refused by the broker: reason 0x%02X%s" % (reason, " (%s)" % w if w else "")
-        super().__init__(msg)
+    def __init__(self, reason):
+        # Names for the refusals a user most often has to act on: built here
+        # rather than kept in a module-level dict, as a refusal is rare.
+        w = {4: "bad user name or password", 5: "not authorized", 0x86: "bad user name or password",
+             0x87: "not authorized", 0x8A: "banned", 0x8C: "bad authentication method"}.get(reason)
+        super().__init__("connection refused by the broker: reason 0x%02X%s" % (reason, " (%s)" % w if w else ""))
         self.reason = reason
-        self.permanent = reason in _PERMANENT
+        # Refusals a retry cannot fix, bad or unknown identity: 2, 4, 5, 0x84,
+        # 0x85, 0x86, 0x87, 0x8A, 0x8C (bytes: less memory than a tuple).
+        self.permanent = reason in b"\x02\x04\x05\x84\x85\x86\x87\x8a\x8c"
 
 
 def server_disconnect(reason, p):
@@ -115,7 +96,7 @@ class _Driver:
     to back off, the session and the application's callbacks."""
 
     def __init__(self, client_id, server, port, version, keepalive, clean, store, ssl, server_hostname,
-                 reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, session_opts):
+                 reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, opts):
         self.server = server
         self.port = port or (8883 if ssl else 1883)
         self.ssl = ssl
@@ -127,8 +108,8 @@ class _Driver:
         self.healthy_after = healthy_after
         # A board gets 4 KiB; a host can afford packets up to 1 MiB (MQTT 3.1.1
         # has no way to tell the broker a smaller limit).
-        session_opts.setdefault("rx_size", 4096 if MICROPYTHON else 1 << 20)
-        s = S.Session(client_id, version, clean, keepalive, store, **session_opts)
+        opts.setdefault("rx_size", 4096 if MICROPYTHON else 1 << 20)
+        s = Session(client_id, version, clean, keepalive, store, **opts)
         s.send = self._send
         s.on_event = self._on_event
         self.session = s
@@ -150,12 +131,34 @@ class _Driver:
         return ctx
 
     def _backoff_ms(self):
+        import random  # only a reconnect needs it: not imported at start
+
         d = self.backoff_min * (1 << min(self._attempt, 16))
         if d > self.backoff_max:
             d = self.backoff_max
-        d = d * (0.5 + _rand() / 2)  # jitter: fleets must not reconnect in step
         self._attempt += 1
-        return int(d * 1000)
+        # jitter, 50-100 % of d: fleets must not reconnect in step
+        return int(d * (0.5 + random.getrandbits(16) / 131072) * 1000)
+
+
+# What _wait() waits for, as a number rather than a closure (a closure is a
+# function object more, and an allocation per wait).
+_ACKED = const(1)  # the message with packet id `pid` is acknowledged
+_IDLE = const(2)  # nothing is pending
+_REPLIED = const(3)  # the SUBACK/UNSUBACK for packet id `pid` arrived
+_AUTHED = const(4)  # the re-authentication ended, accepted or not
+
+# session.py's states and events (its public constants), folded here.
+_DISCONNECTED = const(0)
+_CONNECTED = const(2)
+_WOULD_BLOCK = const(-1)
+_EV_CONNACK = const(1)
+_EV_PUBLISHED = const(2)
+_EV_SUBACK = const(3)
+_EV_UNSUBACK = const(4)
+_EV_DISCONNECT = const(5)
+_EV_AUTH = const(7)
+_EV_LOST = const(8)
 
 
 class Client(_Driver):
@@ -173,20 +176,14 @@ class Client(_Driver):
 
     def __init__(self, client_id="", server="127.0.0.1", port=None, version=4, keepalive=60,
                  clean=True, store=None, ssl=None, server_hostname=None, reconnect=True,
-                 backoff_min=0.25, backoff_max=30, connect_timeout=10, healthy_after=10, **session_opts):
+                 backoff_min=0.25, backoff_max=30, connect_timeout=10, healthy_after=10, **opts):
         _Driver.__init__(self, client_id, server, port, version, keepalive, clean, store, ssl, server_hostname,
-                         reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, session_opts)
+                         reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, opts)
         self.sock = None
-        self._poll = None
         self._next_try = 0
         self._replies = {}
-        self._connack = None
-        self._authed = False
-        self._can_publish = self._publish_unblocked  # bound once: no allocation per wait
-
-    def _publish_unblocked(self):
-        s = self.session
-        return not s.outbox_full() and not s.wait_needed()
+        # _poll, _connack and _authed are set before use, by connect() and
+        # reauthenticate(): a smaller instance until then.
 
     # The session's default handler for messages no subscription handler took.
     @property
@@ -194,59 +191,41 @@ class Client(_Driver):
         return self.session.on_message
 
     @on_message.setter
-    def on_message(self, fn):
-        self.session.on_message = fn
+    def on_message(self, handler):
+        self.session.on_message = handler
 
     @property
     def connected(self):
-        return self.session.state == S.CONNECTED
+        return self.session.state == _CONNECTED
 
     # ------------------------------------------------------------- transport
 
-    def _open(self):
-        err = None
-        for ai in socket.getaddrinfo(self.server, self.port, 0, socket.SOCK_STREAM):
-            sock = socket.socket(ai[0], socket.SOCK_STREAM)
+    def _drop(self, e=None):
+        # Close the transport; the session keeps everything pending. The poll
+        # object goes with the socket: connect() makes a new one. With e, a
+        # connection was lost: kept as last_error, reported if it had been
+        # accepted (the driver's own flag: the session may already have
+        # dropped to DISCONNECTED on a protocol violation, a dead keepalive or
+        # the server's DISCONNECT), and a reconnect scheduled.
+        was = self._up
+        self._up = False
+        self.session.connection_lost()
+        sock = self.sock
+        if sock is not None:
+            self.sock = None
             try:
-                sock.settimeout(self.connect_timeout)
-                sock.connect(ai[-1])
-                break
-            except OSError as e:  # try the next address (IPv6 first, broker on IPv4 ...)
                 sock.close()
-                err = e
-        else:
-            raise err or OSError("%s does not resolve" % self.server)
-        try:
-            if self.ssl:
-                sock = self._wrap(sock)
-            sock.setblocking(False)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-        self._poll = select.poll()
-        self._poll.register(sock, select.POLLIN)
-
-    def _wrap(self, sock):
-        ctx = self._tls_context()  # outside the try: a bad ssl argument stays a ValueError
-        try:
-            return ctx.wrap_socket(sock, server_hostname=self.server_hostname)
-        except OSError:  # CPython's SSLCertVerificationError is a ValueError too: kept as it is
-            raise
-        except ValueError as e:  # MicroPython's mbedtls: the server failed verification
-            raise OSError("TLS: " + str(e).strip())  # like CPython's SSLError: retried with backoff
-
-    def _close(self):
-        if self.sock is not None:
-            try:
-                self._poll.unregister(self.sock)
-            except Exception:
-                pass
-            try:
-                self.sock.close()
             except OSError:
                 pass
-            self.sock = None
+        if e is None:
+            return
+        self.last_error = e
+        if was:
+            if ticks_diff(ticks_ms(), self._up_since) >= self.healthy_after * 1000:
+                self._attempt = 0
+            if self.on_disconnect:
+                self.on_disconnect(e)
+        self._next_try = ticks_ms() + self._backoff_ms()
 
     def _send(self, buf, off, n):
         sock = self.sock
@@ -265,54 +244,60 @@ class Client(_Driver):
             p.register(sock, select.POLLOUT)
             p.poll(50)
 
-    def _lost(self, err):
-        # The session may already have dropped to DISCONNECTED (a protocol
-        # violation, a dead keepalive): the driver keeps its own flag.
-        was = self._up
-        self._up = False
-        self.session.connection_lost()
-        self._close()
-        self.last_error = err
-        if was:
-            if ticks_diff(ticks_ms(), self._up_since) >= self.healthy_after * 1000:
-                self._attempt = 0
-            if self.on_disconnect:
-                self.on_disconnect(err)
-        self._schedule_retry()
-
-    def _schedule_retry(self):
-        self._next_try = ticks_ms() + self._backoff_ms()
-
     # --------------------------------------------------------------- session
 
     def _on_event(self, kind, a, b):
-        if kind == S.EV_CONNACK:
+        if kind == _EV_CONNACK:
             self._connack = b
+            if not b.reason:
+                self._up = True
+                self._up_since = ticks_ms()
             if self.on_connect:
                 self.on_connect(a, b.reason)
-        elif kind == S.EV_PUBLISHED:
+        elif kind == _EV_PUBLISHED:
             if self.on_published:
                 self.on_published(a, b)
-        elif kind == S.EV_SUBACK or kind == S.EV_UNSUBACK:
+        elif kind == _EV_SUBACK or kind == _EV_UNSUBACK:
             self._replies[a] = b
-        elif kind == S.EV_AUTH:
+        elif kind == _EV_AUTH:
             self._authed = True
-        elif kind == S.EV_LOST:
-            self._lost(b)  # a write failed under publish(): the message is kept, the connection is over
-        elif kind == S.EV_DISCONNECT:
-            self._up = False
-            self._close()
-            self.last_error = server_disconnect(a, b)
-            if self.on_disconnect:
-                self.on_disconnect(self.last_error)
-            self._schedule_retry()
+        elif kind == _EV_LOST or kind == _EV_DISCONNECT:
+            # EV_LOST: a write failed under publish(); the message is kept, the connection is over
+            self._drop(b if kind == _EV_LOST else server_disconnect(a, b))
 
     def connect(self, timeout=None):
         """Open the connection and wait for CONNACK; returns session present.
         Raises ConnectError on a refusal, OSError when unreachable."""
-        self._close()
+        self._drop()
         self._connack = None
-        self._open()
+        err = None
+        for ai in socket.getaddrinfo(self.server, self.port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(ai[0], socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.connect_timeout)
+                sock.connect(ai[-1])
+                break
+            except OSError as e:  # try the next address (IPv6 first, broker on IPv4 ...)
+                sock.close()
+                err = e
+        else:
+            raise err or OSError("%s does not resolve" % self.server)
+        try:
+            if self.ssl:
+                ctx = self._tls_context()  # a bad ssl argument stays a ValueError
+                try:
+                    sock = ctx.wrap_socket(sock, server_hostname=self.server_hostname)
+                except OSError:  # CPython's SSLCertVerificationError is a ValueError too: kept as it is
+                    raise
+                except ValueError as e:  # MicroPython's mbedtls: the server failed verification
+                    raise OSError("TLS: " + str(e).strip())  # like CPython's SSLError: retried with backoff
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
         s = self.session
         now = ticks_ms()
         try:
@@ -324,42 +309,37 @@ class Client(_Driver):
                     raise OSError("no CONNACK from %s:%d within %d ms" % (self.server, self.port, limit))
                 self._io(left if left < 100 else 100)
                 if self.sock is None and self._connack is None:
-                    raise OSError("connection closed by %s:%d before CONNACK" % (self.server, self.port))
+                    raise OSError("connection closed by the broker")
         except (OSError, MQTTError) as e:
-            if self._connack is None or self._connack.reason:
-                s.connection_lost()
-                self._close()
+            if not self._up:  # refused, or no CONNACK: connect() failed
+                self._drop()
                 raise
             # Accepted, then lost while reading what followed the CONNACK:
             # connect() succeeded; loop() deals with the loss.
-            self._up_since = ticks_ms()
-            self._up = True
-            self._lost(e)
-            return s.session_present
+            self._drop(e)
         p = self._connack
         if p.reason:
-            self._close()
+            self._drop()
             raise ConnectError(p.reason)
-        self._up_since = ticks_ms()
-        self._up = True
         return s.session_present
 
-    def _readable(self, wait_ms):
-        if MICROPYTHON:
-            for _ in self._poll.ipoll(wait_ms):  # ipoll: no list allocated
-                return True
-            return False
-        return bool(self._poll.poll(wait_ms))
-
-    def _io(self, wait_ms):
-        """Wait up to wait_ms for data, feed it to the session."""
+    def _io(self, ms):
+        """Wait up to ms for data, feed it to the session. False: nothing came."""
         sock = self.sock
         if sock is None:
-            return
+            return False
         s = self.session
         pend = getattr(sock, "pending", None)
-        if not (pend and pend()) and not self._readable(wait_ms if wait_ms > 0 else 0):
-            return
+        if not (pend and pend()):  # TLS may hold decrypted bytes the socket no longer shows
+            if ms < 0:
+                ms = 0
+            if MICROPYTHON:
+                for _ in self._poll.ipoll(ms):  # ipoll: no list allocated
+                    break
+                else:
+                    return False
+            elif not self._poll.poll(ms):
+                return False
         while True:
             room = s.rx_space()
             if room <= 0:
@@ -374,20 +354,19 @@ class Client(_Driver):
             s.feed_n(n, ticks_ms())
             if self.sock is None or n < room:
                 break
+        return True
 
-    def loop(self, timeout_ms=0):
+    def loop(self, timeout_ms=0, brief=False):
         """Do the client's work for up to timeout_ms (0: one pass without
-        waiting): receive, keepalive, reconnect. Returns True while connected."""
-        return self._run(timeout_ms, None)
-
-    def _run(self, timeout_ms, done):
-        # loop() that also returns as soon as done() holds after a pass
+        waiting): receive, keepalive, reconnect. Returns True while connected.
+        brief: return after the first pass that received something (the
+        blocking calls then look whether what they wait for came)."""
         start = ticks_ms()
         while True:
             now = ticks_ms()
             left = timeout_ms - ticks_diff(now, start)
             s = self.session
-            if s.state == S.DISCONNECTED:
+            if s.state == _DISCONNECTED:
                 if not self.reconnect:
                     return False
                 wait = ticks_diff(self._next_try, now)
@@ -398,35 +377,45 @@ class Client(_Driver):
                     continue
                 try:
                     self.connect()
-                except ConnectError as e:
+                except OSError as e:  # a ConnectError too
                     self.last_error = e
-                    if e.permanent:
+                    if isinstance(e, ConnectError) and e.permanent:
                         self.reconnect = False
                         raise
-                    self._schedule_retry()
-                except OSError as e:
-                    self.last_error = e
-                    self._schedule_retry()
+                    self._next_try = ticks_ms() + self._backoff_ms()
                 continue
             try:
                 nxt = s.poll(now)
-                w = nxt if nxt < left else left
-                self._io(w if w > 0 else 0)
+                got = self._io(nxt if nxt < left else left)
             except (OSError, MQTTError) as e:
-                self._lost(e)
+                self._drop(e)
                 continue
-            if done is not None and done():
-                return self.connected
-            if ticks_diff(ticks_ms(), start) >= timeout_ms:
+            if brief and got or ticks_diff(ticks_ms(), start) >= timeout_ms:
                 return self.connected
 
-    def _pump_until(self, done, timeout_ms, what):
+    def _wait(self, kind, pid, timeout, what):
+        # loop() until the condition holds; OSError "<what> timed out" after
+        # timeout seconds (None: connect_timeout). Returns the reason codes
+        # of the SUBACK/UNSUBACK it waited for.
+        t = (timeout if timeout is not None else self.connect_timeout) * 1000
+        s = self.session
         start = ticks_ms()
-        while not done():
-            left = timeout_ms - ticks_diff(ticks_ms(), start)
+        while True:
+            if kind == _ACKED:
+                if not s.is_pending(pid):
+                    return
+            elif kind == _IDLE:
+                if not s.pending():
+                    return
+            elif kind == _REPLIED:
+                if pid in self._replies:
+                    return self._replies.pop(pid)
+            elif self._authed or not s._reauth:  # _AUTHED
+                return
+            left = t - ticks_diff(ticks_ms(), start)
             if left <= 0:
-                raise OSError("timed out waiting for " + what)
-            self._run(left if left < 50 else 50, done)
+                raise OSError(what + " timed out")
+            self.loop(left if left < 50 else 50, True)
 
     def publish(self, topic, payload, qos=0, retain=False, props=None, timeout=None):
         """Send a message. QoS 1/2: returns its packet id once the message is
@@ -439,31 +428,20 @@ class Client(_Driver):
         start = ticks_ms()
         while True:
             pid = s.publish(topic, payload, qos, retain, ticks_ms(), props)
-            if pid != S.WOULD_BLOCK:
+            if pid != _WOULD_BLOCK:
                 return pid
-            if ticks_diff(ticks_ms(), start) > t * 1000:
-                raise OSError("outbox full: %d messages await acknowledgement" % s._n)
-            if s.state != S.CONNECTED and qos:
-                if not self.reconnect:
-                    raise OSError("outbox full while offline")
-            self._run(20, self._can_publish)
+            late = ticks_diff(ticks_ms(), start) > t * 1000
+            if late or qos and not self.reconnect and s.state != _CONNECTED:
+                raise OSError("outbox full%s: %d messages await acknowledgement" % ("" if late else " (offline)", s._n))
+            self.loop(20, True)
 
     def wait_published(self, pid, timeout=None):
         """Block until the message with this packet id is acknowledged."""
-        t = timeout if timeout is not None else self.connect_timeout
-        self._pump_until(lambda: not self.session.is_pending(pid), t * 1000, "acknowledgement of %d" % pid)
+        self._wait(_ACKED, pid, timeout, "wait_published")
 
     def wait_all(self, timeout=None):
         """Block until nothing is pending (everything published is acknowledged)."""
-        t = timeout if timeout is not None else self.connect_timeout
-        self._pump_until(lambda: not self.session.pending(), t * 1000, "all acknowledgements")
-
-    def _await_reply(self, pid, timeout):
-        if not pid:
-            return None
-        t = timeout if timeout is not None else self.connect_timeout
-        self._pump_until(lambda: pid in self._replies, t * 1000, "SUBACK/UNSUBACK")
-        return self._replies.pop(pid)
+        self._wait(_IDLE, 0, timeout, "wait_all")
 
     def subscribe(self, topic_filter, qos=0, handler=None, timeout=None, **opts):
         """Subscribe and wait for SUBACK; returns its reason codes (granted QoS
@@ -471,11 +449,11 @@ class Client(_Driver):
         handler(msg) gets each message of this subscription (MQTT 5:
         by subscription identifier; otherwise by topic matching)."""
         pid = self.session.subscribe(topic_filter, qos, ticks_ms(), handler, **opts)
-        return self._await_reply(pid, timeout)
+        return self._wait(_REPLIED, pid, timeout, "subscribe") if pid else None
 
     def unsubscribe(self, topic_filter, timeout=None, **opts):
         pid = self.session.unsubscribe(topic_filter, ticks_ms(), **opts)
-        return self._await_reply(pid, timeout)
+        return self._wait(_REPLIED, pid, timeout, "unsubscribe") if pid else None
 
     def ack(self, ack_id):
         """Manual acknowledgement mode: acknowledge a message (msg.ack_id)."""
@@ -492,11 +470,9 @@ class Client(_Driver):
         authentication; the auth hook answers the server's challenges).
         Returns once the server accepted; raises MQTTError with the server's
         DISCONNECT reason when it refused."""
-        s = self.session
         self._authed = False
-        s.reauthenticate(ticks_ms(), props)
-        t = timeout if timeout is not None else self.connect_timeout
-        self._pump_until(lambda: self._authed or not s._reauth, t * 1000, "re-authentication")
+        self.session.reauthenticate(ticks_ms(), props)
+        self._wait(_AUTHED, 0, timeout, "reauthenticate")
         if not self._authed:
             raise self.last_error or OSError("re-authentication failed")
 
@@ -505,32 +481,23 @@ class Client(_Driver):
         (at most linger_ms): closing a socket with unread bytes in it makes
         the kernel reset the connection, and the broker then drops our last
         acknowledgements and the DISCONNECT itself."""
+        sock = self.sock
         try:
-            if self.sock is not None:
+            if sock is not None:
                 self.session.disconnect(ticks_ms(), reason, props)
-                self._linger(linger_ms)
+                shut = getattr(sock, "shutdown", None)
+                if shut is not None:
+                    shut(1)  # SHUT_WR: the broker reads our end of stream
+                mv = self.session._rxmv  # the session is done with it: what arrives now is discarded
+                end = ticks_ms() + linger_ms
+                while ticks_diff(end, ticks_ms()) > 0 and self._poll.poll(ticks_diff(end, ticks_ms())):
+                    if _read_into(sock, mv, len(mv)) == 0:
+                        break  # the broker closed: everything we sent was read
         except OSError:
             pass
-        self.session.connection_lost()
-        self.reconnect = False
-        self._close()
-
-    def _linger(self, linger_ms):
-        sock = self.sock
-        shut = getattr(sock, "shutdown", None)
-        if shut is not None:
-            try:
-                shut(1)  # SHUT_WR: the broker reads our end of stream
-            except OSError:
-                return
-        mv = self.session._rxmv  # the session is done with it: what arrives now is discarded
-        end = ticks_ms() + linger_ms
-        while ticks_diff(end, ticks_ms()) > 0 and self._readable(ticks_diff(end, ticks_ms())):
-            if _read_into(sock, mv, len(mv)) == 0:
-                return  # the broker closed: everything we sent was read
+        self.close()
 
     def close(self):
         """Drop the connection without DISCONNECT (the broker sends the will)."""
-        self.session.connection_lost()
         self.reconnect = False
-        self._close()
+        self._drop()
