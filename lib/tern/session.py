@@ -629,9 +629,10 @@ class Session:
                 # holds it (at least once rather than lost); inbound QoS 2 ids
                 # and the broker's copies of our subscriptions are gone.
                 self.store.in_clear()
-            self._event(EV_CONNACK, sp, p)
             # Replay the ring in its original order (and without a session on
-            # the broker, forget the PUBRECs seen).
+            # the broker, forget the PUBRECs seen) before the application
+            # hears of the connection: what it publishes from EV_CONNACK then
+            # goes after the resends, once.
             self._inflight = 0
             self._unsent = 0
             i = self._head
@@ -650,6 +651,8 @@ class Session:
                 for s in self._subs:  # one SUBSCRIBE each: each may carry its own identifier
                     self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
             self._pump(now)
+            if self.state == CONNECTED:  # not when a resend found the connection dead
+                self._event(EV_CONNACK, sp, p)
             if resent or lost:
                 self.stats_resent += resent
                 self._event(_EV_RESTORED, resent, lost)

@@ -38,6 +38,11 @@ SCRIPTS = {
                   ("recv", pub(3, b"2", dup=True)), ("send", E(PUBACK, pid=1) + E(PUBREC, pid=2)),
                   ("recv", E(PUBREL, pid=2)), ("send", E(PUBACK, pid=3) + E(PUBCOMP, pid=2))],
     ], 4),
+    "test_message_published_from_on_connect_goes_once_after_the_resends": ([
+        HELLO + [("recv", pub(1, b"old")), ("close",)],
+        RESUME + [("recv", pub(1, b"old", dup=True)), ("recv", pub(2, b"new")),
+                  ("send", E(PUBACK, pid=1) + E(PUBACK, pid=2)), ("recv", E(DISCONNECT))],
+    ], 4),
     "test_acks_leave_in_the_order_their_triggers_arrived": ([
         HELLO + [("send", pub(10, b"a") + pub(11, b"b", qos=2) + pub(12, b"c")),
                  ("recv", E(PUBACK, pid=10)), ("recv", E(PUBREC, pid=11)), ("recv", E(PUBACK, pid=12)),
@@ -97,6 +102,15 @@ def test_unacked_messages_are_resent_in_original_order(scripted_addr):
     for i, q in ((0, 1), (1, 2), (2, 1)):
         c.publish("t", b"%d" % i, q)
     until([c], lambda: not c.session.pending(), what="all acknowledged after the resend")
+
+
+def test_message_published_from_on_connect_goes_once_after_the_resends(scripted_addr):
+    # It used to be sent before the resends and then once more, with DUP, among them.
+    c = _client(scripted_addr, clean=False)
+    c.publish("t", b"old", 1)
+    c.on_connect = lambda present, reason: c.publish("t", b"new", 1)
+    until([c], lambda: c.session.stats_resent and not c.session.pending(), what="both acknowledged")
+    c.disconnect()
 
 
 def test_acks_leave_in_the_order_their_triggers_arrived(scripted_addr):
