@@ -173,6 +173,7 @@ class Session:
 
         self.rx = bytearray(rx_size)
         self.rx_len = 0
+        self._rpos = -1  # where feed_n reads next; -1: no feed under way
         self._rxmv = memoryview(self.rx)
         self._tx = bytearray(tx_size)
         self._msg = Message()
@@ -289,6 +290,7 @@ class Session:
     def connect_packet(self, now):
         """Send CONNECT; the driver calls this right after the socket opens."""
         self.rx_len = 0
+        self._rpos = -1 if self._rpos < 0 else 0  # a feed under way starts over at 0
         self.state = _CONNECTING
         self._ping_sent = -1
         self._reauth = False
@@ -547,30 +549,43 @@ class Session:
             self.feed_n(k, now)
 
     def feed_n(self, n, now):
-        """The driver wrote n more bytes into rx at rx_len (zero-copy receive)."""
+        """The driver wrote n more bytes into rx at rx_len (zero-copy receive).
+
+        Re-entrant: a handler or event callback that waits (a blocking
+        subscribe from on_connect, a publish and wait_published from a message
+        handler) makes the driver read and feed again from inside this call.
+        The inner call goes on from the shared read position `_rpos`, after
+        the frame being handled, and leaves the buffer in place (the outer
+        handler may still hold a view of its payload); only the outermost
+        call moves the unread rest to the front."""
         self.rx_len += n
         self._ping_sent = -1
         rx = self.rx
-        end = self.rx_len
-        pos = 0
+        top = self._rpos < 0
+        if top:
+            self._rpos = 0
         try:
-            while pos < end:
-                size = pkt.frame_size(rx, pos, end, len(rx))
+            while True:
+                pos = self._rpos
+                end = self.rx_len
+                size = pkt.frame_size(rx, pos, end, len(rx)) if pos < end else -1
                 if size < 0 or pos + size > end:
                     break
-                start = pos
-                pos += size  # consumed even if a handler raises: never handled twice
-                self._handle(start, pos, now)
+                self._rpos = pos + size  # consumed even if a handler raises: never handled twice
+                self._handle(pos, pos + size, now)
         except MQTTError as e:
-            self.rx_len = 0
-            pos = 0
+            self.rx_len = self._rpos = 0
             self._violation(e.code, e.args[0], now)
         finally:
-            if pos and self.rx_len:
-                left = end - pos
-                if left:
-                    rx[0:left] = self._rxmv[pos:end]
-                self.rx_len = left
+            if top:
+                pos = self._rpos
+                end = self.rx_len
+                self._rpos = -1
+                if pos:
+                    left = end - pos if end > pos else 0
+                    if left:
+                        rx[0:left] = self._rxmv[pos:end]
+                    self.rx_len = left
 
     def rx_space(self):
         """How many bytes the driver may write at rx[rx_len:]."""
@@ -889,6 +904,7 @@ class Session:
         """The transport is gone: nothing is lost, everything pending waits."""
         self.state = DISCONNECTED
         self.rx_len = 0
+        self._rpos = -1 if self._rpos < 0 else 0  # a feed under way starts over at 0
         self._inflight = 0
         self._ping_sent = -1
         self._reauth = False

@@ -2,7 +2,7 @@
 
 from check import raises
 from pump import client, until, collect
-from tern.client import ConnectError
+from tern.client import Client, ConnectError, ticks_ms
 from tern import props as P
 
 MP_TIMEOUT = 240
@@ -215,3 +215,29 @@ def test_unreachable_broker_raises_oserror():
 
     c = Client("x", server="127.0.0.1", port=1, connect_timeout=2)
     raises(OSError, c.connect)
+
+
+def test_blocking_calls_inside_callbacks(broker_addr):
+    # paho's habit: subscribe from on_connect. Here both wait (SUBACK, PUBACK)
+    # from inside a callback that runs while the client is reading; the inner
+    # reads must go on after the frame being handled, not start over.
+    got, answered = [], []
+    r = Client("cb-responder-%d" % (ticks_ms() % 100000), server=broker_addr[0], port=broker_addr[1])
+
+    def answer(m):
+        pid = r.publish("cb/ans", bytes(m.payload), 1)
+        r.wait_published(pid, 5)
+        answered.append(pid)
+
+    r.on_connect = lambda present, reason: answered.append(r.subscribe("cb/req", 1, handler=answer))
+    r.connect()
+    assert answered == [[1]]
+    asker = client(broker_addr, "asker")
+    asker.subscribe("cb/ans", 1, handler=collect(got))
+    for i in range(5):
+        asker.publish("cb/req", b"q%d" % i, 1)
+    until([asker, r], lambda: len(got) == 5, what="5 answers")
+    assert [g[1] for g in got] == [b"q%d" % i for i in range(5)], got
+    assert len(answered) == 6 and not r.session.pending()
+    r.disconnect()
+    asker.disconnect()
