@@ -331,8 +331,7 @@ class Client(_Driver):
         s = self.session
         pend = getattr(sock, "pending", None)
         if not (pend and pend()):  # TLS may hold decrypted bytes the socket no longer shows
-            if ms < 0:
-                ms = 0
+            ms = int(ms) if ms > 0 else 0  # MicroPython's poll takes no float
             if MICROPYTHON:
                 for _ in self._poll.ipoll(ms):  # ipoll: no list allocated
                     break
@@ -362,6 +361,7 @@ class Client(_Driver):
         brief: return after the first pass that received something (the
         blocking calls then look whether what they wait for came)."""
         start = ticks_ms()
+        timeout_ms = int(timeout_ms)
         while True:
             now = ticks_ms()
             left = timeout_ms - ticks_diff(now, start)
@@ -397,7 +397,7 @@ class Client(_Driver):
         # loop() until the condition holds; OSError "<what> timed out" after
         # timeout seconds (None: connect_timeout). Returns the reason codes
         # of the SUBACK/UNSUBACK it waited for.
-        t = (timeout if timeout is not None else self.connect_timeout) * 1000
+        t = int((timeout if timeout is not None else self.connect_timeout) * 1000)
         s = self.session
         start = ticks_ms()
         while True:

@@ -241,3 +241,13 @@ def test_blocking_calls_inside_callbacks(broker_addr):
     assert len(answered) == 6 and not r.session.pending()
     r.disconnect()
     asker.disconnect()
+
+
+def test_timeouts_in_seconds_may_be_floats(broker_addr):
+    # MicroPython's poll() and sleep_ms() take no float: the client rounds.
+    c = client(broker_addr, "floats", connect_timeout=2.5)
+    c.wait_published(c.publish("fl/t", b"x", 1), 1.5)
+    c.publish("fl/t", b"y", 2)
+    c.wait_all(2.5)
+    assert c.loop(10.5) and not c.session.pending()
+    c.disconnect()
