@@ -7,6 +7,7 @@ A script is a list of connections; each connection a list of steps:
   ("recv_type", t)  the client must send a packet of type t (any content)
   ("send", bytes)   send these bytes to the client
   ("close",)        drop the connection
+  ("stall", s)      read nothing for s seconds (a broker whose socket fills up)
 After its last step a connection stays open until the client closes it.
 Mismatches are collected in `errors`; `complete` says every step was played.
 """
@@ -87,6 +88,8 @@ class ScriptedBroker:
                         conn.sendall(step[1])
                     elif step[0] == "close":
                         break
+                    elif step[0] == "stall":
+                        self._stop.wait(step[1])
                     else:
                         got = self._read_packet(conn, buf)
                         if got is None:

@@ -232,7 +232,7 @@ class Client(_Driver):
         if sock is None:
             raise OSError("not connected")
         end = off + n
-        deadline = ticks_ms() + self.connect_timeout * 1000
+        deadline = ticks_ms() + int(self.connect_timeout * 1000)
         while off < end:
             k = _write(sock, buf, off, end - off)
             if k:
@@ -262,7 +262,7 @@ class Client(_Driver):
         elif kind == _EV_AUTH:
             self._authed = True
         elif kind == _EV_LOST or kind == _EV_DISCONNECT:
-            # EV_LOST: a write failed under publish(); the message is kept, the connection is over
+            # EV_LOST: a write failed under publish() (a QoS 1/2 message is kept); the connection is over
             self._drop(b if kind == _EV_LOST else server_disconnect(a, b))
 
     def connect(self, timeout=None):

@@ -77,7 +77,7 @@ EV_UNSUBACK = const(4)  # a = pid, b = list of reason codes
 EV_DISCONNECT = const(5)  # a = reason code, b = DISCONNECT Packet
 _EV_RESTORED = const(6)  # a = messages resent after a reconnect, b = broker lost the session (no driver reads it)
 EV_AUTH = const(7)  # a = 0: a re-authentication succeeded, b = AUTH Packet
-EV_LOST = const(8)  # a = 0, b = the OSError: sending an accepted message failed, the connection is over
+EV_LOST = const(8)  # a = 0, b = the OSError: a send under publish() failed, the connection is over
 
 # Ring entry flags.
 _SENT = const(1)  # sent on this connection
@@ -408,9 +408,16 @@ class Session:
                         blk = self._P.encode(pp, _PUBLISH)
                     pblock = blk
             n = pkt.publish_header_into(tx, topic, 0, retain, False, 0, plen, self.version, pblock)
-            self.send(tx, 0, n)
-            if plen:
-                self.send(payload, 0, plen)
+            try:
+                self.send(tx, 0, n)
+                if plen:
+                    self.send(payload, 0, plen)
+            except OSError as e:
+                # Part of the packet may have left: the connection cannot carry
+                # another. Not accepted (QoS 0 is not kept), so the caller hears.
+                self.connection_lost()
+                self._event(EV_LOST, 0, e)
+                raise
             self._last_tx = now
             return 0
         if self._n >= len(self._rflags):

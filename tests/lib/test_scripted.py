@@ -43,6 +43,7 @@ SCRIPTS = {
         RESUME + [("recv", pub(1, b"old", dup=True)), ("recv", pub(2, b"new")),
                   ("send", E(PUBACK, pid=1) + E(PUBACK, pid=2)), ("recv", E(DISCONNECT))],
     ], 4),
+    "test_a_broker_that_stops_reading_times_the_send_out": ([HELLO + [("stall", 20)]], 4),
     "test_acks_leave_in_the_order_their_triggers_arrived": ([
         HELLO + [("send", pub(10, b"a") + pub(11, b"b", qos=2) + pub(12, b"c")),
                  ("recv", E(PUBACK, pid=10)), ("recv", E(PUBREC, pid=11)), ("recv", E(PUBACK, pid=12)),
@@ -111,6 +112,23 @@ def test_message_published_from_on_connect_goes_once_after_the_resends(scripted_
     c.on_connect = lambda present, reason: c.publish("t", b"new", 1)
     until([c], lambda: c.session.stats_resent and not c.session.pending(), what="both acknowledged")
     c.disconnect()
+
+
+def test_a_broker_that_stops_reading_times_the_send_out(scripted_addr):
+    # connect_timeout bounds a write that cannot go on; given in seconds as a float, it used to
+    # raise TypeError on MicroPython (a float deadline for ticks_diff)
+    c = _client(scripted_addr, connect_timeout=0.5, reconnect=False)
+    big = b"x" * 32768
+    sent = 0
+    err = None
+    while err is None and sent < 4000:  # 128 MB: far beyond any loopback socket's buffers
+        try:
+            c.publish("t", big, 0)
+            sent += 1
+        except OSError as e:
+            err = e
+    assert err is not None and sent > 0, sent
+    assert not c.connected and "send timed out" in str(c.last_error or err), (err, c.last_error)
 
 
 def test_acks_leave_in_the_order_their_triggers_arrived(scripted_addr):
