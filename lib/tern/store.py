@@ -38,52 +38,55 @@ class MemoryStore:
     durable = False
 
     def __init__(self):
-        self._rec = {}  # pid -> [order, kind, marked, bytes]
-        self._order = 0
+        self._rec = {}  # pid -> [kind, marked, bytes]
+        self._pids = []  # live pids in append order
         self._in = set()
         self._meta = {}
         self._last = 0
 
     def open(self):
+        # Nothing to recover; nothing to make durable or let go of either, so
+        # commit and close are this same method (returning self as open must).
         return self
+
+    commit = close = open
 
     def append(self, kind, pid, head, body=b""):
         if pid in self._rec:
             raise ValueError("packet identifier %d already pending" % pid)
-        self._order += 1
-        self._rec[pid] = [self._order, kind, False, bytes(head) + bytes(body)]
+        self._rec[pid] = [kind, False, bytes(head) + bytes(body)]
+        self._pids.append(pid)
         self._last = pid
 
     def mark(self, pid):
-        self._rec[pid][2] = True
+        self._rec[pid][1] = True
 
     def unmark(self, pid):
-        self._rec[pid][2] = False
+        self._rec[pid][1] = False
 
     def release(self, pid):
-        self._rec.pop(pid, None)
+        if self._rec.pop(pid, None):
+            self._pids.remove(pid)
 
     def pending(self):
-        return [pid for _, pid in sorted((r[0], pid) for pid, r in self._rec.items())]
+        return self._pids[:]
 
     def has(self, pid):
         return pid in self._rec
 
     def kind(self, pid):
-        return self._rec[pid][1]
+        return self._rec[pid][0]
 
     def marked(self, pid):
-        return self._rec[pid][2]
+        return self._rec[pid][1]
 
     def size(self, pid):
-        return len(self._rec[pid][3])
+        return len(self._rec[pid][2])
 
     def read(self, pid, offset, buf):
-        data = self._rec[pid][3]
-        n = min(len(buf), len(data) - offset)
-        if n > 0:
-            buf[0:n] = data[offset : offset + n]
-        return max(n, 0)
+        data = self._rec[pid][2][offset : offset + len(buf)]
+        buf[: len(data)] = data
+        return len(data)
 
     def count(self):
         return len(self._rec)
@@ -108,9 +111,3 @@ class MemoryStore:
 
     def last_pid(self):
         return self._last
-
-    def commit(self):
-        pass
-
-    def close(self):
-        pass
