@@ -173,8 +173,14 @@ def test_unreachable_broker_then_a_broker_appears(tmp_path):
         log = dev.until(lambda t: t.counts["connect_failed"] >= 3 and t.counts["published"] >= 10, 20,
                         "connect failures while readings queue")
         assert "111" in log.of("connect_failed")[0]["err"] or "refused" in log.of("connect_failed")[0]["err"].lower()
-        broker = Broker(tmp_path / "broker", port=port).start()
-        watch = Watcher(broker.address)
+        # the board is held still while the broker starts and the watcher subscribes: otherwise, on a
+        # loaded machine, it could connect and flush its queue before the subscription exists
+        dev.board.freeze()
+        try:
+            broker = Broker(tmp_path / "broker", port=port).start()
+            watch = Watcher(broker.address)
+        finally:
+            dev.board.thaw()
         log = dev.until(lambda t: t.counts["connected"] >= 1, 10, "connect once the broker is up")
         assert log.of("connected")[0]["pending"] >= 10  # what queued offline went out after CONNACK
         dev.until(lambda t: t.counts["published"] >= 40, 10, "more readings")
