@@ -33,7 +33,8 @@ def _utf8(topic, what):
             raise _bad(what, topic, "is longer than 65535 bytes (%d)" % len(b))
         check_utf8(b, 0, len(b))
     except (UnicodeError, MQTTError) as e:  # CPython: lone surrogates; "malformed packet: <problem>"
-        raise _bad(what, topic, "is not valid UTF-8 (%s)" % e.args[-1].split(": ")[-1])
+        d = e.args[-1].split(": ")[-1]  # "invalid UTF-8", the U+0000 MQTT forbids, or CPython's reason
+        raise _bad(what, topic, "is not valid UTF-8" + ("" if d == "invalid UTF-8" else " (%s)" % d))
     return b
 
 
