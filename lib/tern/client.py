@@ -16,7 +16,7 @@ from .wire import MQTTError, const
 MICROPYTHON = sys.implementation.name == "micropython"
 
 if MICROPYTHON:
-    from time import ticks_ms, ticks_diff, sleep_ms
+    from time import ticks_ms, ticks_diff, ticks_add, sleep_ms
 
     def _read_into(sock, buf, n):
         r = sock.readinto(buf, n) if n < len(buf) else sock.readinto(buf)
@@ -28,6 +28,7 @@ if MICROPYTHON:
 
 else:
     import time
+    from operator import add as ticks_add  # the clock does not wrap
     from ssl import SSLWantReadError, SSLWantWriteError
 
     def ticks_ms():
@@ -180,7 +181,7 @@ class Client(_Driver):
         _Driver.__init__(self, client_id, server, port, version, keepalive, clean, store, ssl, server_hostname,
                          reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, opts)
         self.sock = None
-        self._next_try = 0
+        self._next_try = ticks_ms()  # not 0: half a period on, 0 is in the future
         self._replies = {}
         # _poll, _connack and _authed are set before use, by connect() and
         # reauthenticate(): a smaller instance until then.
@@ -225,14 +226,14 @@ class Client(_Driver):
                 self._attempt = 0
             if self.on_disconnect:
                 self.on_disconnect(e)
-        self._next_try = ticks_ms() + self._backoff_ms()
+        self._next_try = ticks_add(ticks_ms(), self._backoff_ms())
 
     def _send(self, buf, off, n):
         sock = self.sock
         if sock is None:
             raise OSError("not connected")
         end = off + n
-        deadline = ticks_ms() + int(self.connect_timeout * 1000)
+        deadline = ticks_add(ticks_ms(), int(self.connect_timeout * 1000))
         while off < end:
             k = _write(sock, buf, off, end - off)
             if k:
@@ -325,10 +326,12 @@ class Client(_Driver):
 
     def _io(self, ms):
         """Wait up to ms for data, feed it to the session. False: nothing came."""
+        s = self.session
+        if s.rx_len:  # whole frames may wait there, behind a handler that raised
+            s.feed_n(0, ticks_ms())
         sock = self.sock
         if sock is None:
             return False
-        s = self.session
         pend = getattr(sock, "pending", None)
         if not (pend and pend()):  # TLS may hold decrypted bytes the socket no longer shows
             ms = int(ms) if ms > 0 else 0  # MicroPython's poll takes no float
@@ -377,12 +380,12 @@ class Client(_Driver):
                     continue
                 try:
                     self.connect()
-                except OSError as e:  # a ConnectError too
+                except (OSError, MQTTError) as e:  # a ConnectError too; MQTTError: a broker that broke the protocol
                     self.last_error = e
                     if isinstance(e, ConnectError) and e.permanent:
                         self.reconnect = False
                         raise
-                    self._next_try = ticks_ms() + self._backoff_ms()
+                    self._next_try = ticks_add(ticks_ms(), self._backoff_ms())
                 continue
             try:
                 nxt = s.poll(now)
@@ -489,7 +492,7 @@ class Client(_Driver):
                 if shut is not None:
                     shut(1)  # SHUT_WR: the broker reads our end of stream
                 mv = self.session._rxmv  # the session is done with it: what arrives now is discarded
-                end = ticks_ms() + linger_ms
+                end = ticks_add(ticks_ms(), int(linger_ms))
                 while ticks_diff(end, ticks_ms()) > 0 and self._poll.poll(ticks_diff(end, ticks_ms())):
                     if _read_into(sock, mv, len(mv)) == 0:
                         break  # the broker closed: everything we sent was read

@@ -289,8 +289,9 @@ class Session:
 
     def connect_packet(self, now):
         """Send CONNECT; the driver calls this right after the socket opens."""
-        self.rx_len = 0
-        self._rpos = -1 if self._rpos < 0 else 0  # a feed under way starts over at 0
+        # Unread bytes belong to the old connection; under a feed (a handler
+        # that reconnected) what it has read stays, for the handlers under way.
+        self.rx_len = self._rpos if self._rpos > 0 else 0
         self.state = _CONNECTING
         self._ping_sent = -1
         self._reauth = False
@@ -562,15 +563,19 @@ class Session:
         subscribe from on_connect, a publish and wait_published from a message
         handler) makes the driver read and feed again from inside this call.
         The inner call goes on from the shared read position `_rpos`, after
-        the frame being handled, and leaves the buffer in place (the outer
-        handler may still hold a view of its payload); only the outermost
-        call moves the unread rest to the front."""
+        the frame being handled, and leaves that frame in place (the outer
+        handler may still hold a view of its payload): each call moves the
+        unread rest down to where it started reading, so a handler that waits
+        while more arrives does not fill the buffer. n = 0 handles frames
+        left behind by a handler that raised."""
         self.rx_len += n
-        self._ping_sent = -1
+        if n:
+            self._ping_sent = -1
         rx = self.rx
-        top = self._rpos < 0
+        base = self._rpos
+        top = base < 0
         if top:
-            self._rpos = 0
+            base = self._rpos = 0
         try:
             while True:
                 pos = self._rpos
@@ -581,18 +586,16 @@ class Session:
                 self._rpos = pos + size  # consumed even if a handler raises: never handled twice
                 self._handle(pos, pos + size, now)
         except MQTTError as e:
-            self.rx_len = self._rpos = 0
-            self._violation(e.code, e.args[0], now)
+            self._violation(e.code, e.args[0], now)  # the unread rest is dropped
         finally:
-            if top:
-                pos = self._rpos
-                end = self.rx_len
-                self._rpos = -1
-                if pos:
-                    left = end - pos if end > pos else 0
-                    if left:
-                        rx[0:left] = self._rxmv[pos:end]
-                    self.rx_len = left
+            pos = self._rpos
+            end = self.rx_len
+            self._rpos = -1 if top else base
+            if pos > base:
+                left = end - pos if end > pos else 0
+                if left:
+                    rx[base : base + left] = self._rxmv[pos:end]
+                self.rx_len = base + left
 
     def rx_space(self):
         """How many bytes the driver may write at rx[rx_len:]."""
@@ -910,8 +913,7 @@ class Session:
     def connection_lost(self):
         """The transport is gone: nothing is lost, everything pending waits."""
         self.state = DISCONNECTED
-        self.rx_len = 0
-        self._rpos = -1 if self._rpos < 0 else 0  # a feed under way starts over at 0
+        self.rx_len = self._rpos if self._rpos > 0 else 0  # as in connect_packet
         self._inflight = 0
         self._ping_sent = -1
         self._reauth = False

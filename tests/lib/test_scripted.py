@@ -4,10 +4,11 @@ name; the `scripted_addr` fixture plays it and fails the test on any
 deviation. Runs on CPython and MicroPython."""
 
 from tern.codec import Packet, encode
-from tern.client import Client
+from tern.client import Client, ticks_ms, ticks_diff
 from tern.wire import (
-    CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, DISCONNECT)
+    CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, DISCONNECT, MQTTError)
 from tern import props as P
+from check import MICROPYTHON
 from pump import until
 
 
@@ -72,6 +73,20 @@ SCRIPTS = {
                   ("recv", E(PUBCOMP, 5, pid=79, reason=0x92)), ("recv", E(PUBREL, 5, pid=80, reason=0x92)),
                   ("recv", pub(1, b"after", v=5)), ("send", E(PUBACK, 5, pid=1))],
     ], 5),
+    "test_a_protocol_violation_during_a_reconnect_is_retried": ([
+        HELLO + [("close",)],
+        [("recv_type", CONNECT), ("send", E(PUBACK, pid=1))],  # a packet before CONNACK
+        HELLO,
+    ], 4),
+    "test_reconnect_and_first_connect_across_the_clock_wrap": ([HELLO + [("close",)], HELLO], 4),
+    "test_a_handler_that_waits_while_the_receive_buffer_fills": ([
+        HELLO + [("send", pub(7, b"req", topic="req")), ("recv", pub(1, b"ans", topic="ans")),
+                 ("send", b"".join(pub(0, b"%03d" % i + b"n" * 97, qos=0, topic="noise") for i in range(12))),
+                 ("send", E(PUBACK, pid=1)), ("recv", E(PUBACK, pid=7))],
+    ], 4),
+    "test_frames_behind_a_raising_handler_are_not_held_back": ([
+        HELLO + [("send", pub(0, b"boom", qos=0) + pub(2, b"ok")), ("recv", E(PUBACK, pid=2))],
+    ], 4),
 }
 
 
@@ -173,3 +188,105 @@ def test_unexpected_acks_change_nothing(scripted_addr):
     c.loop(300)
     assert c.connected
     c.wait_published(c.publish("t", b"after", 1), 5)
+
+
+def test_a_protocol_violation_during_a_reconnect_is_retried(scripted_addr):
+    # loop() retried a refused or unreachable broker but let the MQTTError of a broker that broke the
+    # protocol before CONNACK (or a server speaking something else) escape to the application
+    ups = []
+    c = _client(scripted_addr)
+    c.on_connect = lambda present, reason: ups.append(reason)
+    until([c], lambda: ups, 5000, "the third connection")
+    assert c.connected and ups == [0], ups
+    assert isinstance(c.last_error, MQTTError) and c.last_error.code == 0x82, c.last_error
+
+
+def _clock_at(t):
+    # MicroPython's ticks wrap (every 2**30 ms, 12.4 days, on a 32-bit board; 2**62 on the 64-bit
+    # unix port): the client's clock, moved to tick t and running on from there, is a board that has
+    # been up that long. CPython's clock does not wrap: nothing to move.
+    import time
+    import tern.client as tc
+
+    real = time.ticks_ms
+    off = time.ticks_diff(t, real())
+    tc.ticks_ms = lambda: time.ticks_add(real(), off)
+
+
+def test_reconnect_and_first_connect_across_the_clock_wrap(scripted_addr):
+    # Deadlines were ticks_ms() + ms, past the top of the tick range near the wrap (and the first
+    # reconnect time a plain 0): ticks_diff then gave nonsense, and loop() waited days before the
+    # next attempt (or, on a 32-bit board, did not back off at all)
+    import tern.client as tc
+
+    real = tc.ticks_ms
+    ups = []
+
+    def lost(e):
+        if MICROPYTHON:  # the reconnect is due 100-200 ms from here, past the wrap
+            import time
+
+            _clock_at(time.ticks_add(0, -5))
+
+    try:
+        if MICROPYTHON:  # half the period on: ticks_diff(0, now) > 0
+            import time
+
+            _clock_at(time.ticks_add(time.ticks_add(0, -1) // 2, 10000))
+        c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], backoff_min=0.2, backoff_max=0.2)
+        c.on_connect = lambda present, reason: ups.append(reason)
+        c.on_disconnect = lost
+        until([c], lambda: ups, 3000, "the first connection, made by loop()")
+        until([c], lambda: len(ups) == 2, 3000, "the reconnection after the wrap")
+        assert c.connected
+    finally:
+        tc.ticks_ms = real
+
+
+def test_a_handler_that_waits_while_the_receive_buffer_fills(scripted_addr):
+    # A handler that publishes and waits reads on inside the outer read; those inner reads never
+    # freed the buffer, so more traffic than rx_size before the PUBACK stalled the wait until it
+    # timed out (and the connection was dropped)
+    noise, answered = [], []
+
+    def on_message(m):
+        if m.topic == "noise":
+            noise.append(bytes(m.payload[:3]))
+            return
+        req = bytes(m.payload)
+        view = m.payload  # into the receive buffer (m itself is refilled by the messages read meanwhile)
+        c.wait_published(c.publish("ans", b"ans", 1), 5)
+        answered.append((req, bytes(view)))  # the request's bytes are still where they were
+
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], rx_size=512)
+    c.on_message = on_message
+    c.connect()
+    until([c], lambda: answered, 8000, "the answer's PUBACK")
+    c.loop(200)
+    assert answered == [(b"req", b"req")] and noise == [b"%03d" % i for i in range(12)], (answered, noise)
+    assert c.connected and not c.session.pending()
+
+
+def test_frames_behind_a_raising_handler_are_not_held_back(scripted_addr):
+    # The exception reaches the caller of loop(); the message that came in the same read after the
+    # one whose handler raised waited in the buffer until the broker sent something more (a PINGRESP,
+    # a keepalive later)
+    got = []
+
+    def on_message(m):
+        if m.payload == b"boom":
+            raise ValueError("handler failed")
+        got.append(bytes(m.payload))
+
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1])
+    c.on_message = on_message
+    raised = []
+    start = ticks_ms()
+    while not got and ticks_diff(ticks_ms(), start) < 3000:
+        try:
+            c.loop(5) if raised else c.connect()  # the messages may come with the CONNACK
+        except ValueError as e:
+            raised.append(str(e))
+    assert raised == ["handler failed"] and got == [b"ok"], (raised, got)
+    c.loop(200)  # PUBACK 2 leaves
+    assert c.connected
