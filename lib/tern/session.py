@@ -185,6 +185,7 @@ class Session:
         self._inflight = 0
         self._unsent = 0
         self._subs = []
+        self._gone = []  # filters unsubscribed while offline: UNSUBSCRIBE when the broker kept the session
         self._next_sid = 1
         self._aliases = None
         # With manual_ack, the queue of acknowledgements in arrival order:
@@ -499,29 +500,33 @@ class Session:
         opts = qos
         if self.version == _V5:  # the other options exist only in MQTT 5
             opts |= (4 if no_local else 0) | (8 if retain_as_published else 0) | retain_handling << 4
-        for s in self._subs:  # a filter subscribed again replaces its entry
-            if s.filter == flt:
-                self._subs.remove(s)
-                break
+        self.unsubscribe(flt, now, 0)  # a filter subscribed again replaces its entry
         # A subscription is a record of its fields (a Packet used as one: no
         # class of its own to load): filter (str), opts as sent, match (the
         # filter topics are matched against: bytes, the inner filter of a
         # $share), handler, sid, and user_props, sent again with every
         # resubscription.
         self._subs.append(Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
-                                 user_props=user_props))
+                                 user_props=user_props, late=self.state != CONNECTED))
         if self.state != CONNECTED:
             return 0
         return self._ctrl(_SUBSCRIBE, (flt, opts), user_props, sub_id, now)
 
     def unsubscribe(self, flt, now, user_props=None):
-        """Forget the filter's handler and send UNSUBSCRIBE (when connected)."""
+        """Forget the filter's handler and send UNSUBSCRIBE now when connected,
+        else after the next CONNACK if the broker kept the session.
+        (user_props=0: only forget; subscribe() replacing an entry.)"""
         validate_filter(flt)
         for s in self._subs:
             if s.filter == flt:
                 self._subs.remove(s)
                 break
+        if flt in self._gone:
+            self._gone.remove(flt)
+        if user_props == 0:
+            return 0
         if self.state != CONNECTED:
+            self._gone.append(flt)
             return 0
         return self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
 
@@ -672,9 +677,17 @@ class Session:
                     self._unsent += 1
                 i = (i + 1) % len(self._rflags)
             resent = self._unsent
-            if not sp:
-                for s in self._subs:  # one SUBSCRIBE each: each may carry its own identifier
+            # Subscriptions go (again) to a broker without our session, and,
+            # to one that kept it, those made or dropped while offline: one
+            # SUBSCRIBE each, as each may carry its own identifier.
+            for s in self._subs:
+                if s.late or not sp:
+                    s.late = False
                     self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
+            for f in self._gone:
+                if sp:
+                    self._ctrl(_UNSUBSCRIBE, f, None, None, now)
+            self._gone = []
             self._pump(now)
             if self.state == CONNECTED:  # not when a resend found the connection dead
                 self._event(EV_CONNACK, sp, p)

@@ -251,3 +251,24 @@ def test_timeouts_in_seconds_may_be_floats(broker_addr):
     c.wait_all(2.5)
     assert c.loop(10.5) and not c.session.pending()
     c.disconnect()
+
+
+def test_subscriptions_changed_offline_reach_a_broker_that_kept_the_session(broker_addr):
+    # subscribe()/unsubscribe() while offline say "sent on connect"; a broker that kept the session
+    # used to get neither (the subscriptions were resent only to a broker without it)
+    for v in (4, 5):
+        a, b, other = [], [], []
+        c = client(broker_addr, "offline-subs", version=v, clean=False, session_expiry=600)
+        c.on_message = collect(other)
+        c.subscribe("os/%d/a" % v, 1, handler=collect(a))
+        c.close()
+        assert c.unsubscribe("os/%d/a" % v) is None and c.subscribe("os/%d/b" % v, 1, handler=collect(b)) is None
+        assert c.connect()  # session present
+        pub = client(broker_addr, "os-pub", version=v)
+        pub.publish("os/%d/a" % v, b"gone", 1)
+        pub.publish("os/%d/b" % v, b"new", 1)
+        until([c, pub], lambda: b, what="the message on the filter subscribed offline")
+        c.loop(300)
+        assert b == [("os/%d/b" % v, b"new", 1, False)] and not a and not other, (a, b, other)
+        pub.disconnect()
+        c.disconnect()
