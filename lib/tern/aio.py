@@ -96,6 +96,33 @@ async def _wait(ev, ms):
 if MICROPYTHON:
     _wait_for_ms = asyncio.wait_for_ms
 
+    def _open_connection(host, port, ssl=None, server_hostname=None):
+        # asyncio.open_connection, but the socket is closed when the wait is
+        # cancelled: MicroPython's leaks it, a socket for every attempt that
+        # times out (a broker that does not answer), until none are left.
+        import socket
+        from errno import EINPROGRESS
+        from asyncio import core
+
+        ai = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)[0]
+        s = socket.socket(ai[0], ai[1], ai[2])
+        try:
+            s.setblocking(False)
+            try:
+                s.connect(ai[-1])
+            except OSError as e:
+                if e.errno != EINPROGRESS:
+                    raise
+            if ssl:
+                s = ssl.wrap_socket(s, server_hostname=server_hostname, do_handshake_on_connect=False)
+                s.setblocking(False)
+            yield core._io_queue.queue_write(s)
+        except BaseException:
+            s.close()
+            raise
+        s = asyncio.StreamReader(s)
+        return s, s
+
     def _close_stream(w):
         # MicroPython's Stream.close() may leave the socket open (wait_closed
         # closes it); socket close is idempotent.
@@ -109,6 +136,7 @@ if MICROPYTHON:
         sys.print_exception(e)
 
 else:
+    _open_connection = asyncio.open_connection
 
     def _wait_for_ms(aw, ms):
         return asyncio.wait_for(aw, ms / 1000)
@@ -285,10 +313,18 @@ class Client(_Driver):
         w = self._w
         self._w = self._r = None
         if w is not None:
+            if self._obuf:
+                # What the session queued last goes out before the close: the
+                # DISCONNECT telling a broker which rule it broke (MQTT 5).
+                try:
+                    w.write(bytes(self._obuf))
+                except Exception:
+                    pass
             _close_stream(w)
-        # Bytes for a dead connection never go out on the next one: the
-        # session resends from its store after CONNACK.
-        self._obuf[:] = b""
+        # Bytes for a dead connection never go out on the next one (nor what
+        # a failed write left in the writer's buffer): the session resends
+        # from its store after CONNACK.
+        self._obuf[:] = self._obuf2[:] = b""
         self._drained.set()
 
     def _lost(self, err):
@@ -310,7 +346,7 @@ class Client(_Driver):
         if self.ssl:
             kw["ssl"] = self._tls_context()
             kw["server_hostname"] = self.server_hostname
-        coro = asyncio.open_connection(self.server, self.port, **kw)
+        coro = _open_connection(self.server, self.port, **kw)
         try:
             if MICROPYTHON:
                 return await asyncio.wait_for_ms(coro, t_ms)
@@ -427,7 +463,9 @@ class Client(_Driver):
     # ------------------------------------------------------------ supervisor
 
     async def _nap(self, ms):
-        await _wait(self._wake, ms if ms > 0 else 1)
+        # Whole ms: MicroPython's wait_for_ms takes no float (poll() returns
+        # one for a ping_timeout in seconds such as 1.5).
+        await _wait(self._wake, int(ms) if ms >= 1 else 1)
         self._wake.clear()
 
     async def _supervise(self):

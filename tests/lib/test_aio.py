@@ -2,6 +2,7 @@
 MicroPython's (each test runs on both runtimes; see conftest.py)."""
 
 import asyncio
+import sys
 import time
 
 from tern.aio import Client
@@ -9,6 +10,8 @@ from tern.client import ConnectError
 from tern.session import NotConnected
 from tern.wire import MQTTError
 from tern import props as P
+from tern.codec import Packet, encode
+from tern.wire import CONNECT, CONNACK, PUBLISH, PUBACK, PINGREQ, DISCONNECT
 
 T = 5  # seconds: the bound on every wait in this file
 
@@ -493,3 +496,167 @@ def test_keepalive_pings_and_detects_a_dead_link(broker_addr):
         proxy.stop()
 
     run(main())
+
+
+def test_a_subscription_made_offline_reaches_a_broker_that_kept_the_session(broker_addr):
+    # subscribe() while offline (here between connections; as easily during a
+    # background reconnect) registers the filter "to be sent on connect"; the
+    # session sent its subscriptions again only when the broker had lost the
+    # session, so a broker that kept it never heard of this one.
+    # Fails until tern/session.py sends, on a CONNACK with session present,
+    # the subscriptions registered since the last connection.
+    host, port = broker_addr
+    cid = "late-sub-" + sys.implementation.name
+
+    async def main():
+        wipe = Client(cid, host, port, clean=True)  # no session left from an earlier run
+        await wipe.connect()
+        await wipe.disconnect()
+        c = Client(cid, host, port, clean=False)
+        await c.connect()
+        await c.disconnect()
+        assert await c.subscribe("late/t", 1) is None  # offline: registered, sent on connect
+        assert await c.connect() is True  # the broker kept the session
+        peer = Client(cid + "-peer", host, port)
+        await peer.connect()
+        await peer.publish("late/t", b"hello", qos=1, wait_ack=True)
+        (m,) = await take(c.messages(), 1)
+        assert (m.topic, m.payload) == ("late/t", b"hello"), m
+        await c.disconnect()
+        await peer.disconnect()
+
+    run(main())
+
+
+# ---------------------------------------------------- against a scripted broker
+
+
+def E(t, v=4, **kw):
+    return encode(Packet(t, **kw), v)
+
+
+HELLO = [("recv_type", CONNECT), ("send", E(CONNACK))]
+
+# Played by the scripted_addr fixture (tests/lib/conftest.py), which fails the
+# test on any byte the client sends that the script does not expect.
+SCRIPTS = {
+    "test_a_broker_that_breaks_the_protocol_is_told_why": ([
+        [("recv_type", CONNECT), ("send", E(CONNACK, 5)),
+         ("send", E(PUBLISH, 5, topic="a", payload=b"1", props={P.TOPIC_ALIAS: 5})),
+         ("recv", E(DISCONNECT, 5, reason=0x94))],
+    ], 5),
+    "test_bytes_a_failed_write_left_never_reach_the_next_connection": ([
+        # The broker does not read the QoS 0 message: its close is a reset.
+        HELLO + [("stall", 0.3), ("close",)],
+        [("recv_type", CONNECT), ("send", E(CONNACK, session_present=True)),
+         ("recv", E(PUBLISH, topic="t", payload=b"a", qos=1, pid=1, dup=True)), ("send", E(PUBACK, pid=1)),
+         ("recv", E(DISCONNECT))],
+    ], 4),
+    "test_ping_timeout_in_seconds_as_a_float": ([HELLO + [("recv_type", PINGREQ), ("stall", 5)]], 4),  # no PINGRESP
+}
+
+
+def test_a_broker_that_breaks_the_protocol_is_told_why(scripted_addr):
+    # The session queues DISCONNECT 0x94 before it raises; the teardown used
+    # to drop it with the write buffer, so the broker never heard why.
+    async def main():
+        downs = []
+        c = Client("scripted", scripted_addr[0], scripted_addr[1], version=5, topic_alias_max=2, reconnect=False)
+        c.on_disconnect = downs.append
+        await c.connect()
+        await until(lambda: downs, "the disconnect")
+        assert isinstance(downs[0], MQTTError) and downs[0].code == 0x94 and not c.connected, downs
+
+    run(main())
+
+
+def test_bytes_a_failed_write_left_never_reach_the_next_connection(scripted_addr):
+    # MicroPython: a write that raised (the broker reset the connection) left
+    # its bytes in the writer's second buffer, and they went out on the next
+    # connection right after CONNECT: here the message without DUP, then
+    # again as the resend.
+    async def main():
+        downs = []
+        c = Client("scripted", scripted_addr[0], scripted_addr[1], clean=False, backoff_min=0.02, backoff_max=0.1)
+        c.on_disconnect = downs.append
+        await c.connect()
+        await c.publish("t", b"x", 0)
+        await asyncio.sleep(0.05)
+        time.sleep(0.6)  # the broker resets the connection while the loop stands still
+        assert await c.publish("t", b"a", 1) == 1
+        time.sleep(0.01)  # so the writer meets the reset before the reader
+        await c.wait_all(T)
+        assert len(downs) == 1 and isinstance(downs[0], OSError), downs
+        await c.disconnect()
+
+    run(main())
+
+
+def test_ping_timeout_in_seconds_as_a_float(scripted_addr):
+    # A PINGRESP later than the keepalive interval made poll() return a float,
+    # which MicroPython's wait_for_ms refuses: the supervisor died, and with
+    # it the keepalive and the reconnect; messages() just ended.
+    async def main():
+        downs = []
+        c = Client("scripted", scripted_addr[0], scripted_addr[1], keepalive=1, ping_timeout=1.2, reconnect=False)
+        c.on_disconnect = downs.append
+        await c.connect()
+        await until(lambda: downs, "the missing PINGRESP to be noticed")
+        assert "PINGRESP" in str(downs[0]) and not c.connected, downs
+        try:
+            await asyncio.wait_for(c.messages().__anext__(), T)
+            raise AssertionError("messages() ended without the reason")
+        except OSError as e:
+            assert e is downs[0], (e, downs)
+
+    run(main())
+
+
+def test_a_connect_that_times_out_closes_its_socket():
+    # MicroPython's open_connection leaks its socket when the wait for it is
+    # cancelled: one file descriptor (an lwIP socket on a board) per attempt.
+    import os
+    import socket
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    lst = socket.socket()
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    for k in range(64):
+        port = 20000 + (k * 7919 + (id(lst) >> 4)) % 40000
+        try:
+            lst.bind(socket.getaddrinfo("127.0.0.1", port)[0][-1])
+            break
+        except OSError:
+            continue
+    lst.listen(0)
+    # Fill the accept queue: the kernel drops further SYNs and connect() hangs.
+    fill = []
+    for _ in range(4):
+        f = socket.socket()
+        f.setblocking(False)
+        try:
+            f.connect(socket.getaddrinfo("127.0.0.1", port)[0][-1])
+        except OSError:
+            pass
+        fill.append(f)
+
+    async def main():
+        c = Client("x", "127.0.0.1", port, connect_timeout=0.1)
+        n0 = fds()
+        for _ in range(4):
+            try:
+                await c.connect()
+                raise AssertionError("connected to a full accept queue")
+            except ConnectError:
+                raise
+            except OSError as e:
+                assert "could not reach" in str(e), e
+        assert fds() == n0, (n0, fds())
+
+    try:
+        run(main())
+    finally:
+        for f in fill + [lst]:
+            f.close()
