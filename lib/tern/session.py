@@ -842,24 +842,28 @@ class Session:
         delivered = False
         n_ids = m.n_sub_ids
         ids = m.sub_ids
-        for s in self._subs:
-            h = s.handler
-            if h is None:
-                continue
-            if n_ids and s.sid:
-                k = min(n_ids, len(ids))
-                while k and ids[k - 1] != s.sid:
-                    k -= 1
-                if not k:
+        try:
+            for s in self._subs:
+                h = s.handler
+                if h is None:
                     continue
-                # identifiers may be shared: the filter must match too
-            if matches_bytes(s.match, m.tbuf, m.topic_start, m.topic_end):
-                h(m)
-                delivered = True
-        if not delivered and self.on_message:
-            self.on_message(m)
-        if q and not manual:
-            self._ack(_PUBACK if q == 1 else _PUBREC, pid, 0, now)
+                if n_ids and s.sid:
+                    k = min(n_ids, len(ids))
+                    while k and ids[k - 1] != s.sid:
+                        k -= 1
+                    if not k:
+                        continue
+                    # identifiers may be shared: the filter must match too
+                if matches_bytes(s.match, m.tbuf, m.topic_start, m.topic_end):
+                    h(m)
+                    delivered = True
+            if not delivered and self.on_message:
+                self.on_message(m)
+        finally:
+            # Acknowledged even when a handler raised (the exception goes on
+            # to the driver's caller): acknowledgements keep arrival order.
+            if q and not manual:
+                self._ack(_PUBACK if q == 1 else _PUBREC, pid, 0, now)
 
     def ack(self, ack_id, now):
         """Manual acknowledgement: the application is done with a message.
