@@ -405,7 +405,7 @@ def mp_lines(tern, umqtt, chumicro):
         "its dictionary of in-flight messages out of the 256 KiB heap).",
         *([] if chu else [
             f"At window 16 Tern ran at {tern['q1_w16'] / chumicro['q1']:.2f}x chumicro-mqtt's rate in this run; both rates",
-            "move by up to a fifth from run to run on this shared machine (0.84x to 1.21x in three runs on",
+            "move by up to a fifth from run to run on this shared machine (0.84x to 1.21x in four runs on",
             "2026-11-22), so neither is ahead. Per message Tern also writes the PUBLISH into its outbox (a",
             "`MemoryStore` here, the path a flash store takes) and keeps the ring that orders resends."]),
         "The received-message figure is not quite 0: when a frame straddles two socket reads the client",
