@@ -556,15 +556,22 @@ SCRIPTS = {
 }
 
 
+async def _until_down(addr, what, **kw):
+    """A client of the scripted broker, connected and then left waiting until
+    it lost the connection: (client, the errors on_disconnect was given)."""
+    downs = []
+    c = Client("scripted", addr[0], addr[1], reconnect=False, **kw)
+    c.on_disconnect = downs.append
+    await c.connect()
+    await until(lambda: downs, what)
+    return c, downs
+
+
 def test_a_broker_that_breaks_the_protocol_is_told_why(scripted_addr):
     # The session queues DISCONNECT 0x94 before it raises; the teardown used
     # to drop it with the write buffer, so the broker never heard why.
     async def main():
-        downs = []
-        c = Client("scripted", scripted_addr[0], scripted_addr[1], version=5, topic_alias_max=2, reconnect=False)
-        c.on_disconnect = downs.append
-        await c.connect()
-        await until(lambda: downs, "the disconnect")
+        c, downs = await _until_down(scripted_addr, "the disconnect", version=5, topic_alias_max=2)
         assert isinstance(downs[0], MQTTError) and downs[0].code == 0x94 and not c.connected, downs
 
     run(main())
@@ -597,11 +604,7 @@ def test_ping_timeout_in_seconds_as_a_float(scripted_addr):
     # which MicroPython's wait_for_ms refuses: the supervisor died, and with
     # it the keepalive and the reconnect; messages() just ended.
     async def main():
-        downs = []
-        c = Client("scripted", scripted_addr[0], scripted_addr[1], keepalive=1, ping_timeout=1.2, reconnect=False)
-        c.on_disconnect = downs.append
-        await c.connect()
-        await until(lambda: downs, "the missing PINGRESP to be noticed")
+        c, downs = await _until_down(scripted_addr, "the missing PINGRESP to be noticed", keepalive=1, ping_timeout=1.2)
         assert "PINGRESP" in str(downs[0]) and not c.connected, downs
         try:
             await asyncio.wait_for(c.messages().__anext__(), T)
