@@ -182,6 +182,9 @@ def test_boot_and_main_run_from_flash_and_files_survive_soft_reset_and_power_cut
     emu.wait_for(r"main\.py ran, files: \['blob.bin', 'boot.py', 'lib', 'main.py'\]", since=m)
     lines = emu.log.texts(m)
     assert lines.index("MPY: soft reboot") < lines.index("boot.py ran")
+    # the old process's REPL banner used to mark this good boot as failed, and a power cycle soon
+    # after, on a loaded machine, then raised "failed to boot"
+    assert not emu._sup.boot_failed.is_set()
     assert emu.read_file("blob.bin") == data
     assert emu.eval("__import__('helper').VALUE") == 17  # /lib is on sys.path
 

@@ -184,6 +184,7 @@ class _Supervisor(threading.Thread):
         self.mode = "raw" if mode == "raw" else "friendly"
         self.swallow = False
         self.acc.clear()
+        self.tail = b""  # the last process's REPL banner is not this one's (it would read as a failed boot)
         self.pending_in.clear()
         self.state = "booting"
         self.cause = cause
@@ -735,6 +736,7 @@ class EmulatedBoard(Board):
             with self._sup.lock:
                 self._boot_args = (cut_at, seed)
                 self._sup.booted.clear()
+                self._sup.boot_failed.clear()  # an earlier boot's, until the new process is spawned
                 killed = self._sup.kill("cycle")
             self._reset_transport()
             if not killed:
