@@ -463,9 +463,7 @@ class Client(_Driver):
     # ------------------------------------------------------------ supervisor
 
     async def _nap(self, ms):
-        # Whole ms: MicroPython's wait_for_ms takes no float (poll() returns
-        # one for a ping_timeout in seconds such as 1.5).
-        await _wait(self._wake, int(ms) if ms >= 1 else 1)
+        await _wait(self._wake, ms if ms > 0 else 1)  # whole ms (MicroPython's wait_for_ms takes no float)
         self._wake.clear()
 
     async def _supervise(self):

@@ -303,7 +303,7 @@ class Client(_Driver):
         now = ticks_ms()
         try:
             s.connect_packet(now)
-            limit = (timeout if timeout is not None else self.connect_timeout) * 1000
+            limit = int((timeout if timeout is not None else self.connect_timeout) * 1000)
             while self._connack is None:
                 left = limit - ticks_diff(ticks_ms(), now)
                 if left <= 0:
@@ -334,7 +334,8 @@ class Client(_Driver):
             return False
         pend = getattr(sock, "pending", None)
         if not (pend and pend()):  # TLS may hold decrypted bytes the socket no longer shows
-            ms = int(ms) if ms > 0 else 0  # MicroPython's poll takes no float
+            if ms < 0:
+                ms = 0
             if MICROPYTHON:
                 for _ in self._poll.ipoll(ms):  # ipoll: no list allocated
                     break

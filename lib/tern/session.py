@@ -388,8 +388,10 @@ class Session:
         if not qos:
             if self.state != CONNECTED:
                 raise NotConnected("not connected: QoS 0 messages are not kept")
-            if self.wait_needed():
-                return WOULD_BLOCK  # keep order behind queued messages
+            # Keep order behind queued messages (and, with a window of 1,
+            # behind the one in flight).
+            if self._unsent or (self._inflight and min(self.window, self.server.get(_P_RECEIVE_MAX, 65535)) == 1):
+                return WOULD_BLOCK
             if self._oalias_cap and not (props and _P_ALIAS in props):
                 # Outbound topic alias (see the class docstring): the
                 # property block for each topic is built once, so a repeat
@@ -449,10 +451,6 @@ class Session:
                 self.connection_lost()
                 self._event(EV_LOST, 0, e)
         return pid
-
-    def wait_needed(self):
-        """True while a QoS 0 publish would have to wait (see publish)."""
-        return bool(self._unsent or (self._inflight and min(self.window, self.server.get(_P_RECEIVE_MAX, 65535)) == 1))
 
     def outbox_full(self):
         return self._n >= len(self._rflags)
@@ -552,7 +550,7 @@ class Session:
         n = len(data)
         off = 0
         while off < n:
-            room = len(self.rx) - self.rx_len
+            room = self.rx_space()
             if room <= 0:
                 # frame_size already bounded the packet; a full buffer with no frame is impossible
                 self._violation(0x95, "receive buffer overflow", now)
@@ -907,7 +905,7 @@ class Session:
         if not ka:
             return 60000
         if self._ping_sent >= 0:
-            limit = self.ping_timeout * 1000 if self.ping_timeout else ka
+            limit = int(self.ping_timeout * 1000) if self.ping_timeout else ka  # whole ms: drivers poll with it
             waited = ticks_diff(now, self._ping_sent)
             if waited >= limit:
                 self.connection_lost()
