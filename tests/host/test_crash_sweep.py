@@ -49,9 +49,12 @@ def test_power_cut_at_sampled_operations_loses_nothing(rig, store):
     assert ops > 300, end  # the workload really writes (and wraps the flash: erases counted in the sweep)
     rng = Rng(sum(map(ord, store)))
     for _ in range(CUTS_PER_STORE):
-        k = 1 + rng.below(ops - 20)
+        # inbound messages arrive on their own timing, so a run's operation count varies: littlefs's by
+        # up to 2.5% run to run (5,621..5,763 measured), the others' not at all; the last tenth is left out
+        k = 1 + rng.below(ops * 9 // 10)
         p = C.Point(store, k, 7 + k, port, tpl.get(store), work).run()
-        assert p.cut_line, "%s k=%d: the power was never cut" % (store, k)
+        assert p.cut_line, "%s k=%d: the power was never cut (%s)" % (
+            store, k, [ln for b in p.boots for ln in b.lines if ln.startswith("END ")])
         assert len(p.boots) == 2
         assert not p.failures, "%s k=%d %s: %s" % (store, k, p.cut_line, p.failures)
         acc = [ln for b in p.boots for ln in b.lines if ln.startswith("ACC ")]
