@@ -553,7 +553,7 @@ class Client(_Driver):
             pid = s.publish(topic, payload, qos, retain, ticks_ms(), props)
             if pid != S.WOULD_BLOCK:
                 break
-            if qos and not self.connected and not self.reconnect:
+            if qos and not self.connected and (self._closing or not self.reconnect):
                 raise OSError("outbox full while offline")
             left = t_ms - ticks_diff(ticks_ms(), start)
             if left <= 0:
@@ -658,8 +658,7 @@ class Client(_Driver):
         return _Messages(self)
 
     def _stop(self):
-        self._closing = True
-        self.reconnect = False
+        self._closing = True  # until connect(): reconnect keeps its setting for then
         sup = self._sup
         self._sup = None
         try:

@@ -170,7 +170,8 @@ class Client(_Driver):
     ssl.SSLContext. `tern.tls.context(ca=path)` makes one that verifies on
     both runtimes (a bare MicroPython SSLContext verifies nothing).
     reconnect: after a lost connection, `loop()` reconnects with exponential
-    backoff and jitter between backoff_min and backoff_max seconds.
+    backoff and jitter between backoff_min and backoff_max seconds; not after
+    close() or disconnect() until connect() is called again.
     Set handlers (on_message, subscribe(handler=...)) before connect():
     a persistent session's queued messages can arrive with the CONNACK.
     """
@@ -182,7 +183,8 @@ class Client(_Driver):
                          reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, opts)
         self.sock = None
         self._next_try = ticks_ms()  # not 0: half a period on, 0 is in the future
-        self._replies = {}
+        self._replies = {}  # pid -> SUBACK/UNSUBACK reason codes, while a call waits for them
+        self._closed = False  # close() or disconnect(): no reconnect until connect()
         # _poll, _connack and _authed are set before use, by connect() and
         # reauthenticate(): a smaller instance until then.
 
@@ -241,9 +243,10 @@ class Client(_Driver):
                 continue
             if ticks_diff(deadline, ticks_ms()) <= 0:
                 raise OSError("send timed out")
-            p = select.poll()
-            p.register(sock, select.POLLOUT)
+            p = self._poll  # the connection's own, for writing a moment: no poll object per wait
+            p.modify(sock, select.POLLOUT)
             p.poll(50)
+            p.modify(sock, select.POLLIN)
 
     # --------------------------------------------------------------- session
 
@@ -259,7 +262,8 @@ class Client(_Driver):
             if self.on_published:
                 self.on_published(a, b)
         elif kind == _EV_SUBACK or kind == _EV_UNSUBACK:
-            self._replies[a] = b
+            if a in self._replies:  # someone waits for it: a late reply to a call that timed out is dropped
+                self._replies[a] = b
         elif kind == _EV_AUTH:
             self._authed = True
         elif kind == _EV_LOST or kind == _EV_DISCONNECT:
@@ -270,6 +274,7 @@ class Client(_Driver):
         """Open the connection and wait for CONNACK; returns session present.
         Raises ConnectError on a refusal, OSError when unreachable."""
         self._drop()
+        self._closed = False
         self._connack = None
         err = None
         for ai in socket.getaddrinfo(self.server, self.port, 0, socket.SOCK_STREAM):
@@ -371,7 +376,7 @@ class Client(_Driver):
             left = timeout_ms - ticks_diff(now, start)
             s = self.session
             if s.state == _DISCONNECTED:
-                if not self.reconnect:
+                if self._closed or not self.reconnect:
                     return False
                 wait = ticks_diff(self._next_try, now)
                 if wait > 0:
@@ -403,23 +408,30 @@ class Client(_Driver):
         # of the SUBACK/UNSUBACK it waited for.
         t = int((timeout if timeout is not None else self.connect_timeout) * 1000)
         s = self.session
+        r = self._replies
         start = ticks_ms()
-        while True:
-            if kind == _ACKED:
-                if not s.is_pending(pid):
+        if kind == _REPLIED:
+            r[pid] = None  # awaited: _on_event fills it in
+        try:
+            while True:
+                if kind == _ACKED:
+                    if not s.is_pending(pid):
+                        return
+                elif kind == _IDLE:
+                    if not s.pending():
+                        return
+                elif kind == _REPLIED:
+                    if r[pid] is not None:
+                        return r[pid]
+                elif self._authed or not s._reauth:  # _AUTHED
                     return
-            elif kind == _IDLE:
-                if not s.pending():
-                    return
-            elif kind == _REPLIED:
-                if pid in self._replies:
-                    return self._replies.pop(pid)
-            elif self._authed or not s._reauth:  # _AUTHED
-                return
-            left = t - ticks_diff(ticks_ms(), start)
-            if left <= 0:
-                raise OSError(what + " timed out")
-            self.loop(left if left < 50 else 50, True)
+                left = t - ticks_diff(ticks_ms(), start)
+                if left <= 0:
+                    raise OSError(what + " timed out")
+                self.loop(left if left < 50 else 50, True)
+        finally:
+            if kind == _REPLIED:
+                r.pop(pid, None)
 
     def publish(self, topic, payload, qos=0, retain=False, props=None, timeout=None):
         """Send a message. QoS 1/2: returns its packet id once the message is
@@ -435,7 +447,7 @@ class Client(_Driver):
             if pid != _WOULD_BLOCK:
                 return pid
             late = ticks_diff(ticks_ms(), start) > t * 1000
-            if late or qos and not self.reconnect and s.state != _CONNECTED:
+            if late or qos and (self._closed or not self.reconnect) and s.state != _CONNECTED:
                 raise OSError("outbox full%s: %d messages await acknowledgement" % ("" if late else " (offline)", s._n))
             self.loop(20, True)
 
@@ -502,6 +514,7 @@ class Client(_Driver):
         self.close()
 
     def close(self):
-        """Drop the connection without DISCONNECT (the broker sends the will)."""
-        self.reconnect = False
+        """Drop the connection without DISCONNECT (the broker sends the will).
+        loop() then stays offline until connect() is called again."""
+        self._closed = True
         self._drop()

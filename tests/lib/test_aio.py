@@ -363,6 +363,12 @@ def test_reconnect_after_the_connection_drops(broker_addr):
         (m,) = await take(c.messages(), 1)
         assert (m.topic, m.payload) == ("rc/in", b"after"), m
         await c.disconnect()
+        # connect() after disconnect() turns reconnection back on (it used to stay off for good)
+        await c.connect()
+        proxy.drop()
+        await until(lambda: proxy.accepted == 4 and c.connected, "the reconnect after connect()")
+        assert ups == [0, 0, 0, 0], ups
+        await c.disconnect()
         await peer.disconnect()
         proxy.stop()
 

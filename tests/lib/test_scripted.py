@@ -6,7 +6,7 @@ deviation. Runs on CPython and MicroPython."""
 from tern.codec import Packet, encode
 from tern.client import Client, ticks_ms, ticks_diff
 from tern.wire import (
-    CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, DISCONNECT, MQTTError)
+    CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, SUBSCRIBE, SUBACK, DISCONNECT, MQTTError)
 from tern import props as P
 from check import MICROPYTHON
 from pump import until
@@ -86,6 +86,13 @@ SCRIPTS = {
     ], 4),
     "test_a_raising_handler_holds_nothing_back_and_acks_keep_their_order": ([
         HELLO + [("send", pub(1, b"boom") + pub(2, b"ok")), ("recv", E(PUBACK, pid=1)), ("recv", E(PUBACK, pid=2))],
+    ], 4),
+    "test_a_late_suback_is_not_taken_for_a_later_subscribe": ([
+        HELLO + [("recv", E(SUBSCRIBE, pid=1, topics=[("a", 1)])), ("stall", 0.5), ("send", E(SUBACK, pid=1, reasons=[1])),
+                 ("recv", E(SUBSCRIBE, pid=2, topics=[("b", 2)])), ("send", E(SUBACK, pid=2, reasons=[2]))],
+    ], 4),
+    "test_connect_after_disconnect_turns_reconnection_back_on": ([
+        HELLO + [("recv", E(DISCONNECT))], HELLO + [("close",)], HELLO,
     ], 4),
 }
 
@@ -291,3 +298,30 @@ def test_a_raising_handler_holds_nothing_back_and_acks_keep_their_order(scripted
     assert raised == ["handler failed"] and got == [b"ok"], (raised, got)
     c.loop(200)  # PUBACK 2 leaves
     assert c.connected
+
+
+def test_a_late_suback_is_not_taken_for_a_later_subscribe(scripted_addr):
+    # A SUBACK that came after its subscribe() timed out used to be kept for good: one entry leaked per
+    # timeout, and a later subscribe given the same packet id (after the ids wrap) returned it at once
+    c = _client(scripted_addr)
+    try:
+        c.subscribe("a", 1, timeout=0.1)
+        raise AssertionError("subscribe() did not time out")
+    except OSError as e:
+        assert "subscribe timed out" in str(e), e
+    c.loop(800)  # the late SUBACK arrives and is dropped
+    assert c._replies == {}, c._replies
+    assert c.subscribe("b", 2, timeout=5) == [2]
+    assert c._replies == {}
+
+
+def test_connect_after_disconnect_turns_reconnection_back_on(scripted_addr):
+    # disconnect() and close() stop loop() from reconnecting; connect() used to leave it stopped for good
+    ups = []
+    c = _client(scripted_addr)
+    c.on_connect = lambda present, reason: ups.append(reason)
+    c.disconnect()
+    assert not c.loop(300) and not ups and not c.connected  # closed: no reconnect
+    c.connect()  # the broker closes this one at once
+    until([c], lambda: len(ups) == 2, 5000, "the reconnect after connect()")
+    assert c.connected and ups == [0, 0], ups
