@@ -177,6 +177,8 @@ class Session:
         self._rxmv = memoryview(self.rx)
         self._tx = bytearray(tx_size)
         self._msg = Message()
+        self._depth = 0  # message handlers under way: >0 while a handler's blocking call reads on
+        self._held = []  # acks of messages read under a handler: they leave after its own (arrival order)
         self._cache = {}  # steady-path allocations made once: see publish
         self._ring = array("H", bytes(2 * max_pending))  # zeroed, without a list of max_pending items
         self._rflags = bytearray(max_pending)
@@ -791,7 +793,9 @@ class Session:
             self._pump(now)
 
     def _on_publish(self, pos, end, now):
-        m = self._msg
+        d = self._depth
+        # Read under a handler that waits: a Message of its own (the handler's stays as it was)
+        m = type(self._msg)() if d else self._msg
         rx = self.rx
         v = self.version
         pkt.parse_publish(m, rx, pos, end, v)
@@ -822,24 +826,31 @@ class Session:
         q = m.qos
         pid = m.pid
         st = self.store
+        t = _PUBACK if q == 1 else _PUBREC
         if q == 2 and st.in_has(pid):
             # A repeat of a message already delivered: answer, do not deliver.
             if self._inq is not None:
                 self._inq.append([pid, _PUBREC, 0])
                 self.ack(0, now)
+            elif d:
+                self._held.append(pid << 4 | t)
             else:
                 self._ack(_PUBREC, pid, 0, now)
             return
         manual = self._inq is not None and q
         if manual:  # acknowledged by ack(), in arrival order
-            self._inq.append([pid, _PUBACK if q == 1 else _PUBREC, -1])
-        elif q == 2:
-            st.in_add(pid)
+            self._inq.append([pid, t, -1])
+        elif q:
+            if q == 2:
+                st.in_add(pid)
+            if d:  # its ack waits for the handler under way: slot taken now, in arrival order
+                self._held.append(pid << 4 | t)
         # Dispatch to the handler of each matching subscription; with
         # subscription identifiers, only those the message carries.
         delivered = False
         n_ids = m.n_sub_ids
         ids = m.sub_ids
+        self._depth = d + 1
         try:
             for s in self._subs:
                 h = s.handler
@@ -859,9 +870,16 @@ class Session:
                 self.on_message(m)
         finally:
             # Acknowledged even when a handler raised (the exception goes on
-            # to the driver's caller): acknowledgements keep arrival order.
-            if q and not manual:
-                self._ack(_PUBACK if q == 1 else _PUBREC, pid, 0, now)
+            # to the driver's caller): acknowledgements keep arrival order,
+            # so those of messages read meanwhile follow this one's.
+            self._depth = d
+            if not d:
+                if q and not manual:
+                    self._ack(t, pid, 0, now)
+                h = self._held
+                while h:
+                    a = h.pop(0)
+                    self._ack(a & 15, a >> 4, 0, now)
 
     def ack(self, ack_id, now):
         """Manual acknowledgement: the application is done with a message.
@@ -932,5 +950,6 @@ class Session:
         self._inflight = 0
         self._ping_sent = -1
         self._reauth = False
+        del self._held[:]  # for the old connection: the broker sends those messages again
         if self._inq is not None:
             self._inq = []

@@ -94,6 +94,13 @@ SCRIPTS = {
     "test_connect_after_disconnect_turns_reconnection_back_on": ([
         HELLO + [("recv", E(DISCONNECT))], HELLO + [("close",)], HELLO,
     ], 4),
+    "test_messages_read_under_a_waiting_handler_keep_the_handlers_message_and_ack_order": ([
+        HELLO + [("send", pub(7, b"req", topic="req")), ("recv", pub(1, b"ans", topic="ans")),
+                 ("send", pub(8, b"other", topic="other") + pub(9, b"two", qos=2, topic="other")
+                  + pub(0, b"zero", qos=0, topic="other") + E(PUBACK, pid=1)),
+                 ("recv", E(PUBACK, pid=7)), ("recv", E(PUBACK, pid=8)), ("recv", E(PUBREC, pid=9)),
+                 ("send", E(PUBREL, pid=9)), ("recv", E(PUBCOMP, pid=9))],
+    ], 4),
 }
 
 
@@ -261,7 +268,7 @@ def test_a_handler_that_waits_while_the_receive_buffer_fills(scripted_addr):
             noise.append(bytes(m.payload[:3]))
             return
         req = bytes(m.payload)
-        view = m.payload  # into the receive buffer (m itself is refilled by the messages read meanwhile)
+        view = m.payload  # into the receive buffer: its bytes stay where they were
         c.wait_published(c.publish("ans", b"ans", 1), 5)
         answered.append((req, bytes(view)))  # the request's bytes are still where they were
 
@@ -325,3 +332,25 @@ def test_connect_after_disconnect_turns_reconnection_back_on(scripted_addr):
     c.connect()  # the broker closes this one at once
     until([c], lambda: len(ups) == 2, 5000, "the reconnect after connect()")
     assert c.connected and ups == [0, 0], ups
+
+
+def test_messages_read_under_a_waiting_handler_keep_the_handlers_message_and_ack_order(scripted_addr):
+    # A handler publishes and waits; messages read meanwhile used to refill the handler's own Message
+    # (its topic and pid changed under it) and had their PUBACK/PUBREC sent before the handler's own
+    # message was acknowledged (MQTT 4.6: acknowledgements in the order the messages arrived)
+    seen, after = [], []
+
+    def on_message(m):
+        seen.append((m.topic, bytes(m.payload), m.pid))
+        if m.topic == "req":
+            c.wait_published(c.publish("ans", b"ans", 1), 5)
+            after.append((m.topic, bytes(m.payload), m.pid, m.qos))
+
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1])
+    c.on_message = on_message
+    c.connect()
+    until([c], lambda: after, 5000, "the handler's wait")
+    c.loop(300)
+    assert after == [("req", b"req", 7, 1)], after
+    assert seen == [("req", b"req", 7), ("other", b"other", 8), ("other", b"two", 9), ("other", b"zero", 0)], seen
+    assert c.connected and not c.session.pending()
