@@ -8,6 +8,7 @@ A script is a list of connections; each connection a list of steps:
   ("send", bytes)   send these bytes to the client
   ("close",)        drop the connection
   ("stall", s)      read nothing for s seconds (a broker whose socket fills up)
+  ("quiet", s)      the client must send nothing for s seconds
 After its last step a connection stays open until the client closes it.
 Mismatches are collected in `errors`; `complete` says every step was played.
 """
@@ -90,6 +91,14 @@ class ScriptedBroker:
                         break
                     elif step[0] == "stall":
                         self._stop.wait(step[1])
+                    elif step[0] == "quiet":
+                        conn.settimeout(step[1])
+                        got = self._read_packet(conn, buf)
+                        conn.settimeout(READ_TIMEOUT)
+                        if got is not None or buf:
+                            self.errors.append(f"{where}: expected nothing for {step[1]} s, got "
+                                               f"{_describe(got or bytes(buf), self.version)}")
+                            return
                     else:
                         got = self._read_packet(conn, buf)
                         if got is None:

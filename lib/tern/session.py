@@ -137,6 +137,7 @@ class Session:
             store = MemoryStore()
         self.store = store
         self.window = window
+        self._limit = window  # what may be in flight: the window, capped by the server's Receive Maximum
         # What CONNECT carries besides keepalive and client_id (which the
         # server may change in CONNACK); its properties are connect_props as
         # given plus what the session announces (MQTT 5).
@@ -312,7 +313,7 @@ class Session:
             return
         st = self.store
         st.commit()  # write-ahead: durable before the first byte leaves (group commit)
-        limit = min(self.window, self.server.get(_P_RECEIVE_MAX, 65535))
+        limit = self._limit
         tx = self._tx
         flags = self._rflags
         i = self._head
@@ -392,7 +393,7 @@ class Session:
                 raise NotConnected("not connected: QoS 0 messages are not kept")
             # Keep order behind queued messages (and, with a window of 1,
             # behind the one in flight).
-            if self._unsent or (self._inflight and min(self.window, self.server.get(_P_RECEIVE_MAX, 65535)) == 1):
+            if self._unsent or (self._inflight and self._limit == 1):
                 return WOULD_BLOCK
             if self._oalias_cap and not (props and _P_ALIAS in props):
                 # Outbound topic alias (see the class docstring): the
@@ -647,6 +648,7 @@ class Session:
             self.shared_ok = g(_P_SHARED_OK, 1) == 1
             self.client_id = g(_P_ASSIGNED_ID, self.client_id)
             self.keepalive = g(_P_SERVER_KEEPALIVE, self.keepalive)
+            self._limit = min(self.window, g(_P_RECEIVE_MAX, 65535))
             # Topic aliases, both ways, start afresh on every connection.
             self._aliases = self._oalias = None
             c = g(_P_ALIAS_MAX, 0)

@@ -101,6 +101,14 @@ SCRIPTS = {
                  ("recv", E(PUBACK, pid=7)), ("recv", E(PUBACK, pid=8)), ("recv", E(PUBREC, pid=9)),
                  ("send", E(PUBREL, pid=9)), ("recv", E(PUBCOMP, pid=9))],
     ], 4),
+    "test_the_servers_receive_maximum_caps_the_window": ([
+        [("recv_type", CONNECT), ("send", E(CONNACK, 5, props={P.RECEIVE_MAXIMUM: 2}))]
+        + [("recv", pub(1, b"0", v=5)), ("recv", pub(2, b"1", qos=2, v=5)), ("quiet", 0.3),
+           ("send", E(PUBACK, 5, pid=1)), ("recv", pub(3, b"2", v=5)), ("quiet", 0.3),
+           ("send", E(PUBREC, 5, pid=2)), ("recv", E(PUBREL, 5, pid=2)), ("quiet", 0.3),
+           ("send", E(PUBCOMP, 5, pid=2)), ("recv", pub(4, b"3", v=5)),
+           ("send", E(PUBACK, 5, pid=3) + E(PUBACK, 5, pid=4))],
+    ], 5),
 }
 
 
@@ -354,3 +362,12 @@ def test_messages_read_under_a_waiting_handler_keep_the_handlers_message_and_ack
     assert after == [("req", b"req", 7, 1)], after
     assert seen == [("req", b"req", 7), ("other", b"other", 8), ("other", b"two", 9), ("other", b"zero", 0)], seen
     assert c.connected and not c.session.pending()
+
+
+def test_the_servers_receive_maximum_caps_the_window(scripted_addr):
+    # window 16, the server's CONNACK says Receive Maximum 2: never more than 2 QoS 1/2 messages
+    # unacknowledged (a PUBREL in flight still counts), the rest waits its turn, in order
+    c = _client(scripted_addr, version=5, window=16)
+    for i, q in ((0, 1), (1, 2), (2, 1), (3, 1)):
+        c.publish("t", b"%d" % i, q)
+    until([c], lambda: not c.session.pending(), 5000, "all four acknowledged")
