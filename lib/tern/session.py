@@ -138,10 +138,11 @@ class Session:
         self.store = store
         self.window = window
         self._limit = window  # what may be in flight: the window, capped by the server's Receive Maximum
-        # What CONNECT carries besides keepalive and client_id (which the
-        # server may change in CONNACK); its properties are connect_props as
+        # What CONNECT carries besides client_id (which the server may assign
+        # in CONNACK), keepalive last: a CONNACK's Server Keep Alive replaces
+        # self.keepalive for that connection only; its properties are connect_props as
         # given plus what the session announces (MQTT 5).
-        self._conn = (clean, username, password, will_topic, will_payload, will_qos, will_retain, will_props)
+        self._conn = (clean, username, password, will_topic, will_payload, will_qos, will_retain, will_props, keepalive)
         props = dict(connect_props) if connect_props else {}
         if version == _V5:
             if session_expiry:
@@ -245,6 +246,16 @@ class Session:
             k -= 1
         return -1
 
+    def _free(self, i):
+        # Release ring slot i and its record; trim released slots off the head.
+        ring = self._ring
+        self.store.release(ring[i])
+        ring[i] = 0
+        self._rflags[i] = 0
+        while self._n and ring[self._head] == 0:
+            self._head = (self._head + 1) % len(self._rflags)
+            self._n -= 1
+
     def pending(self):
         """Packet identifiers of everything not yet acknowledged, in send order."""
         out = []
@@ -299,9 +310,10 @@ class Session:
         self.state = _CONNECTING
         self._ping_sent = -1
         self._reauth = False
-        c, u, pw, wt, wp, wq, wr, wprops = self._conn
+        c, u, pw, wt, wp, wq, wr, wprops, ka = self._conn
+        self.keepalive = ka
         self._packet(Packet(
-            _CONNECT, version=self.version, clean=c, keepalive=self.keepalive, client_id=self.client_id,
+            _CONNECT, version=self.version, clean=c, keepalive=ka, client_id=self.client_id,
             props=self.connect_props, username=u, password=pw, will_topic=wt, will_payload=wp, will_qos=wq,
             will_retain=wr, will_props=wprops), now)
 
@@ -386,8 +398,10 @@ class Session:
         if hlen > len(tx):
             raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(tx))
         mx = self.server.get(_P_MAX_PACKET, 268435460)
-        if hlen + plen > mx:
-            raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (hlen + plen, mx))
+        n = hlen - (5 if qos else 7) + plen  # the remaining length (a maximum comes only from MQTT 5)
+        n += 2 if n < 128 else 3 if n < 16384 else 4 if n < 2097152 else 5  # and the fixed header
+        if n > mx:
+            raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (n, mx))
         if not qos:
             if self.state != CONNECTED:
                 raise NotConnected("not connected: QoS 0 messages are not kept")
@@ -637,8 +651,11 @@ class Session:
                 self.state = DISCONNECTED
                 self._event(EV_CONNACK, False, p)
                 return
+            sp = p.session_present
+            if sp and self._conn[0]:  # [MQTT-3.2.2-1] (3.1.1), [MQTT-3.2.2-2] and -4 (5.0)
+                self._violation(_PROTOCOL_ERROR, "session present after a clean start", now)
             self.state = CONNECTED
-            self.session_present = sp = p.session_present
+            self.session_present = sp
             self.server = props = p.props or {}
             g = props.get
             self.max_qos = g(_P_MAX_QOS, 2)
@@ -667,16 +684,36 @@ class Session:
             # goes after the resends, once.
             self._inflight = 0
             self._unsent = 0
+            # A message stored before this CONNACK said what the server takes
+            # (offline, or for another server) that breaks its Maximum Packet
+            # Size, Maximum QoS or Retain Available would only get the
+            # connection closed, again after every reconnect, with everything
+            # behind it waiting: it is given back refused (EV_PUBLISHED 0x95,
+            # 0x9B, 0x9A), as a PUBACK refusing it would.
+            mx = g(_P_MAX_PACKET, 0)
+            chk = mx or self.max_qos < 2 or not self.retain_ok
+            refused = []
+            st = self.store
             i = self._head
             for _ in range(self._n):
                 pid = self._ring[i]
                 if pid:
                     f = self._rflags[i] & ~_SENT
                     if f & _MARKED and not sp:
-                        self.store.unmark(pid)
+                        st.unmark(pid)
                         f &= ~_MARKED
-                    self._rflags[i] = f
-                    self._unsent += 1
+                    r = 0
+                    if chk and not f & (_MARKED | _CTRL):
+                        st.read(pid, 0, self._tx)
+                        b = self._tx[0]
+                        r = 0x95 if mx and st.size(pid) > mx else 0x9B if (b >> 1) & 3 > self.max_qos else (
+                            0x9A if b & 1 and not self.retain_ok else 0)
+                    if r:
+                        self._free(i)
+                        refused.append(pid << 8 | r)
+                    else:
+                        self._rflags[i] = f
+                        self._unsent += 1
                 i = (i + 1) % len(self._rflags)
             resent = self._unsent
             # Subscriptions go (again) to a broker without our session, and,
@@ -690,6 +727,8 @@ class Session:
                 if sp:
                     self._ctrl(_UNSUBSCRIBE, f, None, None, now)
             self._gone = []
+            for r in refused:
+                self._event(EV_PUBLISHED, r >> 8, r & 255)
             self._pump(now)
             if self.state == CONNECTED:  # not when a resend found the connection dead
                 self._event(EV_CONNACK, sp, p)
@@ -779,14 +818,7 @@ class Session:
             done = not f & _QOS2 if t == _PUBACK else f & _QOS2 and (t == _PUBREC or f & _MARKED)
         if not done:
             return
-        st.release(pid)
-        # Release ring slot i; trim released slots off the head.
-        ring = self._ring
-        ring[i] = 0
-        self._rflags[i] = 0
-        while self._n and ring[self._head] == 0:
-            self._head = (self._head + 1) % len(self._rflags)
-            self._n -= 1
+        self._free(i)
         if t > _PUBCOMP:
             self._event(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, pid, reason)
         else:

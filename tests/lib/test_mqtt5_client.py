@@ -3,10 +3,10 @@ end against Mosquitto: outbound topic aliases, enhanced authentication (AUTH)
 with re-authentication and refusals, and the server capabilities a CONNACK
 announces (enforced before anything is sent). Runs on CPython and MicroPython."""
 
-from check import raises
+from check import raises, MICROPYTHON
 from pump import client, until, collect
 from tern.codec import Packet, encode
-from tern.client import Client, ConnectError
+from tern.client import Client, ConnectError, ticks_ms
 from tern.wire import MQTTError, CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK, DISCONNECT, AUTH
 
 MP_TIMEOUT = 240
@@ -32,6 +32,7 @@ def hello(caps=None):
 # Maximum Packet Size property is the same on both runtimes).
 AUTH_CONNECT = E(CONNECT, version=5, client_id="auth", props={0x15: "TEST", 0x16: b"c1", 0x27: 4096})
 M = {0x15: "TEST"}
+KA_CONNECT = E(CONNECT, version=5, client_id="scripted", keepalive=30, props={0x27: 4096})
 
 SCRIPTS = {
     "test_outbound_aliases_bytes": ([
@@ -89,6 +90,11 @@ SCRIPTS = {
             ("send", E(PUBACK, pid=2)),
             ("send", pub("a/b", b"to-handler")),  # no identifier: dispatch by topic
         ],
+    ], 5),
+    "test_server_keep_alive_holds_for_its_connection_only": ([
+        [("recv", KA_CONNECT), ("send", E(CONNACK, props={0x13: 1})), ("recv", b"\xc0\x00"),
+         ("send", b"\xd0\x00"), ("close",)],
+        [("recv", KA_CONNECT), ("send", E(CONNACK))],  # our own keep alive again
     ], 5),
 }
 SCRIPTS["test_aio_enhanced_auth_and_reauthentication"] = SCRIPTS["test_enhanced_auth_exchange_and_reauthentication"]
@@ -229,3 +235,60 @@ def test_outbound_aliases_against_mosquitto(broker_addr):
     assert [g[1] for g in got] == [b"%d" % i for i in range(len(topics))], got
     pub.disconnect()
     sub.disconnect()
+
+
+
+if not MICROPYTHON:  # the fixture runs on CPython only; MicroPython gets its value
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def limited_addr(tmp_path_factory):
+        """A Mosquitto whose CONNACK says Maximum QoS 1, Retain Available 0, Maximum Packet Size 200."""
+        from ternlab.broker import Broker
+
+        b = Broker(tmp_path_factory.mktemp("limited"),
+                   extra=["max_qos 1", "retain_available false", "max_packet_size 200"]).start()
+        yield [b.host, b.port]
+        b.stop()
+
+
+def test_stored_messages_the_server_cannot_take_are_refused_not_resent_forever(limited_addr):
+    # Messages stored offline (before any CONNACK said what the server takes) that break its Maximum QoS,
+    # Retain Available or Maximum Packet Size (MQTT 5 3.2.2.3.4-6) were sent as they were: Mosquitto
+    # disconnected, the client reconnected and sent them again, for ever, and nothing behind them left.
+    # They are now given back refused (0x9B, 0x9A, 0x95), as a PUBACK refusal would, and the rest goes.
+    got, done = [], []
+    sub = client(limited_addr, "sub", version=5)
+    sub.subscribe("lim/#", 1, handler=collect(got))
+    c = Client("lim-%d" % ticks_ms(), server=limited_addr[0], port=limited_addr[1], version=5, clean=False,
+               session_expiry=60, backoff_min=0.02, backoff_max=0.1)
+    c.on_published = lambda pid, reason: done.append((pid, reason))
+    ids = [c.publish("lim/q2", b"q2", 2), c.publish("lim/ret", b"ret", 1, True),
+           c.publish("lim/big", b"b" * 300, 1), c.publish("lim/ok", b"ok", 1)]
+    until([c, sub], lambda: got, 5000, "the message the server can take")  # loop() connects
+    c.loop(200)
+    assert c.connected and not c.session.pending(), c.last_error
+    assert sorted(done) == sorted(zip(ids, (0x9B, 0x9A, 0x95, 0))), done
+    assert got == [("lim/ok", b"ok", 1, False)], got
+    # Now that the limits are known they are checked before anything is stored; a packet of exactly
+    # the maximum goes (the estimate used to refuse packets up to 5 bytes short of it)
+    e = raises(ValueError, c.publish, "lim/big", b"b" * 186, 1)  # 201 bytes
+    assert "201 bytes" in str(e) and "maximum packet size 200" in str(e), str(e)
+    c.wait_published(c.publish("lim/big", b"b" * 185, 1), 5)  # 200 bytes
+    c.publish("lim/big", b"b" * 187, 0)  # QoS 0, no packet id: 200 bytes too
+    until([c, sub], lambda: len(got) == 3, 5000, "the two messages of 200 bytes")
+    assert c.connected and [g[2] for g in got] == [1, 1, 0], got
+    c.disconnect()
+    sub.disconnect()
+
+
+def test_server_keep_alive_holds_for_its_connection_only(scripted_addr):
+    # A CONNACK's Server Keep Alive replaces ours on that connection (MQTT 5 3.2.2.3.14, [MQTT-3.2.2-21]);
+    # it used to overwrite the client's setting, so every later CONNECT, to any server, asked for it
+    ups = []
+    c = _client(scripted_addr, keepalive=30, rx_size=4096)
+    c.on_connect = lambda sp, rc: ups.append(rc)
+    assert c.session.keepalive == 1
+    until([c], lambda: ups, 5000, "the reconnection")  # after a PINGREQ a second in
+    assert c.connected and c.session.keepalive == 30
+    c.disconnect()

@@ -8,7 +8,7 @@ from tern.client import Client, ticks_ms, ticks_diff
 from tern.wire import (
     CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, SUBSCRIBE, SUBACK, DISCONNECT, MQTTError)
 from tern import props as P
-from check import MICROPYTHON
+from check import MICROPYTHON, raises
 from pump import until
 
 
@@ -109,6 +109,9 @@ SCRIPTS = {
            ("send", E(PUBCOMP, 5, pid=2)), ("recv", pub(4, b"3", v=5)),
            ("send", E(PUBACK, 5, pid=3) + E(PUBACK, 5, pid=4))],
     ], 5),
+    "test_session_present_after_a_clean_start_closes_the_connection": ([
+        RESUME + [("close",)],  # the client must hang up: its subscriptions would never be sent again
+    ], 4),
 }
 
 
@@ -304,10 +307,14 @@ def test_a_raising_handler_holds_nothing_back_and_acks_keep_their_order(scripted
     c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1])
     c.on_message = on_message
     raised = []
+    try:
+        c.connect()  # the messages may come with the CONNACK: the exception then leaves connect()
+    except ValueError as e:
+        raised.append(str(e))
     start = ticks_ms()
     while not got and ticks_diff(ticks_ms(), start) < 3000:
         try:
-            c.loop(5) if raised else c.connect()  # the messages may come with the CONNACK
+            c.loop(5)
         except ValueError as e:
             raised.append(str(e))
     assert raised == ["handler failed"] and got == [b"ok"], (raised, got)
@@ -371,3 +378,13 @@ def test_the_servers_receive_maximum_caps_the_window(scripted_addr):
     for i, q in ((0, 1), (1, 2), (2, 1), (3, 1)):
         c.publish("t", b"%d" % i, q)
     until([c], lambda: not c.session.pending(), 5000, "all four acknowledged")
+
+
+def test_session_present_after_a_clean_start_closes_the_connection(scripted_addr):
+    # A CONNACK with session present = 1 answering a clean session breaks [MQTT-3.2.2-1] (3.1.1; MQTT 5:
+    # [MQTT-3.2.2-2], and the client MUST close, [MQTT-3.2.2-4]). It used to be taken as the broker's
+    # word: subscriptions made on an earlier connection, which a clean start drops, were not sent again.
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], reconnect=False)
+    e = raises(MQTTError, c.connect)
+    assert e.code == 0x82 and "session present" in str(e), e
+    assert not c.connected
