@@ -154,6 +154,9 @@ def test_audit_exit_status(spark, fleet_set, tmp_path, capsys):
     (["audit", "/nonexistent/landing", "--out", "/tmp/x"], "landing path not found: /nonexistent"),
     (["audit", ".", "--out", "/tmp/x", "--ledger", "/nonexistent/ledger"], "ledger path not found"),
     (["audit", ".", "--out", "/tmp/x", "--conf", "spark.foo"], "--conf expects key=value"),
+    # Spark's own failure here is a Python traceback about the Java gateway, and status 1 (= FAIL)
+    (["audit", ".", "--out", "/tmp/x", "--master", "banana"],
+     "--master 'banana' is not a Spark master URL"),
 ])
 def test_bad_input_is_one_clear_line(argv, needle, capsys):
     assert cli.main(argv) == 2
@@ -191,3 +194,93 @@ def test_java_missing_or_old_is_one_clear_line(tmp_path, how):
     if how == "java-11":
         assert "found Java 11" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+# --- malformed and empty landing sets (real Parquet files, as a copy or another tool could leave) ---
+
+def _land(root, name, rows, drop=(), nullable=False, sub="date=2024-05-01/hour=00"):
+    """Write one landing file with pyarrow: ``rows`` of QoS 1 seqs, ``drop``: columns left out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ternlab.pipeline.landing import LANDING_ARROW
+
+    sch = pa.schema([f.with_nullable(True) for f in LANDING_ARROW]) if nullable else LANDING_ARROW
+    full = [{"device": "d", "boot": 1, "seq": s, "qos": 1, "topic": "t", "sent_ts": 1.7e9,
+             "recv_ts": 1.7e9 + 1 + (s or 0), "recv_idx": s, "collector": "c", "readings": [],
+             "payload_raw": None, **extra} for s, extra in rows]
+    t = pa.Table.from_pylist(full, schema=sch).drop_columns(list(drop))
+    d = root / sub
+    d.mkdir(parents=True, exist_ok=True)
+    pq.write_table(t, str(d / name))
+    return str(d / name)
+
+
+@pytest.mark.parametrize("case", ["file-without-seq", "null-qos", "negative-seq"])
+def test_unusable_landing_rows_are_an_error_not_a_hidden_loss(spark, tmp_path, case):
+    # seq 2 is lost. The bad rows used to make a "message" of their own (null or -1 seq) that made
+    # unique == expected: a false "0 lost", verdict PASS (a file without the column reads as null).
+    _land(tmp_path, "part-c-1.parquet", [(0, {}), (1, {}), (3, {}), (4, {})])
+    if case == "file-without-seq":
+        bad = _land(tmp_path, "part-c-2.parquet", [(7, {})], drop=["seq"])
+        why = "seq=null"
+    elif case == "null-qos":
+        bad = _land(tmp_path, "part-c-2.parquet", [(5, {"qos": None})], nullable=True)
+        why = "qos=null"
+    else:
+        bad = _land(tmp_path, "part-c-2.parquet", [(-1, {})])
+        why = "seq=-1"
+    with pytest.raises(audit.PipelineError) as e:
+        audit.run_audit(spark, str(tmp_path), str(tmp_path / "out"))
+    msg = str(e.value)
+    assert msg.startswith("1 landing row(s) are unusable: " + why), msg
+    assert msg.endswith(bad), msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_unusable_ledger_row_is_one_clear_line(spark, tmp_path, capsys):
+    _land(tmp_path / "land", "part-c-1.parquet", [(0, {}), (1, {})])
+    led = tmp_path / "ledger.jsonl"
+    led.write_text('{"device": "d", "boot": 1, "seq": 0, "qos": 1}\n{"device": "d", "boot": 1, "seq": 1}\n')
+    assert cli.main(["audit", str(tmp_path / "land"), "--out", str(tmp_path / "o"),
+                     "--ledger", str(led)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"tern audit: error: 1 ledger row(s) are unusable: qos=null (device, boot, seq, "
+                   f"qos must be present, not negative, qos 0..2); first in file://{led}"]
+
+
+def test_a_file_spark_cannot_read_is_named_in_one_line(spark, tmp_path, capsys):
+    _land(tmp_path, "part-c-1.parquet", [(0, {})])
+    junk = tmp_path / "date=2024-05-01" / "hour=00" / "part-c-2.parquet"
+    junk.write_bytes(b"garbage")
+    assert cli.main(["audit", str(tmp_path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tern audit: error: "), err
+    # was "Py4JJavaError: An error occurred while calling o1132.parquet."
+    assert f"{junk} is not a Parquet file" in err[0] and "FAILED_READ_FILE" in err[0], err
+
+
+def test_empty_landing_is_an_error_not_a_pass(spark, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    # only quarantined payloads, no partitions yet: these were read as landing rows (a crash)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ternlab.pipeline.landing import QUARANTINE_ARROW
+
+    q = tmp_path / "qonly" / "quarantine" / "date=2024-05-01" / "hour=00"
+    q.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{"payload_raw": b"x", "reason": "payload is not JSON",
+                                          "recv_ts": 1.7e9, "topic": "t", "collector": "c"}],
+                                        schema=QUARANTINE_ARROW), str(q / "q-c-1.parquet"))
+    for name in ("empty", "qonly"):
+        assert cli.main(["audit", str(tmp_path / name), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"tern audit: error: no landing rows under {tmp_path / name}: nothing to audit "
+                       "(give --ledger to count everything as lost)"], err
+    # with a ledger, an empty landing set is a loss of everything the ledger lists
+    led = tmp_path / "ledger.jsonl"
+    led.write_text('{"device": "d", "boot": 1, "seq": 0, "qos": 1}\n')
+    s = audit.run_audit(spark, str(tmp_path / "qonly"), str(tmp_path / "o"), ledger=str(led))
+    assert (s["totals"]["lost"], s["totals"]["received"], s["quarantined"]) == (1, 0, 1)
+    assert not s["verdict"]["ok"]

@@ -98,3 +98,23 @@ def test_rollup_bad_arguments(spark, small_set, extra, needle, capsys):
     assert cli.main(["rollup", g.landing, "--out", str(root / "bad")] + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+def test_rows_without_their_key_are_an_error_not_merged(spark, tmp_path, capsys):
+    # a file without the seq column reads as seq null: the deduplication took all its rows for one
+    # message and silently dropped the readings of the others
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ternlab.pipeline.landing import LANDING_ARROW
+
+    rows = [{"device": "d", "boot": 1, "seq": s, "qos": 1, "recv_ts": 1.7e9 + s,
+             "readings": [("temp", float(s))]} for s in range(3)]
+    d = tmp_path / "date=2023-11-14" / "hour=22"
+    d.mkdir(parents=True)
+    bad = str(d / "part-c-1.parquet")
+    pq.write_table(pa.Table.from_pylist(rows, schema=LANDING_ARROW).drop_columns(["seq"]), bad)
+    assert cli.main(["rollup", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tern rollup: error: 3 landing row(s) are unusable: "
+                                               "seq=null") and err[0].endswith(bad), err

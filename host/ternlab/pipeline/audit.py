@@ -23,6 +23,10 @@ Definitions (one *message* is a distinct ``(device, boot, qos, seq)``; a *copy* 
 
 Verdict: fails when any QoS >= 1 message is lost or any QoS 2 message is duplicated.
 
+Input that cannot be audited is an error, never a silent result: a landing or ledger row without a
+usable key (device, boot, seq >= 0, qos 0..2; landing: recv_ts) -- such a row would count as a
+message of its own and hide a loss -- and a landing set with no rows and no ledger.
+
 Everything runs as Spark transformations: one shuffle of the landing rows by stream, one sort that
 serves both the per-message aggregation and the ordering window, one aggregation per device and QoS
 (sums and a latency sketch), and the QoS and total levels re-aggregated from those rows. Only the
@@ -65,9 +69,47 @@ def read_landing(spark: SparkSession, root: str) -> DataFrame:
     if parts:
         # the quarantine/ directory beside the partitions must not take part in partition discovery
         df = reader.option("basePath", root).parquet(*parts)
+    elif path_exists(spark, join(root, schema.QUARANTINE_DIR)):
+        # no partitions yet (or a flat copy): still never read quarantined payloads as landing rows
+        rest = [p for p in glob_paths(spark, join(root, "*"))
+                if p.rstrip("/").rsplit("/", 1)[-1] != schema.QUARANTINE_DIR
+                and not p.rstrip("/").rsplit("/", 1)[-1].startswith((".", "_"))]
+        df = (reader.parquet(*rest) if rest
+              else spark.createDataFrame([], schema.landing_schema()))
     else:
         df = reader.parquet(root)
     return df.select(*schema.LANDING_FIELDS)
+
+
+def _why_invalid(fields) -> "F.Column":
+    """Why a landing or ledger row cannot be audited (null when it can). A missing key would make
+    a message of its own (a row without ``seq`` fills a gap and hides a loss); a column missing from
+    a file reads as null. ``fields`` are the columns checked, each named in the reason."""
+    c = F.col
+    checks = {
+        "device": c("device").isNull() | (c("device") == ""),
+        "boot": c("boot").isNull() | (c("boot") < 0),
+        "seq": c("seq").isNull() | (c("seq") < 0),
+        "qos": c("qos").isNull() | ~c("qos").isin(*schema.QOS_LEVELS),
+        "recv_ts": c("recv_ts").isNull() | F.isnan("recv_ts"),
+    }
+    return F.coalesce(*[F.when(checks[f], F.concat(F.lit(f"{f}="), F.coalesce(
+        c(f).cast("string"), F.lit("null")))) for f in fields])
+
+
+def check_rows(df: DataFrame, what: str, fields) -> None:
+    """Raise PipelineError naming the first unusable row (its file, the column and value) and how
+    many there are; return quietly when every row is usable. Bad rows are never dropped silently."""
+    why = _why_invalid(fields)
+    bad = df.select(why.alias("why"), F.input_file_name().alias("file")).filter(
+        F.col("why").isNotNull())
+    first = bad.limit(1).collect()
+    if first:
+        n = bad.count()
+        raise PipelineError(
+            f"{n} {what} row(s) are unusable: {first[0]['why']} (device, boot, seq, qos must be "
+            f"present, not negative, qos 0..2{', recv_ts a number' if 'recv_ts' in fields else ''}); "
+            f"first in {first[0]['file'] or '(unknown file)'}")
 
 
 def count_quarantine(spark: SparkSession, root: str) -> int:
@@ -245,6 +287,13 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
     t0 = time.monotonic()
     land = read_landing(spark, landing)
     led = read_ledger(spark, ledger, ledger_fmt) if ledger else None
+    check_rows(land, "landing", ("device", "boot", "seq", "qos", "recv_ts"))
+    if led is not None:
+        check_rows(led, "ledger", ("device", "boot", "seq", "qos"))
+    elif not land.take(1):
+        # nothing received and nothing expected: a PASS would hide a collector writing elsewhere
+        raise PipelineError(f"no landing rows under {landing}: nothing to audit (give --ledger to "
+                            "count everything as lost)")
     result = audit_frame(land, led).cache()
     try:
         devices = (result.filter(F.col("level") == "device").select(*RESULT_COLS)
@@ -268,7 +317,7 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
         "note": None if ledger else TAIL_NOTE,
         "devices": n_devices,
         "quarantined": count_quarantine(spark, landing),
-        "totals": total or {c: 0 for c in COUNT_COLS},
+        "totals": {**(total or {}), **{c: (total or {}).get(c) or 0 for c in COUNT_COLS}},
         "per_qos": per_qos,
         "verdict": verdict(per_qos),
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

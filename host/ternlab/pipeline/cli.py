@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .session import PipelineError, build_session, check_local_input, parse_confs
+from .session import PipelineError, build_session, check_local_input, parse_confs, spark_error_line
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -26,6 +26,8 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
 
 
 def _one_line(e: BaseException) -> str:
+    if type(e).__name__ == "Py4JJavaError":  # its first line is "An error occurred while calling o12.x"
+        return spark_error_line(e)
     text = str(e).strip() or type(e).__name__
     return text.splitlines()[0]
 
@@ -44,6 +46,10 @@ def _runner(name: str, job):
             spark = build_session(f"tern-{name}", args.master, confs)
         except PipelineError as e:
             print(f"tern {name}: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except Exception as e:  # Spark could not start (an unreachable master, a bad --conf): not a FAIL
+            print(f"tern {name}: error: cannot start Spark: {type(e).__name__}: {_one_line(e)}",
+                  file=sys.stderr)
             return EXIT_USAGE
         try:
             return job(spark, args)

@@ -76,6 +76,44 @@ def parse_confs(pairs) -> dict[str, str]:
     return out
 
 
+# Spark's master URL forms; anything else makes the JVM exit before PySpark can say why
+_MASTER = re.compile(r"^(?:local(?:\[(?:\*|[1-9]\d*)(?:,[1-9]\d*)?\])?|local-cluster\[\d+,\d+,\d+\]"
+                     r"|yarn|spark://\S+|k8s://\S+)$")
+
+
+def check_master(master: str | None) -> None:
+    """Fail before Spark starts for a master URL Spark cannot parse (Spark's own failure is a JVM
+    that exits with a Python traceback about the Java gateway, not naming the option)."""
+    if master is not None and not _MASTER.match(master):
+        raise PipelineError(f"--master {master!r} is not a Spark master URL: local, local[N], "
+                            "local[*], spark://HOST:PORT, yarn or k8s://HOST:PORT")
+
+
+_ERROR_CLASS = re.compile(r"\[[A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*\] .*")
+
+
+def spark_error_line(e: BaseException) -> str:
+    """One line for a failed Spark call: the first Spark error-class message (which names the file or
+    column for read errors) and the root cause, instead of py4j's "An error occurred while calling
+    o123.parquet." that says nothing."""
+    text = str(e)
+    lines = text.splitlines()
+    head = next((m.group(0) for m in map(_ERROR_CLASS.search, lines) if m), None)
+    cause = next((ln[len("Caused by: "):] for ln in reversed(lines) if ln.startswith("Caused by: ")),
+                 None)
+    if head is None:
+        head = next((ln.lstrip(": ").strip() for ln in lines
+                     if ln.strip() and not ln.startswith("An error occurred while calling")
+                     and not ln.startswith(("\tat ", "\t..."))), "") or type(e).__name__
+    head = re.sub(r"\s*SQLSTATE: \w+\s*$", "", head).strip()
+    if cause:
+        cls, sep, msg = cause.partition(": ")
+        cause = f"{cls.rsplit('.', 1)[-1]}: {msg}" if sep else cls.rsplit(".", 1)[-1]
+        if msg not in head:
+            head += f" ({cause})"
+    return head
+
+
 def build_session(app_name: str = "tern", master: str | None = None, confs: dict | None = None):
     """Check Java, then get or create a SparkSession.
 
@@ -85,6 +123,7 @@ def build_session(app_name: str = "tern", master: str | None = None, confs: dict
     """
     from pyspark.sql import SparkSession
 
+    check_master(master)
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
