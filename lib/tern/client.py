@@ -68,9 +68,11 @@ class ConnectError(OSError):
              0x87: "not authorized", 0x8A: "banned", 0x8C: "bad authentication method"}.get(reason)
         super().__init__("connection refused by the broker: reason 0x%02X%s" % (reason, " (%s)" % w if w else ""))
         self.reason = reason
-        # Refusals a retry cannot fix, bad or unknown identity: 2, 4, 5, 0x84,
-        # 0x85, 0x86, 0x87, 0x8A, 0x8C (bytes: less memory than a tuple).
-        self.permanent = reason in b"\x02\x04\x05\x84\x85\x86\x87\x8a\x8c"
+        # Refusals a retry with the same settings cannot fix: protocol version
+        # (1, 0x84), bad or unknown identity (2, 4, 5, 0x85, 0x86, 0x87, 0x8A,
+        # 0x8C), a CONNECT or will the server does not take (0x95, 0x99, 0x9A,
+        # 0x9B). Bytes: less memory than a tuple.
+        self.permanent = reason in b"\x01\x02\x04\x05\x84\x85\x86\x87\x8a\x8c\x95\x99\x9a\x9b"
 
 
 def server_disconnect(reason, p):

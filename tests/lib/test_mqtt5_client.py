@@ -282,6 +282,18 @@ def test_stored_messages_the_server_cannot_take_are_refused_not_resent_forever(l
     sub.disconnect()
 
 
+def test_a_will_the_server_cannot_take_is_a_permanent_refusal(limited_addr):
+    # CONNACK 0x9A (will retain, Retain Available 0) and 0x9B (will QoS above Maximum QoS) cannot change
+    # on a retry with the same settings: loop() used to retry them for ever with backoff
+    for kw, code in (({"will_retain": True}, 0x9A), ({"will_qos": 2}, 0x9B)):
+        c = Client("will-%d" % code, server=limited_addr[0], port=limited_addr[1], version=5,
+                   will_topic="lim/will", will_payload=b"gone", **kw)
+        e = raises(ConnectError, c.connect)
+        assert e.reason == code and e.permanent, (e.reason, e.permanent)
+        raises(ConnectError, c.loop, 100)  # loop() reports it once and stops retrying
+        assert not c.reconnect and not c.loop(50)
+
+
 def test_server_keep_alive_holds_for_its_connection_only(scripted_addr):
     # A CONNACK's Server Keep Alive replaces ours on that connection (MQTT 5 3.2.2.3.14, [MQTT-3.2.2-21]);
     # it used to overwrite the client's setting, so every later CONNECT, to any server, asked for it
