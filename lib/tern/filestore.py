@@ -494,6 +494,9 @@ class FileStore:
             raise ValueError("packet identifier %r" % (pid,))
         if self._find(pid) >= 0:
             raise ValueError("packet identifier %d already pending" % pid)
+        n = len(head) + len(body)
+        if n > 65535:  # the record's length field: a longer one would not read back
+            raise ValueError("record of %d bytes over 65535" % n)
         r = self._rseq
         off = self._emit(kind, 0, r, pid, head, body)
         self._rseq += 1

@@ -8,16 +8,22 @@ operation. Layout (all integers little-endian):
 
 Sector (one erase block) header, 32 bytes:
     0 magic b"TnF1"  4 version  5 flags (bit0: written in appended-ack mode)
-    8 sector sequence  12 floor (sectors with a lower sequence are void)
-    16 next record sequence  20 last packet id  24 CRC-32 of bytes 0..23
+    6 log2 of the block size  8 sector sequence  12 floor (sectors with a
+    lower sequence are void)  16 next record sequence  20 last packet id
+    22 block count  24 CRC-32 of bytes 0..23
     28 retired byte (0x00: nothing in this sector is live; in-place mode only)
+A valid header of another version or geometry (6 and 22 read 0xFF in images
+from before they were written: not checked) makes open() raise FlashCorrupt
+naming both: nothing is erased.
 
 Record, 8-byte aligned, never crossing a sector:
     0 type  1 flags  2 body length  4 record sequence  8 packet id
     10 header check (CRC-32 of the header, seeded with the record's address,
        low 16 bits: a scanner can trust the length, and a copy of a record
        inside some payload never passes for a record)
-    12 S0 status (QoS 2 PUBREC seen)  13 S1 status (released)  14..15 0xFF
+    12 S0 mark (QoS 2 PUBREC seen)  13 S1 status (released)  14, 15 more mark
+       bytes: the mark state is F_MARKED toggled by each of 12, 14, 15 set,
+       so mark and unmark program a byte in place (then append an OP)
     16 body  then CRC-32 over header (status bytes read as 0xFF) and body.
 A status byte counts as set when at least half its bits are 0: a torn
 one-byte program reads either way (the call never returned), a flipped bit
@@ -29,10 +35,11 @@ ack: flags = MARK/UNMARK/RELEASE/INREL, sequence/pid = its target), INCLEAR
 (every inbound id before it is void), FLOOR (sequence field = new floor).
 
 Write-ahead and recovery:
-- append programs the record; mark/release program S0/S1 in place (or append
-  an OP record when `append_acks=True`, for flash that cannot be
-  re-programmed); unmark appends a fresh copy of the record (same sequence,
-  relocated flag) and releases the old copy; in_clear appends INCLEAR.
+- append programs the record; mark/unmark/release program a status byte in
+  place (or append an OP record when `append_acks=True`, for flash that cannot
+  be re-programmed, or when the three mark bytes are used up); in_clear
+  appends INCLEAR. Only live records count against the capacity, which keeps
+  24 bytes a sector in hand: an ack never fails for room on a full store.
 - reclaim: when only one free sector is left, the live records of the oldest
   sector are copied into the head (same record sequence, current mark state
   in the flags), a FLOOR record voids the oldest sector, then it is erased.
@@ -209,12 +216,17 @@ class FlashStore:
     def _hcrc(self):
         """CRC-32 of the header with its status bytes read as 0xFF."""
         h = self._hdr
-        c = h[12]
-        d = h[13]
-        h[12] = h[13] = 0xFF
+        # byte by byte: a u32 of them would be a big int (allocated) on a 32-bit board
+        a = h[12]
+        b = h[13]
+        c = h[14]
+        d = h[15]
+        h[12] = h[13] = h[14] = h[15] = 0xFF
         v = crc32(h)
-        h[12] = c
-        h[13] = d
+        h[12] = a
+        h[13] = b
+        h[14] = c
+        h[15] = d
         return v
 
     def _mkhdr(self, t, flags, ln, rseq, pid, addr):
@@ -233,7 +245,16 @@ class FlashStore:
         for s in range(n):
             self._read(s * bs, sh)
             heads += 1
-            if sh[0:4] == _MAGIC and sh[4] == _VERSION and _u32(sh, 24) == (crc32(memoryview(sh)[0:24]) & 0xFFFFFFFF):
+            if sh[0:4] == _MAGIC and _u32(sh, 24) == (crc32(memoryview(sh)[0:24]) & 0xFFFFFFFF):
+                # a valid header from another format or geometry: its records
+                # cannot be read here, and erasing them would lose them
+                if sh[4] != _VERSION:
+                    raise FlashCorrupt("partition holds format %d, not %d" % (sh[4], _VERSION))
+                if sh[6] != 0xFF and (sh[6] != self._shift or _u16(sh, 22) != n & 0xFFFF):
+                    raise FlashCorrupt(
+                        "partition written as %d blocks of %d, now %d blocks of %d: erase it to start afresh"
+                        % (_u16(sh, 22), 1 << sh[6], n, bs)
+                    )
                 q = _u32(sh, 8)
                 if q:
                     valid.append((q, s))
@@ -505,7 +526,10 @@ class FlashStore:
                 repair.append(old[1] & ~7)
             if _isset(h[13]):
                 return
-            mk = 1 if (fl & F_MARKED or _isset(h[12])) else 0
+            mk = 1 if fl & F_MARKED else 0
+            for j in (12, 14, 15):
+                if _isset(h[j]):
+                    mk ^= 1
             ents[r] = [pid, addr | (_KINDS.index(t) << 1) | mk, size]
         elif t == T_INID:
             if r >= self._rseq:
@@ -564,11 +588,14 @@ class FlashStore:
         self._old = best
         return best
 
-    def _alloc(self, size):
-        """Address for a record of `size` bytes in the head; makes room first."""
+    def _alloc(self, size, live=True):
+        """Address for a record of `size` bytes in the head; makes room first.
+        A record that stays live must leave 24 bytes per sector unused: then
+        some sector always has room for an OP, INCLEAR or FLOOR record besides
+        its live ones, so acknowledging (which frees) never fails for room."""
         if size > self._maxrec:
             raise ValueError("record of %d bytes does not fit a %d-byte sector" % (size, self.bs))
-        if self._total + size > (self.nsec - 2) * self._maxrec:
+        if live and self._total + size > (self.nsec - 2) * (self._maxrec - _FLOOR_SZ):
             raise OSError(ENOSPC, "flash outbox full")
         for _ in range(4 * self.nsec + 4):
             if self._head >= 0 and not self._sealed:
@@ -609,6 +636,8 @@ class FlashStore:
         sh[0:4] = _MAGIC
         sh[4] = _VERSION
         sh[5] = 1 if self.append_acks else 0
+        sh[6] = self._shift
+        _put16(sh, 22, self.nsec)
         _put32(sh, 8, self._nextseq)
         _put32(sh, 12, self._floor)
         _put32(sh, 16, self._rseq)
@@ -805,8 +834,10 @@ class FlashStore:
 
     def _small(self, t, flags, rseq, pid):
         """Append a body-less record (OP, INID, INCLEAR)."""
-        a = self._alloc(_FLOOR_SZ)
+        a = self._alloc(_FLOOR_SZ, t == T_INID)
         self._write(t, flags, rseq, pid, b"", b"", a)
+        if t != T_INID:
+            self._pin[a >> self._shift] = 1  # what it says must be read at boot
         return a
 
     # ------------------------------------------------------------ index
@@ -890,47 +921,35 @@ class FlashStore:
         self._lv(a, size)
 
     def mark(self, pid):
-        self._gflush()
-        i = self._get(pid)
-        a = self._iaddr[i]
-        if a & 1:
-            return
-        src = a & ~7
-        if self.append_acks:
-            self._small(T_OP, OP_MARK, self._rseq_of(src), pid)
-            i = self._get(pid)  # a reclaim may have moved it
-            self._iaddr[i] |= 1
-        else:
-            self._zero[0] = 0
-            self._prog(src + 12, self._zero)
-            self._iaddr[i] = a | 1
+        self._setmark(pid, 1)
 
     def unmark(self, pid):
+        self._setmark(pid, 0)
+
+    def _setmark(self, pid, want):
+        """Flip the mark: in place, program the next erased mark byte (12, 14,
+        15: each one set toggles the state); once all are used, or in
+        appended-ack mode, append an OP record. Never a copy: on a full store
+        a copy could find no room, and a broker that lost the session (unmark
+        of every PUBREC seen) would then stop the client from reconnecting."""
         self._gflush()
         i = self._get(pid)
         a = self._iaddr[i]
-        if not a & 1:
+        if a & 1 == want:
             return
-        if self.append_acks:
-            self._small(T_OP, OP_UNMARK, self._rseq_of(a & ~7), pid)
-            i = self._get(pid)
-            self._iaddr[i] &= ~1
-            return
-        size = self._isz[i]
-        na = self._alloc(size)
-        i = self._get(pid)
-        a = self._iaddr[i]
         src = a & ~7
-        if not self._copy(src, na, F_RELOC):
-            self._lv(src, -size)
-            self._drop(i)
-            return
-        self._lv(na, size)
-        self._iaddr[i] = na | (a & 6)
-        self._zero[0] = 0
-        self._prog(src + 13, self._zero)
-        self._lv(src, -size)
-        self._maybe_retire(src >> self._shift)
+        h = self._hdr
+        self._read(src, h)
+        if not self.append_acks:
+            for j in (12, 14, 15):
+                if not _isset(h[j]):
+                    self._zero[0] = 0
+                    self._prog(src + j, self._zero)
+                    self._iaddr[i] = a ^ 1
+                    return
+        self._small(T_OP, OP_MARK if want else OP_UNMARK, _u32(h, 4), pid)
+        i = self._get(pid)  # a reclaim may have moved it
+        self._iaddr[i] = (self._iaddr[i] & ~1) | want
 
     def release(self, pid):
         self._gflush()
@@ -1033,9 +1052,8 @@ class FlashStore:
         self._gflush()
         if not self._inn:
             return
-        a = self._small(T_INCLEAR, 0, self._rseq, 0)
+        self._small(T_INCLEAR, 0, self._rseq, 0)
         self._rseq += 1
-        self._pin[a >> self._shift] = 1
         while self._inn:
             self._in_del(self._inn - 1)
 

@@ -2,8 +2,8 @@
 one of them loads only its own code plus this.
 
 A record: 16-byte header (type, flags, body length, record sequence, packet id,
-header check, two status bytes, two spare), the body, CRC-32 over header (status
-bytes read as 0xFF) and body. The header check is a CRC of the header seeded
+header check, four status bytes), the body, CRC-32 over header (status bytes
+read as 0xFF) and body. The header check is a CRC of the header seeded
 with where the record lives, so a copy of a header inside a payload never passes
 for a real one. Integers are little-endian.
 """
@@ -50,18 +50,22 @@ def put32(b, i, v):
 
 
 def header_check(h, seed):
-    """CRC-16 of header h with its check and status bytes read as 0xFF."""
+    """CRC-16 of header h with its check and status bytes (10..15) read as 0xFF."""
     # (one statement per byte: a tuple swap would allocate on MicroPython)
     a = h[10]
     b = h[11]
     c = h[12]
     d = h[13]
-    h[10] = h[11] = h[12] = h[13] = 0xFF
+    e = h[14]
+    f = h[15]
+    h[10] = h[11] = h[12] = h[13] = h[14] = h[15] = 0xFF
     v = crc32(h, seed) & 0xFFFF
     h[10] = a
     h[11] = b
     h[12] = c
     h[13] = d
+    h[14] = e
+    h[15] = f
     return v
 
 

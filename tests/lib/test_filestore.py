@@ -3,7 +3,7 @@ records moved forward, torn tails and bit flips caught by the CRC, group commit.
 
 import os
 
-from check import Rng, read_all
+from check import Rng, raises, read_all
 from test_norflash import tmppath, rmtree
 from test_store_contract import LfsVolume
 from tern.store import PUBLISH, SUBSCRIBE
@@ -166,3 +166,21 @@ def test_group_commit_defers_durability_to_commit():
     finally:
         vol.cleanup()
         snap.cleanup()
+
+
+def test_record_over_64k_refused_before_it_is_written():
+    """A record's length field is 16 bits: a bigger packet is refused up front
+    instead of being accepted and then lost (its CRC fails) at the next boot."""
+    p = tmppath("big")
+    try:
+        st = FileStore(p).open()
+        st.append(PUBLISH, 1, b"\x32\x4e", b"a")
+        e = raises(ValueError, st.append, PUBLISH, 2, b"\x32\x80\x80\x04", bytes(65536))
+        assert "65536" in str(e) or "65540" in str(e), str(e)
+        st.append(PUBLISH, 3, b"\x32\x4e", bytes(65535 - 2))  # the largest that fits
+        st.close()
+        st = FileStore(p).open()
+        assert st.pending() == [1, 3] and st.size(3) == 65535
+        st.close()
+    finally:
+        rmtree(p)

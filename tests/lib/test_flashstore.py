@@ -1,6 +1,8 @@
 """FlashStore beyond the shared contract: reclaim under long workloads, bounded
 boot, bad partitions, bit flips, group commit, RAM and allocation."""
 
+from binascii import crc32
+
 from check import MICROPYTHON, Rng, allocated, raises, read_all
 from norflash import NorFlash
 from test_norflash import tmppath, rm
@@ -274,3 +276,101 @@ def test_steady_path_allocates_nothing():
     else:
         assert max(sizes) < 4096, sizes  # nothing sized by the data
     assert st.count() == 0
+
+
+def fill_then_ack(blocks, bs, append_acks, seed):
+    """Fill the store until it refuses appends, then do what a session does
+    with a full outbox: PUBRECs (mark), a broker that lost the session
+    (in_clear, unmark), PUBACKs (release). None of these may fail for lack of
+    room, or a full outbox could never drain (or never connect again)."""
+    dev = NorFlash(None, blocks=blocks, block_size=bs)
+    st = FlashStore(dev, append_acks=append_acks, verbose=False).open()
+    rng = Rng(seed)
+    st.in_add(9)
+    st.set_meta("boot", b"1")
+    pid = refused = 0
+    while refused < 3:
+        pid += 1
+        try:
+            st.append(PUBLISH, pid, b"\x34\x4e", bytes(10 + rng.below(bs // 3)))
+        except OSError as e:
+            assert e.args[0] == 28, e.args
+            refused += 1
+    kept = st.pending()
+    assert len(kept) >= 2, kept
+    for q in kept[::2]:
+        st.mark(q)
+    st.in_clear()
+    for q in kept[::2]:
+        st.unmark(q)  # the broker forgot the PUBRECs
+    for q in kept[1::3]:
+        st.mark(q)
+    st2 = FlashStore(dev, append_acks=append_acks, verbose=False).open()
+    assert st2.pending() == kept and not st2.in_has(9) and st2.meta("boot") == b"1"
+    assert [q for q in kept if st2.marked(q)] == kept[1::3], (seed, blocks, bs)
+    for q in kept:
+        st2.release(q)
+    st2.append(PUBLISH, pid, b"\x32\x01", b"x")
+    assert FlashStore(dev, append_acks=append_acks).open().pending() == [pid]
+
+
+def test_full_store_still_takes_every_ack():
+    for blocks, bs in ((3, 4096), (4, 1024), (6, 512)):
+        for acks in (False, True):
+            for seed in (4, 15, 21):
+                fill_then_ack(blocks, bs, acks, seed)
+
+
+def test_mark_unmark_cycles_keep_their_state():
+    """A QoS 2 record whose PUBREC is seen and forgotten again and again (the
+    broker keeps losing the session) reads back in its last state after every
+    reboot, in both ack modes, and costs no copy while status bytes last."""
+    for acks in (False, True):
+        dev = NorFlash(None, blocks=4, block_size=1024)
+        st = FlashStore(dev, append_acks=acks).open()
+        st.append(PUBLISH, 7, b"\x34\x4e", payload(7))
+        st.append(PUBLISH, 8, b"\x34\x4e", payload(8))
+        want = False
+        for k in range(7):
+            want = not want
+            if want:
+                st.mark(7)
+            else:
+                st.unmark(7)
+            st = FlashStore(dev, append_acks=acks).open()
+            assert st.pending() == [7, 8] and st.marked(7) == want and not st.marked(8), (acks, k)
+            assert read_all(st, 7) == b"\x34\x4e" + payload(7)
+
+
+def image(blocks, bs):
+    dev = NorFlash(None, blocks=blocks, block_size=bs)
+    st = FlashStore(dev).open()
+    for pid in range(1, 120):
+        st.append(PUBLISH, pid, b"\x32\x4e", payload(pid))
+    return bytes(dev.mem)
+
+
+def test_other_geometry_is_an_error_not_an_erase():
+    """A partition written with one geometry and opened with another (a block
+    size or a block count that changed in the config or the partition table)
+    is refused with both geometries named; nothing on it is touched."""
+    img = image(8, 4096)
+    for blocks, bs in ((4, 8192), (16, 2048), (4, 4096), (12, 4096)):
+        dev = NorFlash(None, blocks=blocks, block_size=bs)
+        n = min(len(img), blocks * bs)
+        dev.mem[0:n] = img[0:n]
+        e = raises(FlashCorrupt, FlashStore(dev, verbose=False).open)
+        assert "8 blocks of 4096" in str(e) and "%d blocks of %d" % (blocks, bs) in str(e), str(e)
+        assert dev.programs == 0 and sum(dev.erase_counts) == 0
+    dev = NorFlash(None, blocks=8, block_size=4096)
+    dev.mem[:] = img
+    assert FlashStore(dev).open().pending() == list(range(1, 120))
+    # a later format's valid header (version 2, its CRC right) is named, not erased
+    h = bytearray(img[0:24])
+    h[4] = 2
+    dev = NorFlash(None, blocks=8, block_size=4096)
+    dev.mem[:] = img
+    dev.mem[0:24] = h
+    dev.mem[24:28] = (crc32(h) & 0xFFFFFFFF).to_bytes(4, "little")
+    e = raises(FlashCorrupt, FlashStore(dev, verbose=False).open)
+    assert "format 2" in str(e) and dev.programs == 0 and sum(dev.erase_counts) == 0, str(e)

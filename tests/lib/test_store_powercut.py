@@ -477,7 +477,7 @@ def test_powercut_flash_appended_acks():
     _sampled(FlashRig(append_acks=True), 420, 200, 12)
 
 
-def test_powercut_flash_relocating_unmarks_and_torn_erases():
+def test_powercut_flash_torn_erases():
     """Cut right at every erase and the program before and after it."""
     rig = FlashRig(block_size=4096)
     steps = script(13, 600)
@@ -515,3 +515,45 @@ def test_powercut_file_posix():
 
 def test_powercut_file_littlefs_on_nor():
     _sampled(LfsRig(segment_bytes=2048, max_segments=3), 120, 80, 15)
+
+
+def full_store_steps(blocks, bs, opts):
+    """Appends until the store refuses one (found on a RAM flash of the same
+    geometry), then what a full outbox meets: PUBRECs, a broker that lost the
+    session (in_clear, unmark), PUBRECs again, marks toggled back and forth
+    past the three in-place mark bytes, and the PUBACKs that drain it."""
+    st = FlashStore(NorFlash(None, blocks=blocks, block_size=bs), verbose=False, **opts).open()
+    r = Rng(7)
+    out = [("in_add", 3)]
+    st.in_add(3)
+    pid = 0
+    while True:
+        pid += 1
+        s = ("append", PUBLISH, pid, b"\x34\x4e" + bytes(r.bytes(20 + r.below(bs // 4))))
+        try:
+            st.append(s[1], s[2], s[3][:2], s[3][2:])
+        except OSError:
+            break
+        out.append(s)
+    kept = list(range(1, pid))
+    out += [("mark", p) for p in kept[::2]]
+    out += [("in_clear",)] + [("unmark", p) for p in kept[::2]]
+    for _ in range(3):
+        out += [("mark", kept[0]), ("mark", kept[-1]), ("unmark", kept[0]), ("unmark", kept[-1])]
+    out += [("mark", p) for p in kept[1::2]]
+    out += [("release", p) for p in kept]
+    return out
+
+
+def test_powercut_flash_full_store_acks_and_mark_cycles():
+    """A cut at every operation while a full store takes its acks: nothing
+    accepted is lost, no ack fails for room, marks read back as last set."""
+    for opts in ({}, {"append_acks": True}):
+        rig = FlashRig(blocks=4, block_size=512, **opts)
+        steps = full_store_steps(4, 512, opts)
+        try:
+            total = total_ops(rig, steps)
+            fails = sweep(rig, steps, range(1, total + 1), 17)
+            assert not fails, "%r: %d of %d crash points failed: %r" % (opts, len(fails), total, fails[:3])
+        finally:
+            rig.cleanup()
