@@ -16,8 +16,8 @@ _ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:"
 # l list of str or None.
 SPEC = (
     ("host", None, "s", 0, 0),
-    ("port", 1883, "i", 1, 65535),
     ("tls", False, "b", 0, 0),
+    ("port", 1883, "i", 1, 65535),
     ("ca", None, "s", 0, 0),
     ("user", None, "s", 0, 0),
     ("password", None, "s", 0, 0),
@@ -43,6 +43,9 @@ SPEC = (
     ("deep_sleep", False, "b", 0, 0),
 )
 _SECRET = ("password", "wifi_password")
+# A tls or ca that was given but is unusable fails closed: TLS, verified against no CA (every handshake
+# fails and says so), never a plain or unverified connection that would carry the credentials.
+_CLOSED = {"tls": True, "ca": ""}
 
 
 def _int(v):
@@ -74,10 +77,14 @@ def _bad(key, want, got, using):
         say("config", key=key, err="must be " + want, got=got, using=using)
 
 
-def load(path=FILE, defaults=None):
+def load(prof=None, path=FILE):
     """The configuration as a dict with every key of SPEC; problems are reported, never raised.
-    defaults: the board profile's `defaults` (e.g. smaller buffers on a small heap), used in place of
-    SPEC's for the keys it names; config.json still overrides them."""
+    prof: the board profile. Its `defaults` (e.g. smaller buffers on a small heap) are used in place
+    of SPEC's for the keys they name (config.json still overrides them); `readings` must name its
+    `sensors`."""
+    prof = prof or {}
+    defaults = prof.get("defaults")
+    sensors = [s["name"] for s in prof.get("sensors", ())]
     raw = {}
     try:
         with open(path) as f:
@@ -91,12 +98,15 @@ def load(path=FILE, defaults=None):
         say("config", err="%s is not valid JSON (%s): every key takes its default" % (path, e))
     cfg = {}
     for key, d, kind, lo, hi in SPEC:
+        if key == "port" and cfg["tls"]:
+            d = 8883
         if defaults and key in defaults:
             d = defaults[key]
         if key in raw:
             v = raw[key]
             want = _check(v, d, kind, lo, hi)
             if want:
+                d = _CLOSED.get(key, d)
                 _bad(key, want, v, d)
                 v = d
         else:
@@ -114,14 +124,32 @@ def load(path=FILE, defaults=None):
         cfg["client_id"] = None
     if cfg["host"] is None:
         say("config", key="host", err="missing: no broker to connect to, readings stay in the outbox")
-    if cfg["tls"] and cfg["port"] == 1883 and "port" not in raw:
-        cfg["port"] = 8883
+    if cfg["password"] and not cfg["user"] and cfg["version"] < 5:
+        say("config", key="user", err="missing: MQTT 3.1 and 3.1.1 send a password only with a user name; password not sent")
+        cfg["password"] = None
+    for n in cfg["readings"] or ():
+        if n not in sensors:
+            say("config", key="readings", err="no such sensor on this board, ignored", got=n, sensors=sensors)
+    if cfg["ca"] == "" and cfg["tls"]:
+        say("config", key="ca", err="unusable: no TLS connection until it names the CA file")
     if cfg["ca"] and not cfg["tls"]:
         say("config", key="ca", err="ignored: tls is false, the connection is not encrypted")
     return cfg
 
 
 def topics(cfg, dev):
-    """Resolve the {id} placeholder of the topic keys."""
-    for k in ("topic", "status_topic", "cmd_topic"):
-        cfg[k] = cfg[k].replace("{id}", dev)
+    """Resolve the {id} placeholder of the topic keys. A topic the client would refuse (not valid
+    UTF-8 for MQTT, U+0000 included; longer than the transmit buffer takes) is reported and replaced
+    by the default: the first publish or subscribe would raise, and the device would boot-loop."""
+    from tern.topic import validate_name
+
+    for k, d, kind, lo, hi in SPEC:
+        if kind == "t":
+            v = cfg[k].replace("{id}", dev)
+            try:
+                if len(validate_name(v)) > cfg["tx_size"] - 10 and k != "cmd_topic":  # published to
+                    raise ValueError("is longer than tx_size - 10 bytes")
+            except ValueError as e:
+                say("config", key=k, err=str(e), using=d)
+                v = d.replace("{id}", dev)
+            cfg[k] = v

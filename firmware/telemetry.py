@@ -43,7 +43,7 @@ def _config(prof):
     import sys
     import tconfig
 
-    cfg = tconfig.load(defaults=prof.get("defaults"))
+    cfg = tconfig.load(prof)
     dev = cfg["client_id"]
     if dev is None:
         from binascii import hexlify
@@ -115,10 +115,10 @@ class App:
                 return context(ca=ca)
             except (OSError, ValueError) as e:
                 say("config", key="ca", err="cannot load %s: %s" % (ca, e))
-        else:
+        elif ca is None:
             say("config", key="ca", err="tls without a CA: the server is not verified")
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.verify_mode = ssl.CERT_REQUIRED if ca else ssl.CERT_NONE
+        ctx.verify_mode = ssl.CERT_NONE if ca is None else ssl.CERT_REQUIRED  # "": a ca that was unusable
         return ctx
 
     # ------------------------------------------------------------ callbacks
@@ -181,7 +181,7 @@ class App:
         payload = json.dumps({"d": self.dev, "b": self.boot, "s": s, "q": q, "t": hal.epoch(), "r": r}, separators=hal.SEP)
         try:
             pid = c.publish(self.cfg["topic"], payload, q)
-        except OSError as e:  # QoS 0 while offline, a full partition
+        except (OSError, ValueError) as e:  # QoS 0 offline, a full partition; what the CONNACK forbids
             say("dropped", q=q, err=str(e))
             return
         self.seq[q] = s + 1
@@ -194,7 +194,7 @@ class App:
                            "heap": gc.mem_free(), "lw": self.lw, "up": ticks_diff(ticks_ms(), hal.T0) // 1000}, separators=hal.SEP)
         try:
             self.c.publish(self.cfg["status_topic"], body, 1, True)
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: the server takes no retained messages
             say("status", err=str(e))
             return
         say("status", sent=True)

@@ -126,3 +126,26 @@ def test_a_certificate_for_another_host_is_reported_by_key(tmp_path):
     finally:
         dev.close()
         b.stop()
+
+
+def test_a_tls_or_ca_value_that_is_unusable_fails_closed(tmp_path, tls_broker):
+    # A value given but unusable used to become the default: `"ca": 5` connected unverified, `"tls":
+    # "yes"` connected in plain text with the password. Now: TLS verified against no CA, every
+    # connection fails and says so, readings wait in the outbox.
+    base = {"host": "127.0.0.1", "client_id": "dev-tls", "interval_ms": 40, "qos": 1, "count": 3,
+            "backoff_min_ms": 100, "backoff_max_ms": 300, "user": "u", "password": "pw-not-sent"}
+    cases = [({"port": tls_broker.tls_port, "tls": True, "ca": 5}, "ca"),
+             ({"port": tls_broker.address[1], "tls": "yes"}, "tls")]
+    for i, (cfg, key) in enumerate(cases):
+        dev = Device(tmp_path, {**base, **cfg}, name=f"board{i}")
+        try:
+            dev.board.power_cycle()
+            log = dev.until(lambda t: t.counts["connect_failed"] >= 2 and t.counts["done"], 20,
+                            f"failed connections with an unusable {key}")
+            assert not log.counts["connected"], f"{key}: connected anyway (unverified or in plain text)"
+            assert [e for e in log.of("config") if e.get("key") == key], log.of("config")
+            if key == "ca":  # (tls alone, without a ca, is the documented unverified TLS)
+                assert not [e for e in log.of("config") if "not verified" in e.get("err", "")], log.of("config")
+            assert log.boots == [0] and not log.counts["crash"] and len(log.ledger) == 3, dict(log.counts)
+        finally:
+            dev.close()
