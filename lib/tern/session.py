@@ -118,7 +118,8 @@ class Session:
     ConnectError) or, during re-authentication, as a server DISCONNECT.
 
     Counters: stats_recovered (messages found in the store at start),
-    stats_resent (messages replayed after reconnects).
+    stats_resent (messages replayed after reconnects), stats_dropped (inbound
+    messages over the receive buffer, MQTT 3.1.x: discarded and acknowledged).
     """
 
     def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
@@ -205,6 +206,9 @@ class Session:
         self.shared_ok = True
         self.session_present = False
         self.stats_resent = 0
+        self.stats_dropped = 0
+        self._skip = 0  # bytes of an oversize inbound PUBLISH still to discard
+        self._skipid = 0  # its QoS << 16 | packet id
         # Rebuild the send ring from what the store recovered (after a reboot).
         store.open()
         self._last_pid = store.last_pid()
@@ -600,7 +604,26 @@ class Session:
             while True:
                 pos = self._rpos
                 end = self.rx_len
-                size = pkt.frame_size(rx, pos, end, len(rx)) if pos < end else -1
+                k = self._skip
+                if k:  # an oversize PUBLISH (see _oversize), discarded as it arrives
+                    if end - pos < k:
+                        k = end - pos
+                    self._rpos = pos + k
+                    self._skip -= k
+                    if self._skip:
+                        break
+                    k = self._skipid
+                    self.stats_dropped += 1
+                    if k >> 16 == 2:
+                        self.store.in_add(k & 0xFFFF)  # kept as for any QoS 2 message, until PUBREL
+                    if k >> 16:
+                        self._answer(_PUBACK if k >> 16 == 1 else _PUBREC, k & 0xFFFF, now)
+                    continue
+                size = pkt.frame_size(rx, pos, end, 268435460) if pos < end else -1
+                if size > len(rx):
+                    if self._oversize(pos, end, size):
+                        continue
+                    break
                 if size < 0 or pos + size > end:
                     break
                 self._rpos = pos + size  # consumed even if a handler raises: never handled twice
@@ -826,6 +849,43 @@ class Session:
             self._event(EV_PUBLISHED, pid, reason)
             self._pump(now)
 
+    def _answer(self, t, pid, now):
+        # Acknowledge an inbound message that is not delivered, in its place
+        # among the acknowledgements (arrival order).
+        if self._inq is not None:
+            self._inq.append([pid, t, 0])
+            self.ack(0, now)
+        elif self._depth:
+            self._held.append(pid << 4 | t)
+        else:
+            self._ack(t, pid, 0, now)
+
+    def _oversize(self, pos, end, size):
+        # A packet larger than the receive buffer. MQTT 5 announced the
+        # buffer as our Maximum Packet Size: the server broke it (0x95).
+        # MQTT 3.1.x cannot say it, and a disconnect would not help: the
+        # broker sends the message again after every reconnect and the client
+        # would never get past it. So a PUBLISH is discarded as it streams in
+        # and acknowledged (stats_dropped counts it). True once its packet id
+        # is read (bytes to skip in _skip); False: more bytes needed first.
+        rx = self.rx
+        b = rx[pos]
+        if self.version != _V5 and b >> 4 == _PUBLISH:
+            h = pos + 2
+            while rx[h - 1] & 0x80:  # past the remaining length
+                h += 1
+            if h + 2 > end:
+                return False
+            q = b >> 1 & 3
+            h += 2 + (rx[h] << 8 | rx[h + 1]) + (2 if q else 0)  # past the topic and packet id
+            if h - pos <= len(rx):  # else a topic alone fills the buffer: 0x95 all the same
+                if h > end:
+                    return False
+                self._skip = size
+                self._skipid = q << 16 | (rx[h - 2] << 8 | rx[h - 1] if q else 0)
+                return True
+        raise MQTTError(0x95, "packet of %d bytes over the receive buffer's %d" % (size, len(rx)))
+
     def _on_publish(self, pos, end, now):
         d = self._depth
         # Read under a handler that waits: a Message of its own (the handler's stays as it was)
@@ -862,14 +922,7 @@ class Session:
         st = self.store
         t = _PUBACK if q == 1 else _PUBREC
         if q == 2 and st.in_has(pid):
-            # A repeat of a message already delivered: answer, do not deliver.
-            if self._inq is not None:
-                self._inq.append([pid, _PUBREC, 0])
-                self.ack(0, now)
-            elif d:
-                self._held.append(pid << 4 | t)
-            else:
-                self._ack(_PUBREC, pid, 0, now)
+            self._answer(_PUBREC, pid, now)  # a repeat of a message already delivered: not delivered again
             return
         manual = self._inq is not None and q
         if manual:  # acknowledged by ack(), in arrival order
@@ -984,6 +1037,7 @@ class Session:
         self._inflight = 0
         self._ping_sent = -1
         self._reauth = False
+        self._skip = 0
         del self._held[:]  # for the old connection: the broker sends those messages again
         if self._inq is not None:
             self._inq = []

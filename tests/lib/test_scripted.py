@@ -112,6 +112,14 @@ SCRIPTS = {
     "test_session_present_after_a_clean_start_closes_the_connection": ([
         RESUME + [("close",)],  # the client must hang up: its subscriptions would never be sent again
     ], 4),
+    "test_a_publish_over_the_receive_buffer_is_skipped_and_acknowledged_on_mqtt_3": ([
+        HELLO + [("send", pub(5, b"z" * 2000, topic="big") + pub(6, b"ok", topic="small")),
+                 ("recv", E(PUBACK, pid=5)), ("recv", E(PUBACK, pid=6)),
+                 ("send", pub(7, b"y" * 3000, qos=2, topic="big")), ("recv", E(PUBREC, pid=7)),
+                 ("send", E(PUBREL, pid=7)), ("recv", E(PUBCOMP, pid=7)),
+                 ("send", pub(0, b"x" * 600, qos=0, topic="big") + pub(8, b"after", topic="small")),
+                 ("recv", E(PUBACK, pid=8))],
+    ], 4),
 }
 
 
@@ -388,3 +396,18 @@ def test_session_present_after_a_clean_start_closes_the_connection(scripted_addr
     e = raises(MQTTError, c.connect)
     assert e.code == 0x82 and "session present" in str(e), e
     assert not c.connected
+
+
+def test_a_publish_over_the_receive_buffer_is_skipped_and_acknowledged_on_mqtt_3(scripted_addr):
+    # MQTT 3.1.x cannot tell the broker our Maximum Packet Size. A message over the receive buffer used
+    # to end the connection (0x95); the broker sent it again after every reconnect, so one oversize
+    # QoS 1/2 message in a persistent session wedged the client for good. It is discarded as it streams
+    # in and acknowledged, counted in stats_dropped; what follows it is delivered.
+    got = []
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], rx_size=512)
+    c.on_message = lambda m: got.append(bytes(m.payload))
+    c.connect()
+    until([c], lambda: b"after" in got, 5000, "the message after the oversize ones")
+    c.loop(200)
+    assert got == [b"ok", b"after"] and c.session.stats_dropped == 3, (got, c.session.stats_dropped)
+    assert c.connected
