@@ -284,3 +284,20 @@ def test_empty_landing_is_an_error_not_a_pass(spark, tmp_path, capsys):
     s = audit.run_audit(spark, str(tmp_path / "qonly"), str(tmp_path / "o"), ledger=str(led))
     assert (s["totals"]["lost"], s["totals"]["received"], s["quarantined"]) == (1, 0, 1)
     assert not s["verdict"]["ok"]
+
+
+def test_without_master_spark_defaults_decide_and_the_summary_says_where_it_ran(tmp_path):
+    # --master used to be set to local[*] whenever it was not given, overriding a cluster's
+    # spark-defaults.conf (and spark-submit --master); the summary now records where it ran
+    land = tmp_path / "landing"
+    _land(land, "part-c-1.parquet", [(0, {}), (1, {})])
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.master local[1]\n")
+    r = subprocess.run([sys.executable, "-m", "ternlab.pipeline.cli", "audit", str(land), "--out",
+                        str(tmp_path / "out"), "--quiet"], capture_output=True, text=True,
+                       env=dict(os.environ, SPARK_CONF_DIR=str(conf)), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["spark"]["master"] == "local[1]", summary["spark"]
+    assert summary["totals"]["lost"] == 0 and summary["totals"]["unique"] == 2, summary["totals"]

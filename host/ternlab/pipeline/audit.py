@@ -322,6 +322,7 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
         "verdict": verdict(per_qos),
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "elapsed_s": round(time.monotonic() - t0, 3),
+        "spark": {"master": spark.sparkContext.master, "version": spark.version},
     }
     write_bytes(spark, join(out, "summary.json"),
                 json.dumps(summary, indent=2, sort_keys=True).encode())

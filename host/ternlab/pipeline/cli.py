@@ -20,7 +20,7 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 def _spark_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Spark")
     g.add_argument("--master", default=None,
-                   help="Spark master URL (default local[*]), e.g. spark://host:7077 or yarn")
+                   help="Spark master URL, e.g. spark://host:7077 or yarn (default: spark-defaults.conf's, else local[*])")
     g.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark configuration property (repeatable)")
 

@@ -117,7 +117,8 @@ def spark_error_line(e: BaseException) -> str:
 def build_session(app_name: str = "tern", master: str | None = None, confs: dict | None = None):
     """Check Java, then get or create a SparkSession.
 
-    Defaults: ``local[*]``, session time zone UTC (landing partitions and windows are UTC), no progress
+    Defaults: the master of ``spark-defaults.conf`` (or ``spark-submit --master``), else ``local[*]``;
+    session time zone UTC (landing partitions and windows are UTC), no progress
     bars on the console, log level WARN. ``confs`` are applied last, so they override the defaults. If a
     session is already running in this process (tests, notebooks) it is returned as is.
     """
@@ -128,7 +129,9 @@ def build_session(app_name: str = "tern", master: str | None = None, confs: dict
     if active is not None:
         return active
     check_java()
-    b = SparkSession.builder.appName(app_name).master(master or "local[*]")
+    b = SparkSession.builder.appName(app_name)
+    if master:  # else spark-defaults.conf or spark-submit --master decide, and local[*] without them
+        b = b.master(master)
     defaults = {
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
