@@ -146,14 +146,18 @@ class _NoDog:
         pass
 
 
+dog = _NoDog()  # the watchdog once started: main.py feeds it while it waits after a crash
+
+
 def watchdog(prof):
     """machine.WDT with the profile's `watchdog_ms` (the emulated board's stands in for it: the host
     resets the process when a feed is late), else a dog that does nothing. Once started it cannot be
     stopped; feed() it at least every watchdog_ms."""
+    global dog
     ms = prof.get("watchdog_ms")
-    if not ms:
-        return _NoDog()
-    return _machine().WDT(timeout=ms)
+    if ms:
+        dog = _machine().WDT(timeout=ms)
+    return dog
 
 
 # ------------------------------------------------------------------- network

@@ -86,7 +86,18 @@ class App:
         self.qos = q if isinstance(q, list) else [q]
         self.k = 0
         self.lw = 1 << 30
-        self.interval = cfg["interval_ms"]
+        # The interval command's value sticks (store meta "interval": b"<config.json's> <the command's>",
+        # one record: a power cut leaves the old pair or the new one) while config.json still says what it
+        # said when the command came; an edited interval_ms wins, and the override is dropped for good.
+        iv = cfg["interval_ms"]
+        m = store.meta("interval")
+        if m:
+            m = m.split()
+            if int(m[0]) == iv:
+                iv = int(m[1])
+            else:
+                store.set_meta("interval", b"")
+        self.interval = iv
         self.qtopic = json.dumps(cfg["topic"])
         self.read_now = self.status_due = self.reboot = False
         self.retry_at = 0
@@ -143,6 +154,7 @@ class App:
         except ValueError:
             say("cmd", cmd="interval", err="payload must be milliseconds 10..86400000")
             return
+        self.store.set_meta("interval", ("%d %d" % (self.cfg["interval_ms"], ms)).encode())  # durable first
         self.interval = ms
         self.nxt = ticks_add(ticks_ms(), ms)  # the new interval starts now
         say("cmd", cmd="interval", ms=ms)
@@ -244,7 +256,7 @@ class App:
                 if n and self.k == n:
                     say("done", n=n, seq=self.seq, pending=self.store.count(), lw=self.lw)
                 if cfg["deep_sleep"]:
-                    self.sleep(ticks_diff(self.nxt, ticks_ms()))
+                    self.sleep()
             if self.status_due and self.c.connected:
                 self.status()
             if self.reboot:
@@ -254,15 +266,21 @@ class App:
             wait = ticks_diff(self.nxt, ticks_ms())
             self.step(500 if wait > 500 or n and self.k >= n else wait if wait > 0 else 0)
 
-    def sleep(self, ms):
-        """Deep sleep until the next reading, ms from now: the outbox gets up to that long (at most 5 s,
-        feeding the watchdog) to drain, then the board powers down for the rest. Whatever is still
-        pending is in the store and goes out after the wake-up (a new boot)."""
+    def sleep(self):
+        """Deep sleep until the next reading is due: the status of this boot's connect is published first
+        (QoS 1, into the outbox), then the outbox gets the time left (at most 5 s, feeding the watchdog)
+        to drain, then the board powers down for the rest. Whatever is still pending is in the store and
+        goes out after the wake-up (a new boot). The time left is read after the drain: an interval
+        command that arrived meanwhile sets it."""
         t = ticks_ms()
-        while self.store.count() and ticks_diff(ticks_ms(), t) < min(ms, 5000):
+        while True:
+            if self.status_due and self.c.connected:
+                self.status()
+            ms = ticks_diff(self.nxt, ticks_ms())
+            if not self.store.count() or ms <= 0 or ticks_diff(ticks_ms(), t) >= 5000:
+                break
             self.wdt.feed()
             self.step(50)
-        ms -= ticks_diff(ticks_ms(), t)
         if ms < 0:
             ms = 0
         say("sleep", ms=ms, pending=self.store.count())

@@ -238,6 +238,56 @@ def test_commands_interval_read_status_and_reboot_once(tmp_path, broker):
         dev.close()
 
 
+def test_interval_command_survives_a_power_cut_until_config_json_changes(tmp_path, broker):
+    """The interval command is durable before its "cmd" line: the power cut right after it, the board
+    boots with the command's interval (it used to go back to config.json's). An edited interval_ms in
+    config.json wins over it, and for good: setting the file back to its old value does not bring the
+    command's value back."""
+    addr = broker.address
+    cfg = {"host": addr[0], "port": addr[1], "client_id": "dev-1", "interval_ms": 60000, "qos": 1}
+    st = Watcher(addr, flt="tern/dev-1/status", cid="status-watch")
+    dev = Device(tmp_path, cfg)
+    b = dev.board
+
+    def interval_of(boot):  # what the boot's "online" status says
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            got = [json.loads(p) for _, p, _ in list(st.got)]
+            for s in got:
+                if s.get("online") and s["b"] == boot:
+                    return s["interval_ms"]
+            time.sleep(0.05)
+        raise AssertionError(f"no status of boot {boot}: {got}")
+
+    def reboot_with(interval):
+        b.write_file("config.json", json.dumps(dict(cfg, interval_ms=interval)))
+        dev.pump()
+        dev.tracebacks = 0  # writing a file stops the app with Ctrl-C (raw REPL): not a fault of its own
+        b.power_cycle()
+
+    try:
+        b.power_cycle()
+        dev.until(lambda t: t.counts["status"] >= 1 and t.counts["published"] == 1, 15, "first reading and status")
+        send(addr, "tern/dev-1/cmd/interval", b"100")
+        dev.until(lambda t: any(e.get("ms") == 100 for e in t.of("cmd")), 10, "the interval command")
+        b.power_cycle()  # SIGKILL, no flush: a power cut
+        log = dev.until(lambda t: sum(r["boot"] == 1 for r in t.ledger) >= 10, 15, "readings at 100 ms after the cut")
+        assert interval_of(0) == 60000 and interval_of(1) == 100
+        reboot_with(300)  # config.json edited: it wins
+        dev.until(lambda t: t.counts["boot"] >= 3, 15, "a boot with the edited config.json")
+        assert interval_of(2) == 300
+        reboot_with(60000)  # back to the value the command overrode: the override stays dropped
+        dev.until(lambda t: t.counts["boot"] >= 4, 15, "a boot with the old config.json")
+        assert interval_of(3) == 60000
+        time.sleep(1.0)
+        log = dev.pump()
+        assert sum(r["boot"] == 3 for r in log.ledger) == 1, "the dropped override came back"
+        assert log.boots == [0, 1, 2, 3] and not log.counts["crash"]
+    finally:
+        st.close()
+        dev.close()
+
+
 # -------------------------------------------------------------- faults: the main test
 
 

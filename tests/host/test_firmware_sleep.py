@@ -6,13 +6,14 @@ sleep ends the process and boots it again later (boards/emulated/emuboard.py). `
 fault injection: it stops the device process where it is, an app that hangs.
 """
 
+import json
 import time
 
 import pytest
 
 from ternlab.boards import BoardError, load_profile
 from ternlab.boards.emulated import EmulatedBoard
-from test_firmware import Device, Watcher, check_delivery
+from test_firmware import Device, Watcher, check_delivery, send
 
 
 def events(board, since=0):
@@ -210,4 +211,96 @@ def test_watchdog_resets_a_hung_app_and_spares_a_healthy_one(tmp_path, broker):
         assert not dev.tracebacks and not log.counts["crash"]
     finally:
         watch.close()
+        dev.close()
+
+
+def statuses(watch):
+    return [json.loads(p) for _, p, _ in list(watch.got)]
+
+
+def test_deep_sleep_publishes_the_status_and_keeps_the_interval_command(tmp_path, broker):
+    """deep_sleep: each boot publishes its "online" status (retained, QoS 1) before it sleeps, as after
+    every connect (it used to go straight from the reading to sleep, so the retained status only ever
+    said offline). An interval command outlives the sleeps: it reaches the sleeping board at its next
+    connect (QoS 2, persistent session), and that boot and every wake after it sleep for the new
+    interval, not config.json's (it used to live in RAM, which deep sleep loses)."""
+    cfg = {"host": broker.host, "port": broker.port, "client_id": "dev-1", "interval_ms": 800, "qos": 1,
+           "deep_sleep": True}
+    st = Watcher(broker.address, flt="tern/dev-1/status", cid="status-watch")
+    dev = Device(tmp_path, cfg)
+    try:
+        dev.board.power_cycle()
+        dev.until(lambda t: t.counts["sleep"] >= 2, 20, "two sleep cycles")
+        send(broker.address, "tern/dev-1/cmd/interval", b"2200")  # asleep or not, the session gets it
+        log = dev.until(lambda t: any(e.get("ms") == 2200 for e in t.of("cmd")), 20, "the command after a wake")
+        n = log.counts["boot"]
+        log = dev.until(lambda t: t.counts["boot"] >= n + 2 and t.counts["sleep"] >= n + 2, 30,
+                        "two wakes after the command")
+        per_boot, sleeps = {}, {}  # boot -> its events in order; boot -> the ms it slept
+        for e in log.events:
+            if e["ev"] == "boot":
+                b = e["b"]
+            if e["ev"] in ("boot", "status", "sleep"):
+                per_boot.setdefault(b, []).append(e["ev"] if e["ev"] != "status" or e.get("sent") else "status-err")
+            if e["ev"] == "sleep":
+                sleeps[b] = e["ms"]
+            if e["ev"] == "cmd":
+                took = b  # the boot that received the command
+        assert len(sleeps) >= n + 2, per_boot
+        for b in sleeps:  # connected, so the status went out (into the outbox) before the sleep
+            assert per_boot[b] == ["boot", "status", "sleep"], (b, per_boot[b])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not set(sleeps) <= {s.get("b") for s in statuses(st)}:
+            time.sleep(0.05)
+        online = {s["b"]: s["interval_ms"] for s in statuses(st) if s.get("online")}
+        assert set(sleeps) <= set(online), (sorted(sleeps), statuses(st))
+        # before the command config.json's interval; from the boot that took it on, the command's
+        assert all(online[b] == 800 for b in online if b < took), online
+        assert all(online[b] == 2200 for b in online if b > took), online
+        assert all(sleeps[b] <= 800 for b in sleeps if b < took), sleeps
+        assert all(1000 <= sleeps[b] <= 2200 for b in sleeps if b >= took), sleeps
+        assert [e["cause"] for e in log.of("boot")] == ["pwron"] + ["deepsleep"] * (len(log.of("boot")) - 1)
+        assert not dev.tracebacks and not log.counts["crash"]
+    finally:
+        st.close()
+        dev.close()
+
+
+def newer_format_outbox(board):
+    """Make the board's outbox partition hold a sector header of a newer FlashStore format (what a
+    downgrade from newer firmware leaves): FlashStore refuses to open it rather than erase it, so the
+    app raises at boot, a real crash for main.py to handle."""
+    import zlib
+
+    sh = bytearray(b"\xff" * 32)
+    sh[0:4] = b"TnF1"
+    sh[4] = 99
+    sh[24:28] = (zlib.crc32(bytes(sh[0:24])) & 0xFFFFFFFF).to_bytes(4, "little")
+    with open(board.image, "r+b") as f:
+        f.seek(board.fs_blocks * board.profile["flash"]["block_size"])
+        f.write(sh)
+
+
+def test_crash_waits_30_s_feeding_the_watchdog_then_resets(tmp_path):
+    """main.py after a crash: the crash line, 30 s with the watchdog fed (1.5 s here; the Pico W's is 8 s
+    at most), then machine.reset(). The watchdog used to bite 1.5 s after the crash: a boot loop at
+    the watchdog's pace instead of the 30 s the docs promise."""
+    prof = load_profile("unix-emulated")
+    prof["watchdog_ms"] = 1500
+    dev = Device(tmp_path, {"client_id": "dev-1", "interval_ms": 1000}, profile=prof)
+    try:
+        b = dev.board
+        b.power_off()
+        newer_format_outbox(b)
+        b.power_on()
+        b.wait_for(r'"ev": ?"crash".*format 99', timeout=15)
+        crash = next(x for x in b.log.lines if x.kind == "out" and "crash" in x.text)
+        wait_event(b, "watchdog started (1500 ms)", 1)
+        i, reset = wait_event(b, "reset (", 40)
+        assert reset.text == "reset (machine.reset)", [x.text for x in events(b)]
+        assert 29.5 <= reset.mono - crash.mono <= 33, reset.mono - crash.mono
+        b.wait_for(r'"ev": ?"crash"', timeout=15, since=i)  # the next boot meets the same flash
+        assert b.reset_cause == "hard"
+        assert not [x.text for x in events(b) if "watchdog reset" in x.text]
+    finally:
         dev.close()
