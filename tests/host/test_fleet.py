@@ -171,3 +171,16 @@ def test_sixteen_boards_for_a_minute_on_this_machine(fleet):
           f"FLEET16 runner+observer CPU={host_cpu:.1f}s ({100 * host_cpu / wall:.1f}% of a core) "
           f"broker RSS={meter.broker[0] / 2**20:.1f} MiB CPU={meter.broker[1]:.1f}s")
     assert len(rss) == 16
+
+
+def test_a_second_run_into_the_same_directory_starts_afresh(fleet, tmp_path):
+    # The replay line names the same output directory. A second run used to reuse the boards' flash
+    # images (their outboxes, boot counters and the earlier run's "stop measuring" interval command,
+    # which the firmware keeps), so it barely measured; the broker's and collectors' files leaked too.
+    quiet = {"boards": 1, "duration": 3.0, "warmup": 0.5, "settle": 15.0, "faults": [],
+             "firmware": {"interval_ms": 100, "qos": [1]}}
+    runs = [fleet(seed=5, out=tmp_path / "same", **quiet).run() for _ in range(2)]
+    assert all(r.ok for r in runs), [r.failures for r in runs]
+    first, second = (r.boards["board-000"] for r in runs)
+    assert first["published"] > 10 and second["published"] >= first["published"] // 2, (first, second)
+    assert second["boots"] == 1, second  # a fresh board: not the first run's boots plus one

@@ -29,6 +29,7 @@ a proxy), ``broker/mosquitto.log``; with collectors ``landing/`` and ``collector
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections import Counter, defaultdict
@@ -473,6 +474,10 @@ class Fleet:
         from ..telemetry import TelemetryLog, compile_mpy, install
 
         self.out.mkdir(parents=True, exist_ok=True)
+        for old in ("boards", "broker", "landing", "collectors"):
+            # an earlier run into the same directory: its flash images (outboxes, boot counters, the
+            # stop command they were sent), broker state and landed rows would leak into this one
+            shutil.rmtree(self.out / old, ignore_errors=True)
         self.cb.on_phase("starting")
         self.broker = Broker(self.out / "broker", persistence=self.scenario.persistence).start()
         topic = self.firmware.get("topic", "tern/{id}/telemetry").replace("{id}", "+")
