@@ -53,7 +53,7 @@ def redact(text):
         if s in text:
             text = text.replace(s, "***")
         shortest = min(len(s), max(6, len(s) // 2))
-        for n in range(len(s) - 1, shortest - 1, -1):
+        for n in range(min(len(s) - 1, len(text)), shortest - 1, -1):  # no piece longer than text
             for i in range(len(s) - n + 1):
                 piece = s[i : i + n]
                 if piece in text:

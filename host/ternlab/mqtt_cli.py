@@ -4,8 +4,10 @@ defaults), on top of the Tern client library (tern.client.Client).
 
 What differs from mosquitto, on purpose or for now:
   * usage errors exit with 2 (argparse's code), runtime failures with 1, and
-    `-W` timeouts with 27 as mosquitto_sub does; every failure is one line on
-    stderr;
+    `-W` timeouts with 27 as mosquitto_sub does; a connection the broker
+    refuses exits with the CONNACK's reason code, as mosquitto does (e.g. 5
+    for MQTT 3.1.1, 135 for MQTT 5 when the password is wrong); every failure
+    is one line on stderr;
   * `tern sub` acknowledges a QoS 1/2 message only after printing it, so a
     message received after `-C` is satisfied is not acknowledged and stays
     queued in a persistent session (`-c`) for the next run;
@@ -43,7 +45,7 @@ import time
 from tern import props as P
 from tern.client import Client, ConnectError
 from tern.topic import validate_filter, validate_name
-from tern.wire import CONNECT, DISCONNECT, PUBLISH, SUBSCRIBE, MQTTError
+from tern.wire import CONNECT, DISCONNECT, PUBLISH, SUBSCRIBE, MQTTError, utf8
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -172,6 +174,36 @@ def _seconds(text):
     return v
 
 
+def _arg_bytes(text):
+    """An argument's bytes as the shell passed them: Python decodes argv with
+    surrogateescape, so bytes that are not UTF-8 come back unchanged (as
+    mosquitto sends -m, --will-payload and -F text)."""
+    return os.fsencode(text)
+
+
+def _mqtt_string(flag, text):
+    """text checked as an MQTT UTF-8 string (user name, client id): a
+    UsageError naming flag, never the value, when it cannot be one."""
+    try:
+        b = text.encode()
+    except UnicodeEncodeError:
+        raise UsageError("%s is not valid UTF-8" % flag)
+    if len(b) > 65535:
+        raise UsageError("%s is longer than 65535 bytes (%d)" % (flag, len(b)))
+    try:
+        utf8(b)
+    except ValueError as e:
+        raise UsageError("%s: %s" % (flag, e))
+
+
+def _mqtt_binary(flag, text):
+    """The argument's bytes as MQTT binary data (password, will payload)."""
+    b = _arg_bytes(text)
+    if len(b) > 65535:
+        raise UsageError("%s is longer than 65535 bytes (%d)" % (flag, len(b)))
+    return b
+
+
 # MQTT 5 properties by mosquitto's names: identifier and the -D commands that may carry it.
 PROPERTY_NAMES = {
     "payload-format-indicator": (P.PAYLOAD_FORMAT_INDICATOR, ("publish", "will")),
@@ -235,7 +267,7 @@ def _parse_property(words, tool):
     elif t == P.TYPE_UTF8:
         value = text
     elif t == P.TYPE_BINARY:
-        value = text.encode()  # as mosquitto: the argument's bytes
+        value = _arg_bytes(text)  # as mosquitto: the argument's bytes
     else:
         value = (words[2], words[3])
     try:  # the library's own rules (e.g. payload-format-indicator is 0 or 1)
@@ -464,6 +496,11 @@ def _settings(args, tool):
         cid = "tern_%s_%d" % (tool, os.getpid())  # MQTT 3.1 needs 1..23 characters
     else:
         cid = ""  # the broker assigns one
+    if args.username is not None:
+        _mqtt_string("-u", args.username)
+    password = None if args.password is None else _mqtt_binary("-P", args.password)
+    _mqtt_string("-i" if args.client_id is not None else "-I", cid)
+    will_payload = _mqtt_binary("--will-payload", args.will_payload or "")
     ctx = _tls_context(args)
     conn = dict(props.get("connect", {}))
     opts = {"rx_size": RX_SIZE, "tx_size": TX_SIZE}
@@ -482,10 +519,10 @@ def _settings(args, tool):
         opts["topic_alias_max"] = tam
     kw = dict(
         client_id=cid, port=args.port, version=v, keepalive=args.keepalive,
-        clean=not args.persistent, ssl=ctx, username=args.username, password=args.password,
+        clean=not args.persistent, ssl=ctx, username=args.username, password=password,
         connect_props=conn or None, **opts)
     if args.will_topic is not None:
-        kw.update(will_topic=args.will_topic, will_payload=(args.will_payload or "").encode(),
+        kw.update(will_topic=args.will_topic, will_payload=will_payload,
                   will_qos=args.will_qos, will_retain=args.will_retain, will_props=props.get("will"))
     elif "will" in props:
         raise UsageError("-D will ... needs --will-topic")
@@ -726,7 +763,8 @@ def _open(args, kw, reconnect, setup=None):
         try:
             c.connect()
         except ConnectError as e:
-            raise CLIError("connection to %s refused by the broker: %s" % (where, reason_text(e.reason, args.version)))
+            raise CLIError("connection to %s refused by the broker: %s" % (where, reason_text(e.reason, args.version)),
+                           _refused_code(e))
         except ssl.SSLCertVerificationError as e:
             raise CLIError("TLS: the certificate of %s failed verification: %s" % (where, e.verify_message or e.reason))
         except ssl.SSLError as e:
@@ -739,6 +777,13 @@ def _open(args, kw, reconnect, setup=None):
         c.reconnect = reconnect
         return c
     raise CLIError("cannot connect to %s: %s" % (where, _os_reason(last)))
+
+
+def _refused_code(e):
+    """The exit status for a refused CONNECT: the CONNACK's reason code, as
+    mosquitto_pub and mosquitto_sub exit (5 or 135 for a bad password), so a
+    script can tell a refusal from a broker it could not reach (1)."""
+    return e.reason if 0 < e.reason < 256 else EXIT_FAIL
 
 
 def _lost(client, e=None):
@@ -811,7 +856,7 @@ def _pub(args):
         raise UsageError("-t: %s" % e)
     payload = None
     if args.message is not None:
-        payload = args.message.encode()
+        payload = _arg_bytes(args.message)
     elif args.null:
         payload = b""
     elif args.file is not None:
@@ -945,7 +990,7 @@ def compile_format(fmt):
                 items.append((conv, left, zero and not left, width, prec))
             i = j + 1
         else:
-            lit += c.encode()
+            lit += _arg_bytes(c)
             i += 1
     if lit:
         items.append(bytes(lit))
@@ -1059,11 +1104,34 @@ def render(items, m, now):
 
 def run_sub(args):
     say = _say_err(args)
+    restore = _stop_on_sigterm()
     try:
         return _sub(args, say)
     except CLIError as e:
         say(str(e))
         return e.code
+    finally:
+        restore()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop_on_sigterm():
+    """SIGTERM (kill, systemd, timeout) ends `tern sub` as Ctrl-C does: a
+    DISCONNECT, so the broker drops the will, and status 0, as mosquitto_sub.
+    Left alone when the signal is ignored or handled already or off the main
+    thread. Returns what puts the old handler back."""
+    import signal
+
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return lambda: None
+        signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _sub(args, say):
@@ -1131,8 +1199,18 @@ def _sub(args, say):
         nonlocal client
         client = c
         c.on_message = on_message
+
+        def on_disconnect(err):
+            if isinstance(err, MQTTError) and err.code == 0x95:
+                # MQTT 5: a packet over the RX_SIZE we announced; the broker would
+                # send it again after every reconnect (retained, queued): the end
+                state["fatal"] = "cannot receive a message: %s" % err
+                c.reconnect = False
+            elif dbg:
+                dbg("tern sub: %s; reconnecting" % _lost(c, err))
+
+        c.on_disconnect = on_disconnect
         if dbg:
-            c.on_disconnect = lambda err: dbg("tern sub: %s; reconnecting" % _lost(c, err))
             c.on_connect = lambda sp, rc: dbg("tern sub: connected (session present: %d)" % sp)
 
     client = _open(args, kw, reconnect=True, setup=setup)
@@ -1166,8 +1244,16 @@ def _sub(args, say):
                         break
                     wait = max(1, min(wait, int(left * 1000)))
                 client.loop(wait)
+                if "fatal" in state:
+                    raise CLIError(state["fatal"])
+                if client.session.stats_dropped > state.setdefault("dropped", 0):
+                    # MQTT 3.1.x: the client discards what it cannot hold and acknowledges it
+                    state["dropped"] = client.session.stats_dropped
+                    say("a message over the receive limit of %d bytes was dropped (%d so far)"
+                        % (RX_SIZE, state["dropped"]))
         except ConnectError as e:  # a reconnect the broker refused for good
-            raise CLIError("connection refused by the broker: %s" % reason_text(e.reason, args.version))
+            raise CLIError("connection refused by the broker: %s" % reason_text(e.reason, args.version),
+                           _refused_code(e))
         except ValueError as e:
             raise CLIError(str(e))
         except OSError as e:
