@@ -18,12 +18,41 @@ and the last packet id, so nothing needed survives only in deleted files.
   change since the last commit durable at once.
 - mark/unmark/release/in_release/in_clear/set_meta append small records.
 - every open starts a new segment: a torn tail (caught by the CRC) is never
-  appended to. A segment rotates at `segment_bytes`.
+  appended to. A record that would take a segment past `segment_bytes` goes
+  to a new one (a bigger record gets a segment of its own).
 - the oldest segment is deleted once nothing in it is live; when more than
   `max_segments` exist, the oldest one's stuck live records are copied forward
-  (same record sequence, so order is kept) and it is deleted. Segments are
-  only ever deleted oldest first, so an appended release always outlives the
-  record it releases.
+  (same record sequence, so order is kept) and it is deleted (one such move
+  per call). Segments are only ever deleted oldest first, so an appended
+  release always outlives the record it releases.
+
+Capacity (a full outbox must still take its acks, or it never drains):
+- the budget is what the filesystem had free at open() (os.statvfs, or
+  littlefs-python's fs_stat) less 3 blocks (LittleFS's copy-on-write block,
+  directory growth, slack), plus what the segments already take; `max_bytes`
+  caps it, and is the only budget where the filesystem cannot tell its free
+  space. A segment file counts as whole blocks of block size - 64 bytes
+  (LittleFS keeps pointers in each); segment_bytes is cut to an eighth of
+  the budget on a small filesystem, then rounded down to whole such blocks
+  (at least one) less 40 bytes.
+- only live records (messages, inbound ids, the latest meta values) count
+  toward fullness. append raises OSError(ENOSPC, "outbox full"), with nothing
+  written, unless the live records and the new one, packed into segments,
+  leave room for an ack record, 640 bytes for inbound QoS 2 ids and meta
+  updates (in_add/set_meta may use those, so a full outbox still takes an
+  inbound QoS 2 message and a boot counter), and twice the headroom of moving
+  the largest segment's live records forward (a power cut may stop a move
+  half-way, and the boot after it opens a segment first).
+- acks (release, mark, unmark, in_release, in_clear) never count: when the
+  files come near the budget, the oldest segment's live records are moved
+  forward (same record sequence) and the segment deleted, which always fits
+  in that headroom. So an ack never fails for room, and releases make room
+  for appends again.
+- a write or sync that fails anyway (the filesystem filled from elsewhere)
+  raises OSError (ENOSPC as "outbox full (filesystem)"); the store then boots
+  again from what is durable and goes on in a new segment, so a half-written
+  record is never followed by another and never comes back. With
+  group_commit, changes not yet committed are lost then, as in a power cut.
 """
 
 import os
@@ -56,6 +85,10 @@ except ImportError:  # pragma: no cover
     from uarray import array
 
 T_SEG = const(0x35)
+_E = const(20)  # a record without a body: SEG, OP, INCLEAR, INID
+_SPARE = const(3)  # blocks of the free space left to the filesystem
+_RSV = const(640)  # live bytes messages leave to inbound ids and meta updates (32 ids)
+ENOSPC = const(28)
 _KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
 _MICROPYTHON = __import__("sys").implementation.name == "micropython"
 
@@ -78,6 +111,9 @@ class OsFs:
 
     def mkdir(self, path):
         os.mkdir(path)
+
+    def statvfs(self, path):
+        return os.statvfs(path)
 
     def sync_file(self, f):
         f.flush()
@@ -134,6 +170,12 @@ class _ObjFs:
         except Exception as e:
             raise _oserror(e)
 
+    def statvfs(self, path):
+        # littlefs-python: fs_stat() and used_block_count, as os.statvfs's first five
+        s = self.fs.fs_stat()
+        free = s.block_count - self.fs.used_block_count
+        return (s.block_size, s.block_size, s.block_count, free, free)
+
     def sync_file(self, f):
         f.flush()
         raw = getattr(f, "raw", None)  # a buffered wrapper: sync the file below it too
@@ -147,7 +189,8 @@ class _ObjFs:
 class FileStore:
     durable = True
 
-    def __init__(self, path, fs=None, group_commit=False, segment_bytes=16384, max_segments=4, verbose=True):
+    def __init__(self, path, fs=None, group_commit=False, segment_bytes=16384, max_segments=4, verbose=True,
+                 max_bytes=0):
         self.path = path.rstrip("/") or "/"
         if fs is None:
             fs = OsFs()
@@ -157,6 +200,7 @@ class FileStore:
         self.group = bool(group_commit)
         self.segment_bytes = segment_bytes
         self.max_segments = max(2, max_segments)
+        self.max_bytes = max_bytes
         self.verbose = verbose
         self._hdr = bytearray(_RH)
         self._crcb = bytearray(4)
@@ -165,7 +209,13 @@ class FileStore:
         self._off = 0
         self._dirty = False
         self._segs = []  # segment numbers, oldest first
-        self._live = {}  # segment -> live items
+        self._live = {}  # segment -> bytes of its live records
+        self._sz = {}  # segment -> file size (the current one: _off)
+        self._cap = 0  # byte budget of all segment files (0: none)
+        self._u = 1  # allocation unit (the filesystem's block)
+        self._seg = segment_bytes
+        self._mx = _E  # largest live record (for the headroom)
+        self._bad = False
         # index in record-sequence order (pid 0 = hole)
         self._ipid = array("H")
         self._iseg = array("I")
@@ -210,6 +260,10 @@ class FileStore:
         ents = {}
         ins = {}
         self._bootlast = -1
+        self._meta = {}  # (a recovery after a failed write boots again from scratch)
+        self._rseq = 1
+        self._last = 0
+        self._sz = {}
         for seg in segs:
             self._scan(seg, ents, ins)
         keys = sorted(ents)
@@ -223,6 +277,7 @@ class FileStore:
         self._live = {}
         for s in segs:
             self._live[s] = 0
+        mx = _E
         for i in range(len(keys)):
             e = ents[keys[i]]
             self._ipid[i] = e[0]
@@ -230,20 +285,54 @@ class FileStore:
             self._ioff[i] = e[2]
             self._ilen[i] = e[3]
             self._irs[i] = keys[i]
-            self._live[e[1]] += 1
+            self._live[e[1]] += e[3] + _E
+            mx = max(mx, e[3] + _E)
+        self._mx = mx
         self._in = {}
         for r in ins:
             pid, seg, off = ins[r]
             self._in[pid] = (seg, off, r)
-            self._live[seg] += 1
+            self._live[seg] += _E
         for k in self._meta:
-            self._live[self._meta[k][1]] += 1
-        self.stats = {"segments": len(segs), "pending": len(keys)}
+            m = self._meta[k]
+            self._live[m[1]] += _E + 1 + len(k) + len(m[0])
+        self._cur = 0
+        if not self._bad:  # (a recovery keeps the budget: the filesystem may be full for now)
+            self._budget()
+        self.stats = {"segments": len(segs), "pending": len(keys), "budget": self._cap}
+        self._f = None
         self._new_segment()
         self._gc()
+        self._room(0)
         return self
 
+    def _budget(self):
+        """The byte budget of the segment files and the segment size (see the module doc)."""
+        u = 1
+        cap = 0
+        try:
+            st = self.fs.statvfs(self.path)
+            u = self._u = st[1] or st[0]  # (_foot counts in these blocks)
+            cap = (st[4] - _SPARE) * u + self._foot()
+            if cap < 1:
+                cap = 1
+        except Exception:  # no statvfs here: only max_bytes bounds the store
+            pass
+        self._u = u
+        if self.max_bytes and (not cap or self.max_bytes < cap):
+            cap = self.max_bytes
+        self._cap = cap
+        # a small filesystem gets small segments (the headroom is a segment's
+        # worth); on blocks, a segment and an ack fill whole blocks
+        s = self.segment_bytes
+        if cap and s > cap // 8:
+            s = cap // 8
+        if u > 64:
+            s = max(s // (u - 64), 1) * (u - 64) - 2 * _E
+        self._seg = max(s, 256)
+
     def _scan(self, seg, ents, ins):
+        self._sz[seg] = 0
         try:
             with self.fs.open(self._name(seg), "rb") as f:
                 data = f.read()
@@ -253,6 +342,7 @@ class FileStore:
         h = self._hdr
         mv = memoryview(data)
         n = len(data)
+        self._sz[seg] = n
         p = 0
         while p + _RH + 4 <= n:
             h[0:_RH] = mv[p : p + _RH]
@@ -342,69 +432,192 @@ class FileStore:
         if self._f is not None:
             self._sync()
             self._f.close()
+            self._f = None
+        if self._cur:
+            self._sz[self._cur] = self._off
         seg = (self._segs[-1] + 1) if self._segs else 1
-        self._f = self.fs.open(self._name(seg), "wb")
         self._segs.append(seg)
         self._live[seg] = 0
         self._cur = seg
         self._off = 0
+        try:
+            self._f = self.fs.open(self._name(seg), "wb")
+        except Exception as e:
+            self._fail(e)
         self._emit(T_SEG, 0, self._rseq, self._last, b"", b"")
         self._sync()
         self.fs.sync_dir(self.path)
 
     def _emit(self, t, flags, rseq, pid, head, body):
-        """Write one record at the end of the current segment; returns its offset."""
-        off = self._off
+        """Write one record at the end of the current segment (a new one if it
+        would go past the segment size, or none is open); returns its offset."""
         lh = len(head)
         ln = lh + len(body)
+        if self._f is None or (self._off > _E and self._off + ln + _E > self._seg):
+            self._new_segment()
+        off = self._off
         self._mkhdr(t, flags, ln, rseq, pid, self._cur, off)
         h2 = self._hdr
         c = crc32(body, crc32(head, crc32(h2))) & 0xFFFFFFFF
         _put32(self._crcb, 0, c)
         f = self._f
-        f.write(h2)
-        if lh:
-            f.write(head)
-        if ln - lh:
-            f.write(body)
-        f.write(self._crcb)
-        self._off = off + _RH + ln + 4
         self._dirty = True
+        try:
+            f.write(h2)
+            if lh:
+                f.write(head)
+            if ln - lh:
+                f.write(body)
+            f.write(self._crcb)
+        except Exception as e:
+            self._fail(e)
+        self._off = off + _RH + ln + 4
         return off
 
     def _sync(self):
         if self._dirty:
-            self.fs.sync_file(self._f)
+            try:
+                self.fs.sync_file(self._f)
+            except Exception as e:
+                self._fail(e)
             self._dirty = False
+
+    def _fail(self, e):
+        """A write or sync failed (a full filesystem, say): what the file holds
+        past its last sync cannot be trusted (LittleFS drops it, POSIX may keep
+        part of it), so boot again from what is durable, in a new segment, and
+        raise. A failure while doing so leaves no segment open: the next write
+        opens one."""
+        e = _oserror(e)
+        if not self._bad:
+            self._bad = True
+            f = self._f
+            self._f = None
+            self._dirty = False
+            try:
+                f.close()
+            except Exception:
+                pass
+            try:
+                self.open()
+            except Exception:
+                pass
+            self._bad = False
+        if isinstance(e, OSError) and e.args and e.args[0] == ENOSPC:
+            raise OSError(ENOSPC, "outbox full (filesystem)")
+        raise e
 
     def _done(self):
         """End of one change: durable now unless group commit defers it."""
         if not self.group:
             self._sync()
-        if self._off >= self.segment_bytes:
-            self._new_segment()
-            self._gc()
+
+    # ------------------------------------------------------------ capacity
+    def _blk(self, x):
+        """Bytes a file of x bytes takes: whole blocks of u - 64 data bytes."""
+        d = self._u - 64
+        return (x + d - 1) // d * self._u if d > 0 else x
+
+    def _foot(self):
+        t = 0
+        for s in self._segs:
+            t += self._blk(self._off if s == self._cur else self._sz.get(s, 0))
+        return t
+
+    def _mv(self, n):
+        """What moving n live bytes forward may add: a new segment, and a block
+        more of the current one where segments span blocks."""
+        return self._blk(n + _E) + (self._u if self._seg > self._u - 64 else 0)
+
+    def _head(self, mx):
+        """Headroom kept free: moving the largest segment forward, twice (a
+        power cut may stop a move half-way, and the boot after it opens a
+        segment before the move is done again)."""
+        return 2 * self._mv(max(self._seg, mx + _E)) + self._blk(_E)
+
+    def _fits(self, w):
+        o = self._off
+        if self._f is None or (o > _E and o + w > self._seg):
+            g = self._blk(w + _E)
+        else:
+            g = self._blk(o + w) - self._blk(o)
+        return self._foot() + g + self._head(self._mx) <= self._cap
+
+    def _room(self, w):
+        """Before writing w bytes: move the oldest segments' live records
+        forward and delete them while the files are near the budget."""
+        if not self._cap:
+            return True
+        for _ in range(4 * len(self._segs) + 8):
+            if self._fits(w):
+                return True
+            old = self._segs[0]
+            if old == self._cur:
+                self._new_segment()
+                continue
+            if self._foot() + self._mv(self._live[old]) > self._cap:
+                return False  # (only where the budget shrank since these were written)
+            self._relocate(old)
+            if not self._drop(old):
+                return False
+        return self._fits(w)
+
+    def _take(self, n, old=0, rsv=0):
+        """Room for a live record of n bytes (replacing one of `old` bytes,
+        leaving rsv more) or OSError(ENOSPC): see Capacity in the module doc."""
+        if not self._cap:
+            return
+        mx = max(self._mx, n)
+        k = self._need(n - old + rsv + self._lv(), (0 if old else 1) + rsv // _E, mx)
+        if k * self._blk(max(self._seg, mx + _E)) + self._u + self._head(mx) > self._cap:
+            raise OSError(ENOSPC, "outbox full")
+        self._mx = mx
+        if not self._room(n):
+            raise OSError(ENOSPC, "outbox full")
+
+    def _need(self, lv, more, mx):
+        """Segments that lv live bytes take once moved forward: a closed one
+        holds more than q of them; at most one a live record anyway."""
+        q = self._seg - _E - mx
+        k = len(self._ipid) - self._lo + len(self._in) + len(self._meta) + more
+        return lv // q + 1 if q > 0 and lv // q + 1 < k else k
+
+    def _lv(self):
+        t = 0
+        for s in self._live:
+            t += self._live[s]
+        return t
+
+    def _drop(self, old):
+        """Delete the oldest segment (nothing in it is live)."""
+        self._sync()  # the copies (and releases) are durable before the delete
+        try:
+            self.fs.remove(self._name(old))
+        except OSError:
+            return False  # still there: tried again later (what it releases must outlive it)
+        self.fs.sync_dir(self.path)
+        self._segs.pop(0)
+        self._live.pop(old, None)
+        self._sz.pop(old, None)
+        return True
 
     def _gc(self):
         """Delete dead segments, oldest first; move stuck records when too many."""
+        moved = False
         while len(self._segs) > 1:
             old = self._segs[0]
             if old == self._cur:
                 return
             if self._live.get(old, 0):
-                if len(self._segs) <= self.max_segments:
+                # (not while the live records need that many segments: no churn)
+                if moved or len(self._segs) <= max(self.max_segments, self._need(self._lv(), 0, self._mx) + 1):
+                    return
+                if self._cap and self._foot() + self._mv(self._live[old]) > self._cap:
                     return
                 self._relocate(old)
-                if self._live.get(old, 0):
-                    return
-            self._sync()  # the copies (and releases) are durable before the delete
-            try:
-                self.fs.remove(self._name(old))
-            except OSError:
-                pass
-            self.fs.sync_dir(self.path)
-            self._segs.pop(0)
-            self._live.pop(old, None)
+                moved = True
+            if not self._drop(old):
+                return
 
     def _copy(self, seg, off, flags):
         """Re-append the record at (seg, off) with new flags; returns the new offset or -1."""
@@ -425,36 +638,39 @@ class FileStore:
         return self._emit(h[0], (h[1] & ~(F_RELOC | F_MARKED)) | flags, _u32(h, 4), _u16(h, 8), b"", rest[0:ln])
 
     def _relocate(self, seg):
+        """Copy every live record of seg forward (the copies may open new segments)."""
         for i in range(self._lo, len(self._ipid)):
             if self._ipid[i] and self._iseg[i] == seg:
                 o = self._ioff[i]
+                n = self._ilen[i] + _E
                 no = self._copy(seg, o >> 3, F_RELOC | (F_MARKED if o & 1 else 0))
-                self._live[seg] -= 1
+                self._live[seg] -= n
                 if no < 0:
                     self._hole(i)
                     continue
                 self._iseg[i] = self._cur
                 self._ioff[i] = (no << 3) | (o & 7)
-                self._live[self._cur] += 1
+                self._live[self._cur] += n
         for pid in list(self._in):
             s, o, r = self._in[pid]
             if s == seg:
                 no = self._copy(seg, o, F_RELOC)
-                self._live[seg] -= 1
+                self._live[seg] -= _E
                 if no < 0:
                     del self._in[pid]
                     continue
                 self._in[pid] = (self._cur, no, r)
-                self._live[self._cur] += 1
+                self._live[self._cur] += _E
         for k in self._meta:
             m = self._meta[k]
             if m[1] == seg:
+                n = _E + 1 + len(k) + len(m[0])
                 no = self._copy(seg, m[2], F_RELOC)
-                self._live[seg] -= 1
+                self._live[seg] -= n
                 if no >= 0:
                     m[1] = self._cur
                     m[2] = no
-                    self._live[self._cur] += 1
+                    self._live[self._cur] += n
 
     # ------------------------------------------------------------ index
     def _find(self, pid):
@@ -483,9 +699,6 @@ class FileStore:
             self._irs = self._irs[lo:]
             self._lo = 0
 
-    def _dead(self, seg):
-        self._live[seg] -= 1
-
     # ------------------------------------------------------------ contract
     def append(self, kind, pid, head, body=b""):
         if kind not in _KINDS:
@@ -497,6 +710,7 @@ class FileStore:
         n = len(head) + len(body)
         if n > 65535:  # the record's length field: a longer one would not read back
             raise ValueError("record of %d bytes over 65535" % n)
+        self._take(n + _E, 0, _RSV)
         r = self._rseq
         off = self._emit(kind, 0, r, pid, head, body)
         self._rseq += 1
@@ -504,33 +718,35 @@ class FileStore:
         self._ipid.append(pid)
         self._iseg.append(self._cur)
         self._ioff.append((off << 3) | (_KINDS.index(kind) << 1))
-        self._ilen.append(len(head) + len(body))
+        self._ilen.append(n)
         self._irs.append(r)
-        self._live[self._cur] += 1
+        self._live[self._cur] += n + _E
         self._done()
 
     def mark(self, pid):
-        i = self._get(pid)
-        if self._ioff[i] & 1:
-            return
-        self._emit(T_OP, OP_MARK, self._irs[i], pid, b"", b"")
-        self._ioff[i] |= 1
-        self._done()
+        self._setmark(pid, 1)
 
     def unmark(self, pid):
-        i = self._get(pid)
-        if not self._ioff[i] & 1:
+        self._setmark(pid, 0)
+
+    def _setmark(self, pid, want):
+        if self._ioff[self._get(pid)] & 1 == want:
             return
-        self._emit(T_OP, OP_UNMARK, self._irs[i], pid, b"", b"")
-        self._ioff[i] &= ~1
+        self._room(_E)
+        i = self._get(pid)  # (the room made may have moved it)
+        self._emit(T_OP, OP_MARK if want else OP_UNMARK, self._irs[i], pid, b"", b"")
+        self._ioff[i] = (self._ioff[i] & ~1) | want
         self._done()
 
     def release(self, pid):
-        i = self._find(pid) if pid else -1
-        if i < 0:
+        if not self.has(pid):
+            return
+        self._room(_E)
+        i = self._find(pid)
+        if i < 0:  # (a record that went bad while being moved)
             return
         self._emit(T_OP, OP_RELEASE, self._irs[i], pid, b"", b"")
-        self._dead(self._iseg[i])
+        self._live[self._iseg[i]] -= self._ilen[i] + _E
         self._hole(i)
         self._done()
         self._gc()
@@ -575,33 +791,36 @@ class FileStore:
     def in_add(self, pid):
         if pid in self._in:
             return
+        self._take(_E)
         r = self._rseq
         off = self._emit(T_INID, 0, r, pid, b"", b"")
         self._rseq += 1
         self._in[pid] = (self._cur, off, r)
-        self._live[self._cur] += 1
+        self._live[self._cur] += _E
         self._done()
 
     def in_has(self, pid):
         return pid in self._in
 
     def in_release(self, pid):
-        e = self._in.get(pid)
-        if e is None:
+        if pid not in self._in:
             return
+        self._room(_E)
+        e = self._in[pid]
         self._emit(T_OP, OP_INREL, e[2], pid, b"", b"")
         del self._in[pid]
-        self._dead(e[0])
+        self._live[e[0]] -= _E
         self._done()
         self._gc()
 
     def in_clear(self):
         if not self._in:
             return
+        self._room(_E)
         self._emit(T_INCLEAR, 0, self._rseq, 0, b"", b"")
         self._rseq += 1
         for pid in self._in:
-            self._dead(self._in[pid][0])
+            self._live[self._in[pid][0]] -= _E
         self._in = {}
         self._done()
         self._gc()
@@ -618,13 +837,16 @@ class FileStore:
         cur = self._meta.get(k)
         if cur is not None and cur[0] == v:
             return
+        n = _E + 1 + len(k)
+        self._take(n + len(v), 0 if cur is None else n + len(cur[0]))
         r = self._rseq
         off = self._emit(T_META, 0, r, 0, bytes((len(k),)) + k, v)
         self._rseq += 1
+        cur = self._meta.get(k)  # (the room made may have moved the old one)
         self._meta[k] = [v, self._cur, off, r]
-        self._live[self._cur] += 1
+        self._live[self._cur] += n + len(v)
         if cur is not None:
-            self._dead(cur[1])
+            self._live[cur[1]] -= n + len(cur[0])
         self._done()
         self._gc()
 

@@ -1,9 +1,10 @@
 """FileStore beyond the shared contract: segment rotation and deletion, stuck
-records moved forward, torn tails and bit flips caught by the CRC, group commit."""
+records moved forward, torn tails and bit flips caught by the CRC, group commit,
+and a full filesystem (the store's own budget, and one filled from elsewhere)."""
 
 import os
 
-from check import Rng, raises, read_all
+from check import MICROPYTHON, Rng, raises, read_all
 from test_norflash import tmppath, rmtree
 from test_store_contract import LfsVolume
 from tern.store import PUBLISH, SUBSCRIBE
@@ -183,4 +184,193 @@ def test_record_over_64k_refused_before_it_is_written():
         assert st.pending() == [1, 3] and st.size(3) == 65535
         st.close()
     finally:
+        rmtree(p)
+
+
+# -- a full filesystem ---------------------------------------------------------------
+ENOSPC = 28
+
+
+def lfs_segs(d, fs):
+    """Segment files in the store directory d of a mounted LfsVolume."""
+    return sorted(n for n in (fs.listdir(d) if fs is not None else os.listdir(d)) if n.endswith(".seg"))
+
+
+def fill_to_refusal(st, r, first=1, limit=2000):
+    """Append PUBLISH records until the store refuses one; returns {pid: packet}."""
+    got = {}
+    for pid in range(first, first + limit):
+        data = b"\x34\x4e" + bytes(r.bytes(30 + r.below(300)))
+        try:
+            st.append(PUBLISH, pid, data[:2], data[2:])
+        except OSError as e:
+            assert e.args[0] == ENOSPC, repr(e)
+            return got
+        got[pid] = data
+    raise AssertionError("the store never filled")
+
+
+def test_full_littlefs_takes_every_ack_and_drains():
+    """Filled until the store says ENOSPC (before: littlefs-python raised its
+    own LittleFSError here, and under VfsLfs2 the first mark after it failed
+    with ENOSPC, as releases did): every kind of ack still goes through, mark/unmark cycles write far more
+    ack records than the free space left (so segments must be compacted),
+    and after releases the store takes appends again and reboots to the
+    right pending set."""
+    vol = LfsVolume(tmppath("full"), blocks=16)
+    try:
+        d, fs = vol.mount()
+        st = FileStore(d, fs=fs, verbose=False).open()
+        st.set_meta("client", b"c1")
+        for i in (5, 6, 7):
+            st.in_add(i)
+        r = Rng(9)
+        data = fill_to_refusal(st, r)
+        pids = sorted(data)
+        assert len(pids) > 20, len(pids)
+        assert st.pending() == pids
+        before = lfs_segs(d, fs)
+        marked = set()
+        for rnd in range(24):  # ~1,900 ack records: more than the volume has free
+            for p in pids[rnd % 3 :: 3]:
+                st.mark(p)
+                marked.add(p)
+            for p in pids[(rnd + 1) % 3 :: 3]:
+                st.unmark(p)
+                marked.discard(p)
+        assert lfs_segs(d, fs)[0] > before[-1], (before, lfs_segs(d, fs))  # every old segment moved on
+        st.in_add(8)  # an inbound QoS 2 id and a meta update still fit (room is kept for them)
+        st.set_meta("client", b"c2")
+        e = raises(OSError, st.append, PUBLISH, 1999, b"\x34\x4e", b"x" * 340)  # still full: refused cleanly
+        assert e.args[0] == ENOSPC and "outbox full" in str(e), repr(e)
+        assert st.pending() == pids
+        st.in_release(5)
+        st.in_clear()
+        st.in_add(9)
+        st.release(pids[0])
+        st.release(pids[1])
+        st.close()
+        st = FileStore(d, fs=fs, verbose=False).open()  # reboot: all of it durable
+        left = pids[2:]
+        assert st.pending() == left
+        for p in left:
+            assert st.marked(p) == (p in marked), p
+            assert read_all(st, p) == data[p]
+        assert [i for i in range(5, 10) if st.in_has(i)] == [9]
+        assert st.meta("client") == b"c2" and st.last_pid() == pids[-1]
+        for p in left[: len(left) // 2]:  # acks free room: appends are taken again
+            st.release(p)
+        more = fill_to_refusal(st, r, 3000)
+        assert len(more) > 5, len(more)
+        for p in st.pending():
+            st.release(p)
+        st.close()
+        st = FileStore(d, fs=fs, verbose=False).open()
+        assert st.pending() == [] and st.count() == 0
+        st.close()
+        vol.unmount()
+    finally:
+        vol.cleanup()
+
+
+def fill_filesystem(vol, fs):
+    """Other files take every free block of the volume (LittleFS keeps a block
+    for copy-on-write while one file grows: a next file takes that); returns
+    their paths."""
+    paths = []
+    for i in range(8):
+        path = ("/filler%d" if fs is not None else vol.mp + "/filler%d") % i
+        paths.append(path)
+        f = fs.open(path, "wb") if fs is not None else open(path, "wb")
+        n = 0
+        try:
+            for n in range(4096):
+                f.write(bytes(512))
+                f.flush()
+                getattr(f, "raw", f).flush()  # (littlefs-python: the sync is the raw file's flush)
+        except Exception as e:  # littlefs-python: LittleFSError; VfsLfs2: OSError
+            assert "28" in str(e) or "NOSPC" in str(e), repr(e)
+        try:
+            f.close()
+        except Exception:
+            pass
+        if n < 2:
+            return paths
+    raise AssertionError("the volume never filled")
+
+
+def test_write_failing_half_way_on_a_full_filesystem():
+    """The filesystem fills from elsewhere, under the store's budget: a record
+    whose write fails part-way raises OSError(ENOSPC, "outbox full ...") and
+    the store goes on in a new segment. Before: littlefs-python raised its
+    own LittleFSError, and the appends and the release made after it
+    returned but were gone after a reboot (the failed file took them);
+    VfsLfs2 raised a bare OSError 28; on POSIX the record whose append had
+    raised came back after a reboot (a later flush completed it)."""
+    vol = LfsVolume(tmppath("half"), blocks=16)
+    try:
+        d, fs = vol.mount()
+        st = FileStore(d, fs=fs, verbose=False).open()
+        want = {}
+        for pid in range(1, 6):
+            want[pid] = b"\x32\x4e" + body(pid)
+            st.append(PUBLISH, pid, want[pid][:2], want[pid][2:])
+        st.mark(3)
+        fillers = fill_filesystem(vol, fs)
+        e = raises(OSError, st.append, PUBLISH, 6, b"\x32\x4e", bytes(3000))
+        assert e.args[0] == ENOSPC and "outbox full" in str(e), repr(e)
+        assert st.pending() == [1, 2, 3, 4, 5] and st.marked(3)
+        for f in fillers:
+            fs.remove(f) if fs is not None else os.remove(f)
+        for pid in (7, 8):
+            want[pid] = b"\x32\x4e" + body(pid)
+            st.append(PUBLISH, pid, want[pid][:2], want[pid][2:])
+        st.release(2)
+        st.unmark(3)
+        st.close()
+        st = FileStore(d, fs=fs).open()
+        assert st.pending() == [1, 3, 4, 5, 7, 8], st.pending()
+        assert not st.marked(3)
+        for pid in st.pending():
+            assert read_all(st, pid) == want[pid]
+        st.close()
+        vol.unmount()
+    finally:
+        vol.cleanup()
+    if not MICROPYTHON:
+        posix_write_failing_half_way()
+
+
+def posix_write_failing_half_way():
+    """POSIX (CPython; the MicroPython unix port has no setrlimit): a file-size
+    limit makes the kernel take part of a record and refuse the rest (EFBIG),
+    the real thing a full disk does to a write."""
+    import resource
+    import signal
+
+    p = tmppath("halfposix")
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        st = FileStore(p).open()
+        for pid in range(1, 4):
+            st.append(PUBLISH, pid, b"\x32\x4e", body(pid))
+        name = p + "/" + segs(p)[-1]
+        size = os.path.getsize(name)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 100, old[1]))
+        try:
+            e = raises(OSError, st.append, PUBLISH, 4, b"\x32\x4e", bytes(500))
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        assert e.errno == 27, e  # EFBIG
+        assert os.path.getsize(name) == size + 100  # the record is in the file half-written
+        st.append(PUBLISH, 5, b"\x32\x4e", body(5))
+        st.release(1)
+        st.close()
+        st = FileStore(p, verbose=False).open()
+        assert st.pending() == [2, 3, 5], st.pending()
+        assert read_all(st, 5) == b"\x32\x4e" + body(5)
+        st.close()
+    finally:
+        signal.signal(signal.SIGXFSZ, sig)
         rmtree(p)
