@@ -39,7 +39,8 @@ Write-ahead and recovery:
   place (or append an OP record when `append_acks=True`, for flash that cannot
   be re-programmed, or when the three mark bytes are used up); in_clear
   appends INCLEAR. Only live records count against the capacity, which keeps
-  24 bytes a sector in hand: an ack never fails for room on a full store.
+  24 bytes a sector in hand: an ack never fails for room on a full store; a
+  message also leaves 640 bytes for inbound QoS 2 ids and meta records.
 - reclaim: when only one free sector is left, the live records of the oldest
   sector are copied into the head (same record sequence, current mark state
   in the flags), a FLOOR record voids the oldest sector, then it is erased.
@@ -89,6 +90,7 @@ _MAGIC = b"TnF1"
 _VERSION = const(1)
 _SH = const(32)  # sector header bytes
 _FLOOR_SZ = const(24)  # a record with no body
+_KEEP = const(640)  # what a message leaves free: inbound QoS 2 ids and meta (the boot counter) on a full outbox
 _KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
 _WIN = const(512)
 _CHUNK = const(64)  # index growth step (entries)
@@ -588,14 +590,18 @@ class FlashStore:
         self._old = best
         return best
 
-    def _alloc(self, size, live=True):
+    def _alloc(self, size, keep=_KEEP):
         """Address for a record of `size` bytes in the head; makes room first.
         A record that stays live must leave 24 bytes per sector unused: then
         some sector always has room for an OP, INCLEAR or FLOOR record besides
-        its live ones, so acknowledging (which frees) never fails for room."""
+        its live ones, so acknowledging (which frees) never fails for room.
+        keep: bytes of that capacity to leave free besides (-1: an ack, not
+        counted). A message leaves _KEEP, so that with the outbox full an
+        inbound QoS 2 message is still taken and the firmware's boot counter
+        still written (a boot that cannot write it would never drain)."""
         if size > self._maxrec:
             raise ValueError("record of %d bytes does not fit a %d-byte sector" % (size, self.bs))
-        if live and self._total + size > (self.nsec - 2) * (self._maxrec - _FLOOR_SZ):
+        if keep >= 0 and self._total + size + keep > (self.nsec - 2) * (self._maxrec - _FLOOR_SZ):
             raise OSError(ENOSPC, "flash outbox full")
         for _ in range(4 * self.nsec + 4):
             if self._head >= 0 and not self._sealed:
@@ -834,7 +840,7 @@ class FlashStore:
 
     def _small(self, t, flags, rseq, pid):
         """Append a body-less record (OP, INID, INCLEAR)."""
-        a = self._alloc(_FLOOR_SZ, t == T_INID)
+        a = self._alloc(_FLOOR_SZ, 0 if t == T_INID else -1)
         self._write(t, flags, rseq, pid, b"", b"", a)
         if t != T_INID:
             self._pin[a >> self._shift] = 1  # what it says must be read at boot
@@ -1071,7 +1077,7 @@ class FlashStore:
         if cur is not None and cur[0] == v:
             return
         size = _rsize(1 + len(k) + len(v))
-        a = self._alloc(size)
+        a = self._alloc(size, 0)
         r = self._rseq
         self._write(T_META, 0, r, 0, bytes((len(k),)) + k, v, a)
         self._rseq += 1
