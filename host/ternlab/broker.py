@@ -62,6 +62,20 @@ def _check_credential(what: str, value: str, allow_colon: bool = False) -> None:
         raise ValueError(f"username {value!r} must not contain ':' (the password file separator)")
 
 
+_BINDING = ("listener", "port", "bind_address", "bind_interface")
+
+
+def _check_loopback(where: str, lines) -> None:
+    """Test brokers listen on 127.0.0.1 only: refuse a verbatim config line that would open a port
+    elsewhere (`listener N` with no address binds every interface, as do `port` and a bind_*)."""
+    for line in lines:
+        words = str(line).split()
+        key = words[0].lower() if words else ""
+        if key in _BINDING and not (key == "listener" and words[2:] == ["127.0.0.1"]):
+            raise ValueError(f"{where} line {line!r}: test brokers listen on 127.0.0.1 only "
+                             "(use `listener PORT 127.0.0.1`, or Listener())")
+
+
 def _check_port(name: str, port) -> None:
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
         raise ValueError(f"{name} must be a port number 1..65535, not {port!r}")
@@ -98,6 +112,7 @@ class Listener:
         if self.require_certificate and not self.tls:
             raise ValueError("require_certificate needs tls=True")
         self.options = tuple(self.options)
+        _check_loopback("Listener option", self.options)
 
 
 def free_port() -> int:
@@ -178,6 +193,7 @@ class Broker:
         for spec in listeners or ():
             if not isinstance(spec, Listener):
                 raise ValueError(f"listeners must be Listener objects, not {spec!r}")
+        _check_loopback("extra", extra or ())
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tern-broker-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()

@@ -25,6 +25,14 @@ Faults, set from the test at any time:
   stall ends (as TCP would after retransmission), unless a side gave up.
 - `latency()` and `bandwidth()` shape traffic from the moment they are set, on
   open and later connections alike.
+- `client_vanishes()`: a client that drops its connection without DISCONNECT
+  (FIN or RST) vanishes instead of closing: the proxy closes its client side
+  but leaves the broker's side open and silent (what the broker sends is
+  dropped) until the broker gives up (keepalive x 1.5) or a new connection
+  with the same client id takes the session over. That is what a board's
+  power cut or a lost Wi-Fi link looks like to a broker; without it an
+  emulated board's power cut, whose host kernel sends FIN at once, tells the
+  broker at once.
 
 Every forwarded packet is logged as a PacketRecord (monotonic time, connection
 number, direction, type name, length, packet id); `events` records connections,
@@ -50,7 +58,7 @@ from pathlib import Path
 
 from tern.codec import frame_size, packet_name
 from tern.wire import (
-    MQTTError, VARINT_MAX, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP,
+    MQTTError, VARINT_MAX, DISCONNECT, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP,
     SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, get_varint, varint_size,
 )
 
@@ -225,6 +233,9 @@ class Connection:
         self.bytes_in = {d: 0 for d in DIRECTIONS}
         self.bytes_out = {d: 0 for d in DIRECTIONS}
         self.raw = {d: False for d in DIRECTIONS}
+        self.last_type = {d: None for d in DIRECTIONS}  # of the last packet forwarded
+        self.vanished = False  # the client vanished (client_vanishes): the broker's side is left half-open
+        self.dropped = 0  # packets from the broker dropped since
         # Jitter draws: one stream per connection and direction, so they replay
         # whatever the thread scheduling.
         self.rng = {d: random.Random(f"{proxy.seed}/{cid}/{d}") for d in DIRECTIONS}
@@ -325,7 +336,9 @@ class Connection:
                     self._enqueue(d, _Item(frame, t, packet_id(frame), action=self._match(d, t)))
                 del buf[:pos]
         except (OSError, ValueError) as e:
-            if not self.closed.is_set():
+            if d == C2B and self.proxy._vanish and isinstance(e, ConnectionResetError):
+                self._enqueue(d, _Item(eof=True))  # after what was read: its turn comes in order
+            elif not self.closed.is_set():
                 self.close(f"{'client' if d == C2B else 'broker'} read failed: {e}")
 
     def _match(self, d: str, t: int):
@@ -391,6 +404,23 @@ class Connection:
             self.proxy._event(self.id, "stall_rule", **detail)
             self.stall(r.seconds, r.stall_direction)
 
+    def _vanish(self) -> bool:
+        """The client's side ended: True if it vanishes (see ChaosProxy.client_vanishes) rather than
+        closing, i.e. the broker's side is left open and silent."""
+        if not self.proxy._vanish or self.last_type[C2B] == DISCONNECT:
+            return False
+        with self._close_lock:
+            if self.closed.is_set():
+                return True
+            self.vanished = True
+        self.proxy._event(self.id, "vanished", bytes_c2b=self.bytes_out[C2B], bytes_b2c=self.bytes_out[B2C])
+        try:
+            self._client.shutdown(socket.SHUT_RDWR)  # wakes a writer blocked on it
+        except OSError:
+            pass
+        self._client.close()
+        return True
+
     def _byte_rules(self, d: str) -> list[_Armed]:
         return [a for a in self.armed if not a.fired and a.rule.nbytes is not None and a.rule.direction == d]
 
@@ -402,8 +432,13 @@ class Connection:
                 if item is None:
                     return
                 if item.eof:
+                    if d == C2B and self._vanish():
+                        return  # the broker's side stays open: only the broker (or a cut) closes it
                     self.close(("client" if d == C2B else "broker") + " closed")
                     return
+                if d == B2C and self.vanished:
+                    self.dropped += 1  # nobody is there to receive it
+                    continue
                 r = item.action
                 if r is not None and not r.forward:
                     self._fire(r, d, item, forwarded=False)
@@ -416,6 +451,8 @@ class Connection:
                 if r is not None and r.forward:
                     self._fire(r, d, item, forwarded=True)
         except OSError as e:
+            if d == B2C and self.vanished:
+                return self._writer(d)  # the client vanished under this write: drop, as above
             if not self.closed.is_set():
                 self.close(f"{'broker' if d == C2B else 'client'} write failed: {e}")
 
@@ -460,6 +497,8 @@ class Connection:
                 raise
             self.bytes_out[d] += chunk
             view = view[chunk:]
+            if not view:
+                self.last_type[d] = item.ptype
             if rate:
                 self.next_send[d] = max(self.next_send[d], started) + chunk / rate
         return True
@@ -488,6 +527,7 @@ class ChaosProxy:
         self._latency = {d: 0.0 for d in DIRECTIONS}
         self._jitter = {d: 0.0 for d in DIRECTIONS}
         self._rate: dict[str, float | None] = {d: None for d in DIRECTIONS}
+        self._vanish = False
         self._log: list[PacketRecord] = []
         self._events: list[Event] = []
         self.connections: list[Connection] = []
@@ -678,6 +718,11 @@ class ChaosProxy:
         for d in _dirs(direction):
             self._rate[d] = bytes_per_second
 
+    def client_vanishes(self, on: bool = True) -> None:
+        """From now on (open connections too), a client that ends its connection without DISCONNECT
+        vanishes: its side is closed, the broker's is left open and silent (see the module docstring)."""
+        self._vanish = bool(on)
+
     def stall(self, seconds: float, direction: str = _BOTH) -> int:
         """Blackhole the open connections for `seconds` from now (sockets stay
         open; data is held, not lost). Returns how many connections it hit."""
@@ -711,8 +756,9 @@ class ChaosProxy:
             self._rules.clear()
 
     def reset(self) -> None:
-        """No rules, no latency, no bandwidth limit (open stalls run out)."""
+        """No rules, no latency, no bandwidth limit, clients close again (open stalls run out)."""
         self.clear_rules()
+        self._vanish = False
         self.latency(0.0)
         self.bandwidth(None)
 

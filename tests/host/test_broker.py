@@ -12,7 +12,7 @@ import pytest
 
 from tern.codec import Packet, encode
 from tern.wire import CONNECT, PUBACK, PUBLISH, SUBACK, SUBSCRIBE
-from ternlab.broker import INSTALL_HINT, Broker, BrokerError, Listener, mosquitto_path, password_line
+from ternlab.broker import INSTALL_HINT, Broker, BrokerError, Listener, free_port, mosquitto_path, password_line
 
 from rawmqtt import Raw  # noqa: E402
 
@@ -336,3 +336,31 @@ def test_extra_listener_shares_the_broker_and_keeps_its_port_across_restart(tmp_
         c.close()
     finally:
         b.stop()
+
+
+# ---------------------------------------------------------------- loopback only
+
+@pytest.mark.parametrize("where, line", [
+    ("extra", "listener 1884"),                 # mosquitto binds every interface
+    ("extra", "listener 1884 0.0.0.0"),
+    ("extra", "listener 1884 192.168.1.10"),
+    ("extra", "port 1884"),                     # the default listener, on every interface
+    ("extra", "bind_address 0.0.0.0"),
+    ("extra", "bind_interface eth0"),
+    ("options", "bind_address 0.0.0.0"),
+    ("options", "  Listener 1885"),
+])
+def test_a_config_line_that_would_listen_beyond_loopback_is_refused(tmp_path, where, line):
+    with pytest.raises(ValueError, match="127.0.0.1 only"):
+        kw = {"extra": [line]} if where == "extra" else {"listeners": [Listener(options=[line])]}
+        Broker(tmp_path / "b", **kw)
+
+
+def test_every_listener_written_binds_127_0_0_1(tmp_path):
+    b = Broker(tmp_path / "b", tls=True, persistence=True, users={"u": "p"},
+               listeners=[Listener(), Listener(tls=True, options=["max_connections 5"])],
+               extra=["listener %d 127.0.0.1" % free_port(), "max_qos 1"])
+    lines = [ln.split() for ln in b.config().splitlines()]
+    listeners = [ln for ln in lines if ln and ln[0] == "listener"]
+    assert len(listeners) == 5 and all(ln[2:] == ["127.0.0.1"] for ln in listeners)
+    assert not [ln for ln in lines if ln and ln[0] in ("port", "bind_address", "bind_interface")]

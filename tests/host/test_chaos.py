@@ -439,3 +439,71 @@ def test_bad_rules_are_refused_with_a_clear_error(chaos):
         ChaosProxy("127.0.0.1:1883")
     assert chaos.rules == []
     assert isinstance(chaos.cut_at_packet(DISCONNECT, 1, C2B), Rule)
+
+
+# ---------------------------------------------------------------- a client that vanishes
+
+def _will_watcher(broker, topic):
+    w = paho("will-watch-" + topic.replace("/", "-"))
+    paho_connect(w, broker.address)
+    w.subscribe(topic, 1)
+    assert w.subacks.get(timeout=TIMEOUT)
+    return w
+
+
+def _gone(chaos, broker, client_id, vanish, disconnect=False, wait=4.0):
+    """A client connects through the proxy (keepalive 1 s, a will) and drops its socket; the time the
+    broker took to publish the will (None: not within `wait` s)."""
+    w = _will_watcher(broker, "gone/" + client_id)
+    chaos.client_vanishes(vanish)
+    c = Raw(chaos.address)
+    c.connect(client_id, keepalive=1, will_topic="gone/" + client_id, will_payload=b"lost", will_qos=1)
+    if disconnect:
+        c.send(Packet(DISCONNECT))
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    t0 = time.monotonic()
+    c.close()  # RST, as a process killed with unread data sends (a power cut of an emulated board)
+    try:
+        w.messages.get(timeout=wait)
+        took = time.monotonic() - t0
+    except queue.Empty:
+        took = None
+    w.loop_stop()
+    w.disconnect()
+    return took
+
+
+def test_by_default_a_dropped_client_is_closed_on_the_broker_at_once(chaos, broker):
+    took = _gone(chaos, broker, "plain", vanish=False)
+    assert took is not None and took < 0.5, took
+    assert chaos.connections[-1].close_reason == "client read failed: [Errno 104] Connection reset by peer"
+
+
+def test_a_vanished_client_leaves_the_broker_side_half_open_until_its_keepalive(chaos, broker):
+    took = _gone(chaos, broker, "vanish", vanish=True, wait=9.0)
+    # mosquitto gives up after 1.5 x keepalive of silence (2.0.11 looks every 5 s or so), not at the drop
+    assert took is not None and 1.4 <= took < 8.5, took
+    conn = chaos.connections[-1]
+    assert conn.vanished and conn.wait_closed(TIMEOUT) and conn.close_reason == "broker closed"
+    assert [e.kind for e in chaos.events if e.conn == conn.id][-2:] == ["vanished", "closed"]
+
+
+def test_a_vanished_client_that_reconnects_takes_its_session_over(chaos, broker):
+    chaos.client_vanishes()
+    old = Raw(chaos.address)
+    old.connect("takeover", clean=False, keepalive=60)
+    old.close()
+    assert chaos.wait_for(lambda: chaos.connections[0].vanished, TIMEOUT)
+    time.sleep(0.3)
+    assert not chaos.connections[0].closed.is_set()  # the broker still holds the old connection
+    new = Raw(chaos.address)
+    assert new.connect("takeover", clean=False, keepalive=60).session_present
+    assert chaos.connections[0].wait_closed(TIMEOUT)  # mosquitto dropped it for the new one
+    assert chaos.connections[0].close_reason == "broker closed"
+    new.close()
+
+
+def test_a_client_that_disconnects_cleanly_does_not_vanish(chaos, broker):
+    assert _gone(chaos, broker, "clean", vanish=True, disconnect=True, wait=1.0) is None  # DISCONNECT: no will
+    conn = chaos.connections[-1]
+    assert conn.wait_closed(TIMEOUT) and not conn.vanished

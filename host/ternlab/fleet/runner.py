@@ -489,6 +489,9 @@ class Fleet:
         for s in self.slots:
             if proxies:
                 s.proxy = ChaosProxy(self.broker.address, seed=self.seed * 1009 + s.index).start()
+                # a power cut ends the board's process, and the host kernel would tell the broker at once
+                # (FIN): a real board vanishes, and the broker learns it from the keepalive or a takeover
+                s.proxy.client_vanishes()
             host, port = s.proxy.address if s.proxy else self.broker.address
             s.board = EmulatedBoard(self.scenario.profile, workdir=self.out / "boards" / s.name, board_id=s.name,
                                     host_paths=[code])
