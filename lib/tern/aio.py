@@ -365,6 +365,7 @@ class Client(_Driver):
         r, w = await self._open(t_ms)
         self._teardown()
         gen = self._gen
+        err = self.last_error
         self._r = r
         self._w = w
         self._connack = None
@@ -380,8 +381,10 @@ class Client(_Driver):
                 self._cev.clear()
                 left = t_ms - ticks_diff(ticks_ms(), start)
             if self._connack is None:
-                raise OSError("connection to %s:%d lost before CONNACK: %s" % (
-                    self.server, self.port, str(self.last_error).strip()))
+                e = self.last_error
+                if e is not err and isinstance(e, MQTTError):
+                    raise e  # the broker broke the protocol: as the blocking client, not an OSError
+                raise OSError("connection to %s:%d lost before CONNACK: %s" % (self.server, self.port, str(e).strip()))
         except BaseException:
             if gen == self._gen:
                 s.connection_lost()
@@ -505,22 +508,26 @@ class Client(_Driver):
                     self.reconnect = False
                     break
         finally:
+            # Not after _stop(): a connect() that followed it may already run
+            # (and own messages()) by the time the cancellation lands here.
             if self._sup is asyncio.current_task():
                 self._sup = None
-            if not self._closing:
-                # Nothing will reconnect: messages() ends with the reason.
-                self._fatal = fatal
-                self._closed = True
-                self._qev.set()
-                self._progress.set()
+                if not self._closing:
+                    # Nothing will reconnect: messages() ends with the reason.
+                    self._fatal = fatal
+                    self._closed = True
+                    self._qev.set()
+                    self._progress.set()
 
     # ------------------------------------------------------------------- API
 
     async def connect(self, timeout=None):
         """Open the connection and wait for CONNACK; returns session present.
-        Raises ConnectError on a refusal, OSError when unreachable (no
-        background retry is started then). Once connected, a lost connection
-        is reconnected in the background when reconnect=True."""
+        Raises ConnectError on a refusal, MQTTError when the broker breaks
+        the protocol (0x82: a packet before CONNACK, session present after a
+        clean start), OSError when unreachable (no background retry is
+        started then). Once connected, a lost connection is reconnected in
+        the background when reconnect=True."""
         self._closing = False
         self._closed = False
         self._fatal = None
@@ -563,19 +570,30 @@ class Client(_Driver):
         if pid and wait_ack:
             ev = asyncio.Event()
             self._waiters[pid] = ev  # before any await: the ack cannot have come yet
-        # Let the writer catch up when the stream is slow.
-        while len(self._obuf) > _HIGH_WATER and self._w is not None:
-            left = t_ms - ticks_diff(ticks_ms(), start)
-            if left <= 0 or not await _wait(self._drained, left):
-                break
+        try:
+            # Let the writer catch up when the stream is slow.
+            while len(self._obuf) > _HIGH_WATER and self._w is not None:
+                left = t_ms - ticks_diff(ticks_ms(), start)
+                if left <= 0 or not await _wait(self._drained, left):
+                    break
+            if ev is not None:
+                await _wait(ev, t_ms - ticks_diff(ticks_ms(), start))
+        finally:
+            if ev is not None:
+                reason = self._done(pid)
         if ev is not None:
-            if not await _wait(ev, t_ms - ticks_diff(ticks_ms(), start)):
-                self._waiters.pop(pid, None)
+            if reason is None:
                 raise OSError("no acknowledgement of message %d within %d ms" % (pid, t_ms))
-            reason = self._results.pop(pid, 0)
             if reason >= 0x80:
                 raise MQTTError(reason, "the broker refused message %d: reason 0x%02X" % (pid, reason))
         return pid
+
+    def _done(self, pid):
+        # The end of a wait for pid's reply, however it ended (a timeout, a
+        # cancellation by wait_for): the waiter goes, and the reply (None if
+        # none came) is taken. A cancelled wait used to leave both for good.
+        self._waiters.pop(pid, None)
+        return self._results.pop(pid, None)
 
     async def _until(self, cond, timeout, what):
         # Wait for cond() (checked after each piece of progress); OSError
@@ -621,10 +639,13 @@ class Client(_Driver):
         ev = asyncio.Event()
         self._waiters[pid] = ev
         t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
-        if not await _wait(ev, t_ms):
-            self._waiters.pop(pid, None)
+        try:
+            await _wait(ev, t_ms)
+        finally:
+            r = self._done(pid)
+        if r is None:
             raise OSError("no SUBACK/UNSUBACK for packet %d within %d ms" % (pid, t_ms))
-        return self._results.pop(pid)
+        return r
 
     async def subscribe(self, topic_filter, qos=0, handler=None, timeout=None, **opts):
         """Subscribe and wait for SUBACK; returns its reason codes (granted QoS

@@ -11,7 +11,7 @@ from tern.session import NotConnected
 from tern.wire import MQTTError
 from tern import props as P
 from tern.codec import Packet, encode
-from tern.wire import CONNECT, CONNACK, PUBLISH, PUBACK, PINGREQ, DISCONNECT
+from tern.wire import CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, SUBSCRIBE, SUBACK, PINGREQ, DISCONNECT
 
 T = 5  # seconds: the bound on every wait in this file
 
@@ -534,6 +534,27 @@ def test_a_subscription_made_offline_reaches_a_broker_that_kept_the_session(brok
     run(main())
 
 
+def test_connect_right_after_close_keeps_messages_going(broker_addr):
+    # close() cancels the supervisor; the cancellation lands while the connect() that follows waits
+    # for its CONNACK, and the dying supervisor took the client for closed: messages() ended at once
+    # (StopAsyncIteration) on a connected client.
+    host, port = broker_addr
+
+    async def main():
+        c = Client("cc", host, port)
+        await c.connect()
+        await asyncio.sleep(0.1)  # the supervisor is under way
+        c.close()
+        await c.connect()
+        assert await c.subscribe("cc/t", 1) == [1]
+        await c.publish("cc/t", b"x", 1)
+        (m,) = await take(c.messages(), 1)
+        assert m.payload == b"x", m
+        await c.disconnect()
+
+    run(main())
+
+
 # ---------------------------------------------------- against a scripted broker
 
 
@@ -559,6 +580,34 @@ SCRIPTS = {
          ("recv", E(DISCONNECT))],
     ], 4),
     "test_ping_timeout_in_seconds_as_a_float": ([HELLO + [("recv_type", PINGREQ), ("stall", 5)]], 4),  # no PINGRESP
+    "test_session_present_after_a_clean_start_is_the_protocol_error_it_is": ([
+        [("recv_type", CONNECT), ("send", E(CONNACK, session_present=True)), ("close",)],
+    ], 4),
+    "test_session_present_after_a_clean_start_is_told_to_an_mqtt5_broker": ([
+        [("recv_type", CONNECT), ("send", E(CONNACK, 5, session_present=True)),
+         ("recv", E(DISCONNECT, 5, reason=0x82))],
+    ], 5),
+    "test_stored_messages_refused_at_connack_fail_their_publish_wait": ([
+        [("recv_type", CONNECT), ("send", E(CONNACK, 5, props={P.MAXIMUM_QOS: 1, P.RETAIN_AVAILABLE: 0})),
+         ("recv", E(PUBLISH, 5, topic="t", payload=b"ok", qos=1, pid=3)), ("send", E(PUBACK, 5, pid=3)),
+         ("recv", E(DISCONNECT, 5))],
+    ], 5),
+    "test_a_publish_over_the_receive_buffer_is_skipped_and_acknowledged": ([
+        HELLO + [("send", E(PUBLISH, topic="big", payload=b"z" * 2000, qos=1, pid=5)
+                  + E(PUBLISH, topic="small", payload=b"ok", qos=1, pid=6)),
+                 ("recv", E(PUBACK, pid=5)), ("recv", E(PUBACK, pid=6)),
+                 ("send", E(PUBLISH, topic="big", payload=b"y" * 3000, qos=2, pid=7)), ("recv", E(PUBREC, pid=7)),
+                 ("send", E(PUBREL, pid=7)), ("recv", E(PUBCOMP, pid=7)),
+                 ("send", E(PUBLISH, topic="big", payload=b"x" * 600)
+                  + E(PUBLISH, topic="small", payload=b"after", qos=1, pid=8)),
+                 ("recv", E(PUBACK, pid=8)), ("recv", E(DISCONNECT))],
+    ], 4),
+    "test_a_cancelled_wait_leaves_no_waiter_behind": ([
+        HELLO + [("recv", E(PUBLISH, topic="t", payload=b"x", qos=1, pid=1)), ("stall", 0.3),
+                 ("send", E(PUBACK, pid=1)),
+                 ("recv", E(SUBSCRIBE, pid=2, topics=[("a", 1)])), ("stall", 0.3), ("send", E(SUBACK, pid=2, reasons=[1])),
+                 ("recv", E(DISCONNECT))],
+    ], 4),
 }
 
 
@@ -669,3 +718,100 @@ def test_a_connect_that_times_out_closes_its_socket():
     finally:
         for f in fill + [lst]:
             f.close()
+
+
+def _scripted(addr, **kw):
+    return Client("scripted", addr[0], addr[1], reconnect=False, **kw)
+
+
+async def _refused_connect(c):
+    try:
+        await c.connect()
+    except MQTTError as e:
+        return e
+    raise AssertionError("connect() accepted a CONNACK with session present after a clean start")
+
+
+def test_session_present_after_a_clean_start_is_the_protocol_error_it_is(scripted_addr):
+    # connect() raised OSError("connection ... lost before CONNACK: session present ..."): the
+    # blocking client, and docs/mqtt5-client.md, raise MQTTError 0x82; an application catching it
+    # missed it. As after any failed first connect(), no background retry starts (reconnect is on).
+    async def main():
+        c = Client("scripted", scripted_addr[0], scripted_addr[1], backoff_min=0.02, backoff_max=0.05)
+        e = await _refused_connect(c)
+        assert e.code == 0x82 and "session present" in str(e), e
+        await asyncio.sleep(0.3)
+        assert not c.connected and c._sup is None
+
+    run(main())
+
+
+def test_session_present_after_a_clean_start_is_told_to_an_mqtt5_broker(scripted_addr):
+    async def main():
+        e = await _refused_connect(_scripted(scripted_addr, version=5))
+        assert e.code == 0x82, e
+
+    run(main())
+
+
+def test_stored_messages_refused_at_connack_fail_their_publish_wait(scripted_addr):
+    # Stored offline, given back refused at a CONNACK whose Maximum QoS / Retain Available they break
+    # (EV_PUBLISHED before EV_CONNACK): a publish(wait_ack=True) waiting on one raises the refusal,
+    # on_published hears of each before on_connect, and the message the server takes goes
+    async def main():
+        c = _scripted(scripted_addr, version=5)
+        seen = []
+        c.on_published = lambda pid, reason: seen.append((pid, reason))
+        c.on_connect = lambda sp, reason: seen.append(("up", reason))
+        q2 = asyncio.create_task(c.publish("t", b"q2", 2, wait_ack=True))
+        kept = asyncio.create_task(c.publish("t", b"kept", 1, retain=True, wait_ack=True))
+        await asyncio.sleep(0.05)
+        assert c.session.pending() == [1, 2]
+        ok = await c.publish("t", b"ok", 1)
+        assert await c.connect() is False
+        for t, code in ((q2, 0x9B), (kept, 0x9A)):
+            try:
+                await asyncio.wait_for(t, T)
+                raise AssertionError("publish(wait_ack=True) returned for a refused message")
+            except MQTTError as e:
+                assert e.code == code, (e.code, code)
+        await c.wait_published(ok, T)
+        assert seen == [(1, 0x9B), (2, 0x9A), ("up", 0), (3, 0)], seen
+        await c.disconnect()
+
+    run(main())
+
+
+def test_a_publish_over_the_receive_buffer_is_skipped_and_acknowledged(scripted_addr):
+    # MQTT 3.1.1: a message over rx_size is discarded as the reader feeds it in and acknowledged in
+    # its place; what follows reaches messages()
+    async def main():
+        c = _scripted(scripted_addr, rx_size=512)
+        await c.connect()
+        got = await take(c.messages(), 2)
+        assert [m.payload for m in got] == [b"ok", b"after"], got
+        await until(lambda: c.session.stats_dropped == 3, "the three oversize messages to be dropped")
+        assert c.connected
+        await c.disconnect()
+
+    run(main())
+
+
+def test_a_cancelled_wait_leaves_no_waiter_behind(scripted_addr):
+    # publish(wait_ack=True) or subscribe() under asyncio.wait_for that gives up: the cancelled wait
+    # left its waiter behind, and the reply, when it came, in _results for good (memory lost per
+    # cancellation, on a board too)
+    async def main():
+        c = _scripted(scripted_addr)
+        await c.connect()
+        for call in (c.publish("t", b"x", 1, wait_ack=True), c.subscribe("a", 1)):
+            try:
+                await asyncio.wait_for(call, 0.1)
+                raise AssertionError("the wait was not cancelled")
+            except asyncio.TimeoutError:
+                pass
+            await c.wait_all(T)  # the reply came
+        assert c._waiters == {} and c._results == {}, (c._waiters, c._results)
+        await c.disconnect()
+
+    run(main())
