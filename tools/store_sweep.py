@@ -12,6 +12,13 @@ Targets (the engine is tests/lib/test_store_powercut.py):
   lfs          FileStore on LittleFS over the emulated NOR flash, under the
                MicroPython unix port's vfs.VfsLfs2 (run as a child process)
   lfs-host     the same on CPython with littlefs-python
+  flash-full   FlashStore filled until it refuses an append, then the acks of a
+               full outbox: PUBRECs, in_clear, unmarks, mark cycles, PUBACKs
+               (4 x 1 KiB sectors; in-place acks, then appended acks)
+  posix-full   the same full-outbox workload on FileStore over POSIX files
+               (max_bytes=6000, 500-byte segments: compaction under acks)
+  lfs-host-full  the same on LittleFS (littlefs-python, 16 blocks): ~50,000
+               flash operations, so use --quick unless you have hours
 
 Prints each failing cut point and a summary per target; exit status 1 if any
 cut point failed. The goal is zero.
@@ -39,11 +46,19 @@ for p in ("/tests/lib", "/lib", "/boards/emulated"):
     if ROOT + p not in sys.path:
         sys.path.insert(0, ROOT + p)
 
-TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host")
+TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full")
 
 
 def make(name):
+    """(rig, workload size): a number of scripted calls, or a full-store workload."""
     import test_store_powercut as t
+
+    if name == "flash-full":
+        return [(t.FlashRig(blocks=4, block_size=1024, **o), ("flash", o)) for o in ({}, {"append_acks": True})]
+    if name == "posix-full":
+        return [(t.PosixRig(max_bytes=6000, segment_bytes=500), ("file", 60))]
+    if name == "lfs-host-full":
+        return [(t.LfsRig(blocks=16), ("file", 40))]
 
     if name == "flash":
         return t.FlashRig(blocks=4, block_size=4096), 700
@@ -61,22 +76,32 @@ def make(name):
 def run_target(name, seed, quick):
     import test_store_powercut as t
 
-    rig, nsteps = make(name)
-    steps = t.script(seed, nsteps)
+    made = make(name)
+    if not isinstance(made, list):
+        made = [(made[0], made[1])]
     t0 = time.time()
-    try:
-        total = t.total_ops(rig, steps)
-        ks = t.sample(total, 200, seed) if quick else list(range(1, total + 1))
-        print("%s: workload of %d calls = %d operations; cutting at %d points" % (name, nsteps, total, len(ks)))
-        fails = []
-        for i, k in enumerate(ks):
-            fails += t.sweep(rig, steps, [k], seed, report=print)
-            if (i + 1) % 250 == 0:
-                print("  %s: %d/%d cut points, %d failures, %.0f s" % (name, i + 1, len(ks), len(fails), time.time() - t0))
-    finally:
-        rig.cleanup()
-    print("RESULT %s: %d cut points, %d failures, %.1f s" % (name, len(ks), len(fails), time.time() - t0))
-    return len(ks), len(fails)
+    nks = 0
+    fails = []
+    for rig, work in made:
+        try:
+            if isinstance(work, int):
+                steps = t.script(seed, work)
+            elif work[0] == "flash":
+                steps = t.full_store_steps(rig.blocks, rig.bs, work[1])
+            else:
+                steps = t.file_full_store_steps(rig, work[1])
+            total = t.total_ops(rig, steps)
+            ks = t.sample(total, 200, seed) if quick else list(range(1, total + 1))
+            print("%s: workload of %d calls = %d operations; cutting at %d points" % (name, len(steps), total, len(ks)))
+            for i, k in enumerate(ks):
+                fails += t.sweep(rig, steps, [k], seed, report=print)
+                if (i + 1) % 250 == 0:
+                    print("  %s: %d/%d cut points, %d failures, %.0f s" % (name, i + 1, len(ks), len(fails), time.time() - t0))
+            nks += len(ks)
+        finally:
+            rig.cleanup()
+    print("RESULT %s: %d cut points, %d failures, %.1f s" % (name, nks, len(fails), time.time() - t0))
+    return nks, len(fails)
 
 
 def main(argv):

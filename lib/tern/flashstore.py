@@ -40,7 +40,9 @@ Write-ahead and recovery:
   be re-programmed, or when the three mark bytes are used up); in_clear
   appends INCLEAR. Only live records count against the capacity, which keeps
   24 bytes a sector in hand: an ack never fails for room on a full store; a
-  message also leaves 640 bytes for inbound QoS 2 ids and meta records.
+  message also leaves 640 bytes for inbound QoS 2 ids and meta records, an
+  inbound id 64 of them for meta, and a meta value counts as replacing the
+  old one.
 - reclaim: when only one free sector is left, the live records of the oldest
   sector are copied into the head (same record sequence, current mark state
   in the flags), a FLOOR record voids the oldest sector, then it is erased.
@@ -91,6 +93,7 @@ _VERSION = const(1)
 _SH = const(32)  # sector header bytes
 _FLOOR_SZ = const(24)  # a record with no body
 _KEEP = const(640)  # what a message leaves free: inbound QoS 2 ids and meta (the boot counter) on a full outbox
+_MKEEP = const(64)  # what an inbound QoS 2 id leaves of it: a meta value
 _KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
 _WIN = const(512)
 _CHUNK = const(64)  # index growth step (entries)
@@ -314,7 +317,7 @@ class FlashStore:
             if not self._sealed and not self._tail_blank(head, self._off):
                 self._sealed = True
             if self._off > self._limit or rhead:  # (never append under a damaged header)
-                self._sealed = True
+                self._sealed = 2
         # build the index in record-sequence order
         keys = sorted(ents)
         cap = _CHUNK
@@ -595,21 +598,25 @@ class FlashStore:
         A record that stays live must leave 24 bytes per sector unused: then
         some sector always has room for an OP, INCLEAR or FLOOR record besides
         its live ones, so acknowledging (which frees) never fails for room.
-        keep: bytes of that capacity to leave free besides (-1: an ack, not
-        counted). A message leaves _KEEP, so that with the outbox full an
-        inbound QoS 2 message is still taken and the firmware's boot counter
-        still written (a boot that cannot write it would never drain)."""
+        keep: bytes of that capacity to leave free besides (None: an ack, not
+        counted; below 0: a meta value that frees that much once written). A
+        message leaves _KEEP, so that with the outbox full an inbound QoS 2
+        message is still taken and the firmware's boot counter still written
+        (a boot that cannot write it would never drain); an inbound id leaves
+        _MKEEP of it, so ids the broker holds cannot use it all up."""
         if size > self._maxrec:
             raise ValueError("record of %d bytes does not fit a %d-byte sector" % (size, self.bs))
-        if keep >= 0 and self._total + size + keep > (self.nsec - 2) * (self._maxrec - _FLOOR_SZ):
+        if keep is not None and self._total + size + keep > (self.nsec - 2) * (self._maxrec - _FLOOR_SZ):
             raise OSError(ENOSPC, "flash outbox full")
         for _ in range(4 * self.nsec + 4):
+            if self._sealed == 1 and not self._free():
+                self._unseal()
             if self._head >= 0 and not self._sealed:
                 free = self._free()
                 o = self._oldest() if free <= 1 else -1
                 res = self._live[o] if o >= 0 else 0
                 room = self._limit - self._off
-                if room >= size + res:
+                if free and room >= size + res:  # (no spare left, after a torn head: reclaim first)
                     a = self._head * self.bs + self._off
                     self._off += size
                     return a
@@ -620,6 +627,36 @@ class FlashStore:
             self._gflush()
             self._switch()
         raise OSError(ENOSPC, "flash outbox full")
+
+    def _unseal(self):
+        """The head has a torn tail and no sector is free (the spare went to
+        the head after an earlier cut, and power failed again before a reclaim
+        gave it back): rather than refuse every append and appended ack for
+        good, append after the torn bytes. The torn program never reached past
+        its record (the scan's end skips a torn record whose header reads) nor
+        past the last byte that is not erased, so the next record goes after
+        both; a boot finds it by the scan's resync (a zero byte where the
+        scan ended makes it resync rather than stop, if erased bytes were
+        there)."""
+        base = self._head * self.bs
+        off = self._off
+        end = off
+        p = off
+        while p < self.bs:
+            k = self.bs - p
+            if k > _WIN:
+                k = _WIN
+            i = self._at(base + p, k)
+            w = self._win
+            for j in range(k):
+                if w[i + j] != 0xFF:
+                    end = p + j + 1
+            p += k
+        if end > off and self._win[self._at(base + off, 1)] == 0xFF:
+            self._zero[0] = 0  # (so a scan stopping at erased bytes there resyncs instead)
+            self._prog(base + off, self._zero)
+        self._off = (end + 7) & ~7
+        self._sealed = False
 
     def _switch(self):
         """Open the next free sector (erasing it if needed) as the head."""
@@ -840,7 +877,7 @@ class FlashStore:
 
     def _small(self, t, flags, rseq, pid):
         """Append a body-less record (OP, INID, INCLEAR)."""
-        a = self._alloc(_FLOOR_SZ, 0 if t == T_INID else -1)
+        a = self._alloc(_FLOOR_SZ, _MKEEP if t == T_INID else None)
         self._write(t, flags, rseq, pid, b"", b"", a)
         if t != T_INID:
             self._pin[a >> self._shift] = 1  # what it says must be read at boot
@@ -953,8 +990,17 @@ class FlashStore:
                     self._prog(src + j, self._zero)
                     self._iaddr[i] = a ^ 1
                     return
-        self._small(T_OP, OP_MARK if want else OP_UNMARK, _u32(h, 4), pid)
-        i = self._get(pid)  # a reclaim may have moved it
+        r = _u32(h, 4)
+        na = self._alloc(_FLOOR_SZ, None)
+        i = self._get(pid)
+        if not self.append_acks and self._iaddr[i] & ~7 != src:
+            # the reclaim making room copied it, with fresh mark bytes: an OP
+            # after that copy would override the in-place marks made on it
+            # later, so it gets none (nothing was written in its room)
+            self._off -= _FLOOR_SZ
+            return self._setmark(pid, want)
+        self._write(T_OP, OP_MARK if want else OP_UNMARK, r, pid, b"", b"", na)
+        self._pin[na >> self._shift] = 1
         self._iaddr[i] = (self._iaddr[i] & ~1) | want
 
     def release(self, pid):
@@ -1077,7 +1123,7 @@ class FlashStore:
         if cur is not None and cur[0] == v:
             return
         size = _rsize(1 + len(k) + len(v))
-        a = self._alloc(size, 0)
+        a = self._alloc(size, 0 if cur is None else -cur[2])  # (a new value replaces the old one)
         r = self._rseq
         self._write(T_META, 0, r, 0, bytes((len(k),)) + k, v, a)
         self._rseq += 1

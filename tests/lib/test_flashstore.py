@@ -396,3 +396,78 @@ def test_other_geometry_is_an_error_not_an_erase():
     dev.mem[24:28] = (crc32(h) & 0xFFFFFFFF).to_bytes(4, "little")
     e = raises(FlashCorrupt, FlashStore(dev, verbose=False).open)
     assert "format 2" in str(e) and dev.programs == 0 and sum(dev.erase_counts) == 0, str(e)
+
+
+def test_mark_toggled_on_a_copy_made_for_its_own_op_record():
+    """The fourth mark/unmark of a record (its three mark bytes used up)
+    appends an OP record; if the room for that OP is made by a reclaim that
+    copies this very record forward, the copy has fresh mark bytes, and later
+    toggles are programmed in place on it. An OP after that copy would
+    override them at boot (the mark read back wrong: a PUBREL for a message
+    the broker lost, or a PUBLISH again). Every toggle reads back after a
+    reboot; the fill that makes the reclaim happen there is searched for."""
+    hit = 0
+    for nfill in range(36, 64):
+        dev = NorFlash(None, blocks=4, block_size=1024)
+        st = FlashStore(dev, verbose=False).open()
+        st.append(PUBLISH, 1, b"\x34\x10", bytes(40))
+        pid = 1
+        for _ in range(nfill):
+            pid += 1
+            st.append(PUBLISH, pid, b"\x32\x10", bytes(30))
+            if pid > 3:
+                st.release(pid - 1)
+        st.mark(1)
+        st.unmark(1)
+        st.mark(1)
+        at = st._iaddr[st._find(1)] & ~7
+        st.unmark(1)  # an OP record: no mark byte left
+        if st._iaddr[st._find(1)] & ~7 == at:
+            continue  # not copied by that OP's reclaim: not the case looked for
+        hit += 1
+        want = False
+        for k in range(4):
+            want = not want
+            if want:
+                st.mark(1)
+            else:
+                st.unmark(1)
+            st = FlashStore(dev, verbose=False).open()
+            assert st.marked(1) == want, (nfill, k)
+            assert read_all(st, 1) == b"\x34\x10" + bytes(40)
+    assert hit, "no fill made the OP's reclaim copy the record"
+
+
+def test_inbound_ids_cannot_take_the_boot_counters_room():
+    """With the outbox full, inbound QoS 2 ids (a broker holding PUBRELs) took
+    all of the 640 bytes a message leaves free, and then the firmware's boot
+    counter (set_meta at every boot, before connecting) failed with ENOSPC:
+    a boot loop, never connecting, so the broker never released the ids. Ids
+    are refused first; the boot counter keeps being written, growing too."""
+    dev = NorFlash(None, blocks=4, block_size=4096)
+    st = FlashStore(dev, verbose=False).open()
+    st.set_meta("boot", b"1")
+    pid = 0
+    while True:
+        pid += 1
+        try:
+            st.append(PUBLISH, pid, b"\x32\x4e", payload(pid, 60))
+        except OSError as e:
+            assert e.args[0] == 28, e.args
+            break
+    n = 0
+    while True:
+        try:
+            st.in_add(1000 + n)
+        except OSError as e:
+            assert e.args[0] == 28, e.args
+            break
+        n += 1
+    assert n >= 20, n
+    for b in range(2, 12):  # "10": a longer value, a bigger record
+        st.set_meta("boot", b"%d" % b)
+        st = FlashStore(dev, verbose=False).open()
+    st.set_meta("interval", b"60000 1000")
+    st = FlashStore(dev, verbose=False).open()
+    assert st.meta("boot") == b"11" and st.meta("interval") == b"60000 1000"
+    assert st.pending() == list(range(1, pid)) and all(st.in_has(1000 + i) for i in range(n))
