@@ -314,7 +314,7 @@ class FlashStore:
         if head >= 0:
             self._head = head
             self._ret[head] = 0
-            if not self._sealed and not self._tail_blank(head, self._off):
+            if not self._sealed and self._written_end(head, self._off) > self._off:
                 self._sealed = True
             if self._off > self._limit or rhead:  # (never append under a damaged header)
                 self._sealed = 2
@@ -462,19 +462,22 @@ class FlashStore:
             off += 8
         return -1
 
-    def _tail_blank(self, s, off):
+    def _written_end(self, s, off):
+        """Where the bytes of sector s that are not erased end, from off on
+        (off itself when all are erased)."""
         base = s * self.bs
+        end = off
         while off < self.bs:
             k = self.bs - off
             if k > _WIN:
                 k = _WIN
             i = self._at(base + off, k)
             w = self._win
-            for j in range(i, i + k):
-                if w[j] != 0xFF:
-                    return False
+            for j in range(k):
+                if w[i + j] != 0xFF:
+                    end = off + j + 1
             off += k
-        return True
+        return end
 
     def _scan(self, s, ents, ins, repair):
         """Scan sector s in log order. Returns (end offset, torn tail)."""
@@ -640,18 +643,7 @@ class FlashStore:
         there)."""
         base = self._head * self.bs
         off = self._off
-        end = off
-        p = off
-        while p < self.bs:
-            k = self.bs - p
-            if k > _WIN:
-                k = _WIN
-            i = self._at(base + p, k)
-            w = self._win
-            for j in range(k):
-                if w[i + j] != 0xFF:
-                    end = p + j + 1
-            p += k
+        end = self._written_end(self._head, off)
         if end > off and self._win[self._at(base + off, 1)] == 0xFF:
             self._zero[0] = 0  # (so a scan stopping at erased bytes there resyncs instead)
             self._prog(base + off, self._zero)
@@ -670,7 +662,7 @@ class FlashStore:
                 break
         if s < 0:
             raise OSError(ENOSPC, "flash outbox full")
-        if not self._blank[s] and not self._tail_blank(s, 0):
+        if not self._blank[s] and self._written_end(s, 0):
             self._erase(s)
         old = self._head
         sh = self._sh

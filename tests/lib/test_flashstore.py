@@ -188,11 +188,8 @@ def test_bit_flips_skip_one_record_only():
         rm(p)
 
 
-def test_too_large_and_full_fail_cleanly():
-    dev = NorFlash(None, blocks=4)
-    st = FlashStore(dev).open()
-    e = raises(ValueError, st.append, PUBLISH, 1, b"\x32\x00", bytes(4096))
-    assert "does not fit" in str(e)
+def _fill(st):
+    """Append messages 1, 2, ... until the store refuses one with ENOSPC; returns that one's pid."""
     pid = 0
     while True:
         pid += 1
@@ -200,8 +197,16 @@ def test_too_large_and_full_fail_cleanly():
             st.append(PUBLISH, pid, b"\x32\x4e", payload(pid))
         except OSError as e:
             assert e.args[0] == 28, e.args
-            break
-        assert pid < 200
+            return pid
+        assert pid < 2000
+
+
+def test_too_large_and_full_fail_cleanly():
+    dev = NorFlash(None, blocks=4)
+    st = FlashStore(dev).open()
+    e = raises(ValueError, st.append, PUBLISH, 1, b"\x32\x00", bytes(4096))
+    assert "does not fit" in str(e)
+    pid = _fill(st)
     kept = st.pending()
     assert kept == list(range(1, pid)) and len(kept) >= (2 * 4000 - 640) // 104 - 2, len(kept)
     st2 = FlashStore(dev).open()
@@ -218,14 +223,7 @@ def test_a_full_outbox_still_takes_inbound_qos2_ids_and_meta():
     # loop, or a board that boot-loops before it can drain anything. Messages leave room for them.
     dev = NorFlash(None, blocks=4)
     st = FlashStore(dev).open()
-    pid = 0
-    while True:
-        pid += 1
-        try:
-            st.append(PUBLISH, pid, b"\x32\x4e", payload(pid))
-        except OSError as e:
-            assert e.args[0] == 28, e.args
-            break
+    pid = _fill(st)
     for i in range(1, 21):
         st.in_add(1000 + i)
         st.set_meta("boot", b"%d" % i)
