@@ -188,6 +188,18 @@ def test_bit_flips_skip_one_record_only():
         rm(p)
 
 
+def _toggles(st, pid, n, reopen):
+    """Mark, unmark, mark ... pid n times, each followed by a reboot; yields the reopened store
+    (marked after the 1st, 3rd, ... toggle)."""
+    for k in range(n):
+        if k % 2 == 0:
+            st.mark(pid)
+        else:
+            st.unmark(pid)
+        st = reopen()
+        yield st
+
+
 def _fill(st):
     """Append messages 1, 2, ... until the store refuses one with ENOSPC; returns that one's pid."""
     pid = 0
@@ -350,15 +362,8 @@ def test_mark_unmark_cycles_keep_their_state():
         st = FlashStore(dev, append_acks=acks).open()
         st.append(PUBLISH, 7, b"\x34\x4e", payload(7))
         st.append(PUBLISH, 8, b"\x34\x4e", payload(8))
-        want = False
-        for k in range(7):
-            want = not want
-            if want:
-                st.mark(7)
-            else:
-                st.unmark(7)
-            st = FlashStore(dev, append_acks=acks).open()
-            assert st.pending() == [7, 8] and st.marked(7) == want and not st.marked(8), (acks, k)
+        for k, st in enumerate(_toggles(st, 7, 7, lambda: FlashStore(dev, append_acks=acks).open())):
+            assert st.pending() == [7, 8] and st.marked(7) == (k % 2 == 0) and not st.marked(8), (acks, k)
             assert read_all(st, 7) == b"\x34\x4e" + payload(7)
 
 
@@ -423,15 +428,8 @@ def test_mark_toggled_on_a_copy_made_for_its_own_op_record():
         if st._iaddr[st._find(1)] & ~7 == at:
             continue  # not copied by that OP's reclaim: not the case looked for
         hit += 1
-        want = False
-        for k in range(4):
-            want = not want
-            if want:
-                st.mark(1)
-            else:
-                st.unmark(1)
-            st = FlashStore(dev, verbose=False).open()
-            assert st.marked(1) == want, (nfill, k)
+        for k, st in enumerate(_toggles(st, 1, 4, lambda: FlashStore(dev, verbose=False).open())):
+            assert st.marked(1) == (k % 2 == 0), (nfill, k)
             assert read_all(st, 1) == b"\x34\x10" + bytes(40)
     assert hit, "no fill made the OP's reclaim copy the record"
 
