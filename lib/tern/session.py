@@ -403,7 +403,7 @@ class Session:
             raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(tx))
         mx = self.server.get(_P_MAX_PACKET, 268435460)
         n = hlen - (5 if qos else 7) + plen  # the remaining length (a maximum comes only from MQTT 5)
-        n += 2 if n < 128 else 3 if n < 16384 else 4 if n < 2097152 else 5  # and the fixed header
+        n += 1 + pkt.varint_size(n)  # and the fixed header
         if n > mx:
             raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (n, mx))
         if not qos:

@@ -302,7 +302,7 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
         levels = result.filter(F.col("level") != "device").collect()
     finally:
         result.unpersist()
-    total = next((_plain(r) for r in levels if r["level"] == "total"), None)
+    total = next((_plain(r) for r in levels if r["level"] == "total"), {})
     per_qos = {str(r["qos"]): _plain(r) for r in levels if r["level"] == "qos"}
     for d in [total, *per_qos.values()]:
         if d:
@@ -317,7 +317,7 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
         "note": None if ledger else TAIL_NOTE,
         "devices": n_devices,
         "quarantined": count_quarantine(spark, landing),
-        "totals": {**(total or {}), **{c: (total or {}).get(c) or 0 for c in COUNT_COLS}},
+        "totals": {**total, **{c: total.get(c) or 0 for c in COUNT_COLS}},
         "per_qos": per_qos,
         "verdict": verdict(per_qos),
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
