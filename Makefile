@@ -1,13 +1,14 @@
 # The two commands the README opens with: `make demo` and `make test`.
-# Both set everything up on a fresh machine first (venv, packages, Mosquitto).
+# Both set everything up on a fresh machine first (venv, Python packages, the Debian packages of
+# tools/debian-packages.txt).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tern-installed
 
-.PHONY: demo test test-fast bench bench-sweep setup mosquitto size clean
+.PHONY: demo test test-fast bench bench-sweep setup debian size clean
 
-setup: $(STAMP) mosquitto
+setup: $(STAMP) debian
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +16,8 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-mosquitto:
-	@sh tools/ensure_mosquitto.sh
+debian:
+	@sh tools/ensure_debian.sh
 
 # make demo: 4 emulated boards for 120 s under faults, two collectors, the Spark audit, a verdict
 # (about 2.5 min). Options: make demo DEMO_ARGS="--boards 8 --duration 60 --seed 7" (see docs/demo.md).
