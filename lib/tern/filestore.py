@@ -15,7 +15,8 @@ and the last packet id, so nothing needed survives only in deleted files.
 - append writes the record, flushes and syncs (os.fsync on CPython, the file's
   flush -- a LittleFS file sync -- and os.sync() when present on MicroPython).
   With group_commit=True, nothing is flushed until commit(), which makes every
-  change since the last commit durable at once.
+  change since the last commit durable at once (the session commits before
+  publish() returns and before a byte leaves: acks are what waits).
 - mark/unmark/release/in_release/in_clear/set_meta append small records.
 - every open starts a new segment: a torn tail (caught by the CRC) is never
   appended to. A record that would take a segment past `segment_bytes` goes

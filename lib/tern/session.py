@@ -459,9 +459,11 @@ class Session:
                 self._cache.clear()
             v = self._cache[n] = memoryview(tx)[:n]
         self.store.append(_PUBLISH, pid, v, payload)
+        # Durable before publish() returns, online or not (group commit: offline, no pump would commit
+        # until the next CONNACK); a store failure is not an acceptance.
+        self.store.commit()
         self._push(pid, _QOS2 if qos == 2 else 0)
         if self.state == CONNECTED:
-            self.store.commit()  # durable before a byte leaves; a store failure is not an acceptance
             try:
                 self._pump(now)
             except OSError as e:
