@@ -63,17 +63,28 @@ def _check_credential(what: str, value: str, allow_colon: bool = False) -> None:
 
 
 _BINDING = ("listener", "port", "bind_address", "bind_interface")
+# lines that bring in config or code this check never sees (a listener in an included file, a plugin)
+_INDIRECT = ("include_dir", "plugin", "auth_plugin", "global_plugin")
 
 
 def _check_loopback(where: str, lines) -> None:
     """Test brokers listen on 127.0.0.1 only: refuse a verbatim config line that would open a port
-    elsewhere (`listener N` with no address binds every interface, as do `port` and a bind_*)."""
-    for line in lines:
-        words = str(line).split()
-        key = words[0].lower() if words else ""
-        if key in _BINDING and not (key == "listener" and words[2:] == ["127.0.0.1"]):
-            raise ValueError(f"{where} line {line!r}: test brokers listen on 127.0.0.1 only "
-                             "(use `listener PORT 127.0.0.1`, or Listener())")
+    elsewhere (`listener N` with no address binds every interface, as do `port` and a bind_*) or that
+    loads config or code from elsewhere. A value holding newlines is checked line by line, as
+    Mosquitto reads it; other control characters are refused."""
+    for value in lines:
+        for line in str(value).split("\n"):
+            if any(c < " " and c != "\t" or c == "\x7f" for c in line):
+                raise ValueError(f"{where} line {line!r}: a control character in a config line "
+                                 "(test brokers listen on 127.0.0.1 only)")
+            words = line.split()
+            key = words[0].lower() if words else ""
+            if key in _INDIRECT:
+                raise ValueError(f"{where} line {line!r}: {key} loads what this check cannot see "
+                                 "(test brokers listen on 127.0.0.1 only)")
+            if key in _BINDING and not (key == "listener" and words[2:] == ["127.0.0.1"]):
+                raise ValueError(f"{where} line {line!r}: test brokers listen on 127.0.0.1 only "
+                                 "(use `listener PORT 127.0.0.1`, or Listener())")
 
 
 def _check_port(name: str, port) -> None:

@@ -349,6 +349,13 @@ def test_extra_listener_shares_the_broker_and_keeps_its_port_across_restart(tmp_
     ("extra", "bind_interface eth0"),
     ("options", "bind_address 0.0.0.0"),
     ("options", "  Listener 1885"),
+    ("extra", "#\nlistener 29507"),             # a newline: Mosquitto reads two lines, the second bound everywhere
+    ("extra", "max_qos 1\r\nport 1884"),
+    ("options", "max_connections 5\nbind_address 0.0.0.0"),
+    ("extra", "max_qos 1\rlistener 1884"),      # any other control character
+    ("extra", "include_dir /etc/mosquitto/conf.d"),  # its files' listeners were never checked
+    ("extra", "plugin /usr/lib/x.so"),
+    ("options", "auth_plugin /usr/lib/x.so"),
 ])
 def test_a_config_line_that_would_listen_beyond_loopback_is_refused(tmp_path, where, line):
     with pytest.raises(ValueError, match="127.0.0.1 only"):
