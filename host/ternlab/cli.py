@@ -16,6 +16,7 @@ CLI prints.
 
 import argparse
 import importlib
+import re
 import sys
 
 # module, the commands it is expected to provide, one-line help for them
@@ -48,16 +49,16 @@ def add_secret(value):
 
 def redact(text):
     """text with every registered secret, and any long piece of one (argparse
-    may quote part of a mistyped argument), replaced by '***'."""
+    may quote part of a mistyped argument), replaced by '***' where it stands
+    as a whole word or value: between spaces, quotes, brackets or commas, or
+    after '=' (`-P p` must not turn `pub` into `***ub`)."""
     for s in sorted(_SECRETS, key=len, reverse=True):
-        if s in text:
-            text = text.replace(s, "***")
         shortest = min(len(s), max(6, len(s) // 2))
-        for n in range(min(len(s) - 1, len(text)), shortest - 1, -1):  # no piece longer than text
+        for n in range(min(len(s), len(text)), shortest - 1, -1):  # no piece longer than text
             for i in range(len(s) - n + 1):
                 piece = s[i : i + n]
                 if piece in text:
-                    text = text.replace(piece, "***")
+                    text = re.sub(r"(?<![^\s'\"=(\[,])%s(?![^\s'\",)\]])" % re.escape(piece), "***", text)
     return text
 
 
@@ -78,7 +79,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*a, **k)
 
     def error(self, message):
-        self.exit(2, redact("%s: %s (see %s --help)\n" % (self.prog, message, self.prog)))
+        self.exit(2, "%s: %s (see %s --help)\n" % (self.prog, redact(message), self.prog))
 
 
 def _command_word(argv):
@@ -96,7 +97,7 @@ def _unavailable(subparsers, name, help_text, message):
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
     def run(args):
-        sys.stderr.write(redact("tern %s: %s\n" % (name, message)))
+        sys.stderr.write("tern %s: %s\n" % (name, redact(message)))
         return 1
 
     p.set_defaults(func=run)

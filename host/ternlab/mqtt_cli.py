@@ -723,7 +723,7 @@ def _say_err(args):
 
     def say(msg):
         if not args.quiet:
-            sys.stderr.write(redact("tern %s: %s\n" % (args.tool, msg)))
+            sys.stderr.write("tern %s: %s\n" % (args.tool, redact(msg)))
             sys.stderr.flush()
     return say
 

@@ -431,6 +431,18 @@ def test_refusal_as_a_real_process_and_password_in_argparse_errors(locked_broker
     assert b"secret" not in r.stderr
 
 
+def test_a_short_password_is_masked_only_where_it_is_a_whole_value():
+    """`-P p` turned `tern pub` into `tern ***ub` and `--help` into `--hel***`: each substring equal to
+    the password was masked. Now only a whole word or value is (here `--password=e`, an unknown option)."""
+    r = subprocess.run([TERN, "pub", "-t", "x", "-m", "y", "-P", "p", "-q", "7"], capture_output=True, timeout=20)
+    assert r.returncode == 2
+    assert r.stderr == b"tern pub: argument -q/--qos: QoS must be 0, 1 or 2, not '7' (see tern pub --help)\n", r.stderr
+    r = subprocess.run([TERN, "pub", "-t", "x", "-m", "y", "-P", "e", "--password=e", "stray"],
+                       capture_output=True, timeout=20)
+    assert r.returncode == 2
+    assert r.stderr == b"tern: unrecognized arguments: --password=*** stray (see tern --help)\n", r.stderr
+
+
 def test_publish_the_broker_refuses(capsys, tmp_path):
     acl = tmp_path / "acl"
     acl.write_text("topic readwrite open/#\n")
