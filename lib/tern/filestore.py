@@ -32,7 +32,8 @@ Capacity (a full outbox must still take its acks, or it never drains):
   littlefs-python's fs_stat) less 3 blocks (LittleFS's copy-on-write block,
   directory growth, slack), plus what the segments already take; `max_bytes`
   caps it, and is the only budget where the filesystem cannot tell its free
-  space. A segment file counts as whole blocks of block size - 64 bytes
+  space. A max_bytes in which an empty store would take no 64-byte message is
+  refused at open (ValueError naming the least that would). A segment file counts as whole blocks of block size - 64 bytes
   (LittleFS keeps pointers in each); segment_bytes is cut to an eighth of
   the budget on a small filesystem, then rounded down to whole such blocks
   (at least one) less 40 bytes.
@@ -323,14 +324,39 @@ class FileStore:
         if self.max_bytes and (not cap or self.max_bytes < cap):
             cap = self.max_bytes
         self._cap = cap
+        self._seg = self._segfor(cap)
+        m = self.max_bytes
+        if m and not self._takes(m):
+            # a budget that holds no message (its headroom and reserve take it all) is refused here,
+            # not by every publish() as "outbox full"
+            least = m + 1 if u <= 64 else (m // u + 1) * u  # (on blocks, it is a whole number of them)
+            while not self._takes(least):
+                least += 1 if u <= 64 else u
+            raise ValueError("FileStore max_bytes=%d holds no message (headroom and reserve take it all): "
+                             "at least %d%s" % (m, least, " with %d-byte blocks" % u if u > 1 else ""))
+
+    def _segfor(self, cap):
         # a small filesystem gets small segments (the headroom is a segment's
         # worth); on blocks, a segment and an ack fill whole blocks
         s = self.segment_bytes
+        u = self._u
         if cap and s > cap // 8:
             s = cap // 8
         if u > 64:
             s = max(s // (u - 64), 1) * (u - 64) - 2 * _E
-        self._seg = max(s, 256)
+        return max(s, 256)
+
+    def _takes(self, cap):
+        """Would an empty store with this budget take a 64-byte message (see _take and _room)?"""
+        s = self._seg
+        self._seg = self._segfor(cap)
+        mx = 64 + _E
+        q = self._seg - _E - mx
+        k = (mx + _RSV) // q + 1 if q > 0 else 1 + _RSV // _E
+        h = self._head(mx)
+        ok = k * self._blk(max(self._seg, mx + _E)) + self._u + h <= cap and self._blk(_E + mx) + h <= cap
+        self._seg = s
+        return ok
 
     def _scan(self, seg, ents, ins):
         self._sz[seg] = 0

@@ -251,6 +251,25 @@ def fill_to_refusal(st, r, first=1, limit=2000):
     raise AssertionError("the store never filled")
 
 
+def test_max_bytes_that_holds_no_message_is_refused_at_open_naming_the_minimum():
+    """On LittleFS with 4 KiB blocks, FileStore(max_bytes=16384) opened, and its headroom and reserve
+    took the whole budget: every append said "outbox full", 0 records held. Now open() refuses it with
+    the minimum, and the minimum holds messages."""
+    vol = LfsVolume(tmppath("least"), blocks=32)
+    try:
+        d, fs = vol.mount()
+        e = raises(ValueError, FileStore(d, fs=fs, max_bytes=16384, verbose=False).open)
+        assert "max_bytes=16384" in str(e) and "at least 20480 with 4096-byte blocks" in str(e), str(e)
+        st = FileStore(d, fs=fs, max_bytes=20480, verbose=False).open()
+        got = fill_to_refusal(st, Rng(5))
+        assert len(got) >= 5, len(got)
+        assert st.pending() == sorted(got)
+        st.close()
+        vol.unmount()
+    finally:
+        vol.cleanup()
+
+
 def test_full_littlefs_takes_every_ack_and_drains():
     """Filled until the store says ENOSPC (before: littlefs-python raised its
     own LittleFSError here, and under VfsLfs2 the first mark after it failed
