@@ -19,6 +19,7 @@ SPEC = (
     ("tls", False, "b", 0, 0),
     ("port", 1883, "i", 1, 65535),
     ("ca", None, "s", 0, 0),
+    ("insecure", False, "b", 0, 0),
     ("user", None, "s", 0, 0),
     ("password", None, "s", 0, 0),
     ("client_id", None, "s", 0, 0),
@@ -130,7 +131,13 @@ def load(prof=None, path=FILE):
     for n in cfg["readings"] or ():
         if n not in sensors:
             say("config", key="readings", err="no such sensor on this board, ignored", got=n, sensors=sensors)
-    if cfg["ca"] == "" and cfg["tls"]:
+    if cfg["tls"] and cfg["ca"] is None:
+        if cfg["insecure"]:
+            say("config", key="insecure", err="true: TLS without a CA, the server is not verified")
+        else:  # fail closed: TLS verified against no CA
+            say("config", key="ca", err="missing: no TLS connection until it names the CA file (or insecure is true)")
+            cfg["ca"] = ""
+    elif cfg["ca"] == "" and cfg["tls"]:
         say("config", key="ca", err="unusable: no TLS connection until it names the CA file")
     if cfg["ca"] and not cfg["tls"]:
         say("config", key="ca", err="ignored: tls is false, the connection is not encrypted")

@@ -126,10 +126,9 @@ class App:
                 return context(ca=ca)
             except (OSError, ValueError) as e:
                 say("config", key="ca", err="cannot load %s: %s" % (ca, e))
-        elif ca is None:
-            say("config", key="ca", err="tls without a CA: the server is not verified")
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.verify_mode = ssl.CERT_NONE if ca is None else ssl.CERT_REQUIRED  # "": a ca that was unusable
+        # None: "insecure": true (tconfig said so); "": no usable ca, verified against none (fails)
+        ctx.verify_mode = ssl.CERT_NONE if ca is None else ssl.CERT_REQUIRED
         return ctx
 
     # ------------------------------------------------------------ callbacks

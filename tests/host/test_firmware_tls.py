@@ -96,13 +96,28 @@ def test_a_wrong_ca_is_reported_by_key_readings_wait_then_go_out_once_it_is_fixe
         watch.close()
 
 
-def test_tls_without_a_ca_warns_that_the_server_is_not_verified(tmp_path, tls_broker):
+def test_tls_without_a_ca_fails_closed_unless_insecure_is_true(tmp_path, tls_broker):
+    # `"tls": true` without `ca` connected unverified (a warning on the console): now no connection
+    # until the config names a CA or says `"insecure": true`.
     watch = Watcher(tls_broker.address)
     dev = tls_device(tmp_path, tls_broker.tls_port)
     try:
         dev.board.power_cycle()
+        log = dev.until(lambda t: t.counts["connect_failed"] >= 2 and t.counts["done"], 30,
+                        "failed TLS connections without a CA")
+        assert not log.counts["connected"], "connected unverified"
+        said = [e for e in log.of("config") if e.get("key") == "ca"]
+        assert said and "insecure" in said[0]["err"], log.of("config")
+        assert log.boots == [0] and not log.counts["crash"], dict(log.counts)
+    finally:
+        dev.close()
+    dev = Device(tmp_path, {"host": "127.0.0.1", "port": tls_broker.tls_port, "tls": True, "insecure": True,
+                            "client_id": "dev-tls2", "interval_ms": 40, "qos": 1, "count": N,
+                            "backoff_min_ms": 100, "backoff_max_ms": 300}, name="board2")
+    try:
+        dev.board.power_cycle()
         log = dev.until(lambda t: t.counts["done"], 30, f"{N} readings over unverified TLS")
-        warned = [e for e in log.of("config") if e.get("key") == "ca"]
+        warned = [e for e in log.of("config") if e.get("key") == "insecure"]
         assert warned and "not verified" in warned[0]["err"], log.of("config")
         assert delivered(dev, watch) == N
     finally:
@@ -144,7 +159,7 @@ def test_a_tls_or_ca_value_that_is_unusable_fails_closed(tmp_path, tls_broker):
                             f"failed connections with an unusable {key}")
             assert not log.counts["connected"], f"{key}: connected anyway (unverified or in plain text)"
             assert [e for e in log.of("config") if e.get("key") == key], log.of("config")
-            if key == "ca":  # (tls alone, without a ca, is the documented unverified TLS)
+            if key == "ca":  # (tls without a ca is unverified TLS only with "insecure": true)
                 assert not [e for e in log.of("config") if "not verified" in e.get("err", "")], log.of("config")
             assert log.boots == [0] and not log.counts["crash"] and len(log.ledger) == 3, dict(log.counts)
         finally:
