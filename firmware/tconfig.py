@@ -5,6 +5,7 @@ was wrong and the safe default used instead, and the app runs on. Passwords are 
 firmware/config.example.json and docs/firmware.md for the keys.
 """
 
+import gc
 import json
 from hal import say
 
@@ -98,6 +99,7 @@ def load(prof=None, path=FILE):
     except ValueError as e:
         say("config", err="%s is not valid JSON (%s): every key takes its default" % (path, e))
     cfg = {}
+    dflt = {}
     for key, d, kind, lo, hi in SPEC:
         if key == "port" and cfg["tls"]:
             d = 8883
@@ -113,9 +115,24 @@ def load(prof=None, path=FILE):
         else:
             v = d
         cfg[key] = v
+        dflt[key] = d
     for key in raw:
         if key not in cfg:
             say("config", key=key, err="unknown key, ignored")
+    # The client's buffers (allocated at boot: rx_size, tx_size, 3 bytes per max_pending) get at most a
+    # quarter of the profile's heap (or of this heap, for a profile without heap_bytes), the largest
+    # going back to its default first: more raised MemoryError in Session.__init__ at every boot.
+    cap = prof.get("heap_bytes") or gc.mem_free() + gc.mem_alloc()
+    cap //= 4
+    per = {"rx_size": 1, "tx_size": 1, "max_pending": 3}
+    while cap:
+        big = {k: cfg[k] * per[k] for k in per if cfg[k] != dflt[k]}
+        if not big or sum(cfg[k] * per[k] for k in per) <= cap:
+            break
+        k = max(big, key=big.get)
+        _bad(k, "at most %d bytes with the other buffers (rx_size + tx_size + 3 x max_pending: a quarter "
+             "of the heap)" % cap, cfg[k], dflt[k])
+        cfg[k] = dflt[k]
     if cfg["backoff_max_ms"] < cfg["backoff_min_ms"]:
         _bad("backoff_max_ms", "at least backoff_min_ms", cfg["backoff_max_ms"], cfg["backoff_min_ms"])
         cfg["backoff_max_ms"] = cfg["backoff_min_ms"]

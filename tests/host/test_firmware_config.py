@@ -9,6 +9,8 @@ config key where there is one, and the device runs on.
 import json
 import time
 
+import pytest
+
 from ternlab.broker import Broker
 from test_firmware import Device, Watcher, check_delivery
 
@@ -71,3 +73,28 @@ def test_a_broker_with_maximum_qos_1_gets_the_qos_1_readings_and_qos_2_is_droppe
         dev.close()
         watch.close()
         broker.stop()
+
+
+@pytest.mark.parametrize("sizes, reset", [
+    ({"max_pending": 65535}, ["max_pending"]),
+    ({"rx_size": 200000}, ["rx_size"]),
+    ({"tx_size": 65535, "rx_size": 65536}, ["rx_size", "tx_size"]),
+    ({"rx_size": 49152, "tx_size": 4096, "max_pending": 4000}, []),  # 65,248 bytes: within a quarter, kept
+])
+def test_buffers_over_a_quarter_of_the_heap_fall_back_to_defaults_instead_of_a_boot_loop(tmp_path, sizes, reset):
+    # Values the checker accepted raised MemoryError in Session.__init__ on the 256 KiB profile: crash,
+    # 30 s, reset, crash. Now the largest goes back to its default until rx_size + tx_size +
+    # 3 x max_pending fits in a quarter of the profile's heap (65,536 bytes), one line per key.
+    dev = Device(tmp_path, {"client_id": "dev-1", "interval_ms": 30, **sizes})
+    try:
+        dev.board.power_cycle()
+        log = dev.until(lambda t: t.counts["published"] >= 3, 20, "readings after the oversize buffers")
+        assert log.counts["boot"] == 1 and not log.counts["crash"] and not dev.tracebacks, dict(log.counts)
+        said = [e for e in log.of("config") if e.get("key") in ("rx_size", "tx_size", "max_pending")]
+        assert [e["key"] for e in said] == reset, log.of("config")
+        defaults = {"rx_size": 4096, "tx_size": 512, "max_pending": 256}
+        for e in said:
+            assert e["got"] == sizes[e["key"]] and e["using"] == defaults[e["key"]], e
+            assert "65536 bytes" in e["err"], e
+    finally:
+        dev.close()
