@@ -32,11 +32,12 @@ Capacity (a full outbox must still take its acks, or it never drains):
   littlefs-python's fs_stat) less 3 blocks (LittleFS's copy-on-write block,
   directory growth, slack), plus what the segments already take; `max_bytes`
   caps it, and is the only budget where the filesystem cannot tell its free
-  space. A max_bytes in which an empty store would take no 64-byte message is
-  refused at open (ValueError naming the least that would). A segment file counts as whole blocks of block size - 64 bytes
+  space. A segment file counts as whole blocks of block size - 64 bytes
   (LittleFS keeps pointers in each); segment_bytes is cut to an eighth of
   the budget on a small filesystem, then rounded down to whole such blocks
-  (at least one) less 40 bytes.
+  (at least one) less 40 bytes. A max_bytes in which an empty store would
+  take no 64-byte message is refused at open (ValueError naming the least
+  budget that would).
 - only live records (messages, inbound ids, the latest meta values) count
   toward fullness. append raises OSError(ENOSPC, "outbox full"), with nothing
   written, unless the live records and the new one, packed into segments,
@@ -352,7 +353,9 @@ class FileStore:
         self._seg = self._segfor(cap)
         mx = 64 + _E
         q = self._seg - _E - mx
-        k = (mx + _RSV) // q + 1 if q > 0 else 1 + _RSV // _E
+        k = 1 + _RSV // _E  # (as _need counts them)
+        if q > 0 and (mx + _RSV) // q + 1 < k:
+            k = (mx + _RSV) // q + 1
         h = self._head(mx)
         ok = k * self._blk(max(self._seg, mx + _E)) + self._u + h <= cap and self._blk(_E + mx) + h <= cap
         self._seg = s
