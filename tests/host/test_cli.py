@@ -2,13 +2,16 @@
 mosquitto_pub / mosquitto_sub as the peers. Most runs are in-process (ternlab.cli.main with
 capsys); a few run the installed console script as a real process."""
 
+import fcntl
 import io
 import json
 import re
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -611,8 +614,9 @@ def start_until(argv, ready, timeout=10):
 def kill_9(p):
     p.kill()  # SIGKILL: no handler, no DISCONNECT, nothing flushed but what was written
     p.wait(timeout=10)
-    p.stdout.close()
-    p.stderr.close()
+    for f in (p.stdin, p.stdout, p.stderr):
+        if f is not None:
+            f.close()
 
 
 @pytest.mark.parametrize("qos,held,forward,last,resend", [
@@ -647,6 +651,43 @@ def test_pub_outbox_resends_after_kill_9_before_new_messages(capsys, broker, cha
     assert -1 < log.rfind(again, 0, new)
     # nothing lost; QoS 2 delivered once, QoS 1 at least once (the resend is a second delivery)
     assert peer.result() == (b"one\none\ntwo\n" if qos == 1 else b"one\ntwo\n")
+
+
+def test_pub_outbox_with_more_pending_than_the_window_resends_all_in_order(capsys, broker, chaos, tmp_path):
+    # 40 lines at QoS 1, no PUBACK comes back: 16 go out (the in-flight window), 24 wait in the
+    # outbox; kill -9; the next run sends all 40 again in their order, then its own message
+    from tern.filestore import FileStore
+
+    outbox = tmp_path / "outbox"
+    n = 40
+    peer = MosqSub(broker, "-t", "many", "-q", "1", count=16 + n + 1, timeout=20)
+    chaos.stall_at_packet("PUBACK", 1, B2C, 60, stall_direction=B2C, connections=1)
+    args = ["-q", 1, "-t", "many", "-c", "-i", "manyk", "--outbox", outbox]
+    p = subprocess.Popen([TERN, "pub", *map(str, ["-h", chaos.host, "-p", chaos.port, "-l", *args])],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write(b"".join(b"m%d\n" % i for i in range(n)))
+    p.stdin.flush()
+    assert chaos.wait_for(lambda: len(chaos.packets(C2B, "PUBLISH")) == 16, 10)
+    # the rest is read and stored while the window is full: wait until stdin is drained and the
+    # outbox's files stop growing (the store's own count, read after the kill, is what is checked)
+    deadline, last, still = time.monotonic() + 10, None, 0
+    while still < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        size = sum(f.stat().st_size for f in outbox.glob("*.seg"))
+        queued = struct.unpack("i", fcntl.ioctl(p.stdin, termios.FIONREAD, b"\0\0\0\0"))[0]
+        still = still + 1 if size == last and not queued else 0
+        last = size
+    kill_9(p)
+    store = FileStore(str(outbox), verbose=False).open()
+    assert store.count() == n
+    store.close()
+    rc, out, err = tern(capsys, "pub", *conn(broker), "-m", "last", *args, "-d")
+    assert rc == 0 and err == "", err
+    sent = [line.split(" (")[1].split(",")[:4] for line in out.splitlines() if " sending PUBLISH" in line]
+    assert sent == [["d1", " q1", " r0", " m%d" % (i + 1)] for i in range(n)] + [["d0", " q1", " r0", " m%d" % (n + 1)]]
+    got = peer.result().decode().split()
+    # the 16 sent before the kill, then everything again in order, then the new one
+    assert got == ["m%d" % i for i in range(16)] + ["m%d" % i for i in range(n)] + ["last"]
 
 
 def test_outbox_belongs_to_one_process_and_one_client(capsys, broker, chaos, tmp_path):
