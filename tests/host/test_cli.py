@@ -849,3 +849,32 @@ def test_url_mqtts_turns_tls_on_and_verifies(capsys, tmp_path):
         assert peer.result() == b"over tls\n"
     finally:
         b.stop()
+
+
+@pytest.mark.parametrize("where", ["suback", "connack after a reconnect"])
+def test_sub_stops_at_a_violation_while_subscribing_or_reconnecting(capsys, where):
+    # a SUBACK with reserved flags set (tern sub waits in subscribe() then), or a CONNACK whose
+    # properties are cut short when tern sub comes back after a dropped connection: status 2, at once
+    from tern.wire import CONNECT, SUBSCRIBE
+    from ternlab.scripted import ScriptedBroker
+
+    connack, suback = bytes([0x20, 3, 0, 0, 0]), bytes([0x90, 4, 0, 1, 0, 1])
+    if where == "suback":
+        script = [[("recv_type", CONNECT), ("send", connack), ("recv_type", SUBSCRIBE),
+                   ("send", bytes([0x91, 4, 0, 1, 0, 1])), ("recv", bytes([0xE0, 1, 0x81])), ("quiet", 2)]]
+        reason = "malformed packet: reserved flags of packet type 9 (reason 0x81); sent DISCONNECT 0x81"
+    else:
+        script = [[("recv_type", CONNECT), ("send", connack), ("recv_type", SUBSCRIBE), ("send", suback), ("close",)],
+                  [("recv_type", CONNECT), ("send", bytes([0x20, 3, 0, 0, 5])), ("recv", bytes([0xE0, 1, 0x81])),
+                   ("quiet", 2)]]
+        reason = "sent DISCONNECT 0x81"
+    b = ScriptedBroker(script, version=5).start()
+    try:
+        start = time.monotonic()
+        rc, out, err = tern(capsys, "sub", "-h", b.host, "-p", b.port, "-V", 5, "-q", 1, "-t", "x", "-W", 20)
+        took = time.monotonic() - start
+    finally:
+        b.stop()
+    assert not b.errors and b.complete, b.errors
+    assert rc == 2 and out == "" and took < 5, (rc, err)
+    assert one_line(err).startswith("tern sub: the broker broke the protocol: ") and reason in err
