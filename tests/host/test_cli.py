@@ -249,14 +249,16 @@ def test_pub_debug_trace_and_will(capsys, broker):
     assert peer.result() == b"will/x 0 gone text/farewell\n"
 
     # -d: the trace goes to stdout, line for line as mosquitto_pub -d writes it
-    args = ["-t", "dbg", "-m", "12345", "-q", "2", "-d", "-u", "someone", "-P", "hunter2-password", "-i", "dbg1"]
-    rc, out, err = tern(capsys, "pub", *conn(broker), *args)
-    assert rc == 0 and err == "", err
-    assert "Client dbg1 sending CONNECT" in out
-    assert "sending PUBLISH (d0, q2, r0, m1, 'dbg', ... (5 bytes))" in out
-    mosq = subprocess.run([MOSQ_PUB, *map(str, conn(broker)), *args], capture_output=True, timeout=10)
-    assert out == mosq.stdout.decode() and mosq.stderr == b""
-    assert "hunter2" not in out
+    for version in ("311", "5"):
+        args = ["-t", "dbg", "-m", "12345", "-q", "2", "-d", "-u", "someone", "-P", "hunter2-password",
+                "-i", "dbg1", "-V", version]
+        rc, out, err = tern(capsys, "pub", *conn(broker), *args)
+        assert rc == 0 and err == "", err
+        assert "Client dbg1 sending CONNECT" in out
+        assert "sending PUBLISH (d0, q2, r0, m1, 'dbg', ... (5 bytes))" in out
+        mosq = subprocess.run([MOSQ_PUB, *map(str, conn(broker)), *args], capture_output=True, timeout=10)
+        assert out == mosq.stdout.decode() and mosq.stderr == b""
+        assert "hunter2" not in out
 
 
 def test_sub_debug_trace_goes_to_stdout_as_mosquitto_sub(capsys, broker):
