@@ -18,7 +18,8 @@ what is not there.
 
 Credentials: the password is handed to the client and nowhere else; the debug
 trace (-d) never decodes a CONNECT packet, and error messages are built from
-host, port and reason codes only.
+host, port and reason codes only (never from the -L URL). The password of -P or
+of a -L URL is registered with ternlab.cli.add_secret before argparse runs.
 """
 
 import argparse
