@@ -9,7 +9,8 @@ module or dependency turns that command into a one-line error instead of
 breaking the whole CLI.
 
 Exit codes: 0 ok, 1 failure, 2 usage error (argparse's); a command may use
-more (`tern sub -W` uses 27, as mosquitto_sub does). Errors are one line on
+others (`tern pub` and `tern sub` exit as mosquitto_pub/sub 2.0: 1 for a
+bad argument, 2 when the broker breaks the protocol, 27 for `-W`). Errors are one line on
 stderr; values of secret options (passwords) are masked in every message the
 CLI prints.
 """
@@ -155,9 +156,9 @@ def main(argv=None):
     """Run `tern` with argv (default: sys.argv[1:]); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     word = _command_word(argv)
-    if word in ("pub", "sub"):
-        from . import mqtt_cli
+    from . import mqtt_cli
 
+    if word in ("pub", "sub"):
         k = argv.index(word) + 1
         argv = argv[:k] + mqtt_cli.prepare_argv(argv[k:])
     try:
@@ -174,6 +175,8 @@ def main(argv=None):
         if code is None:
             return 0
         if isinstance(code, int):
+            if code == 2 and word in ("pub", "sub"):
+                return mqtt_cli.EXIT_USAGE  # as mosquitto_pub/sub: a bad argument is status 1
             return code
         sys.stderr.write(redact("%s\n" % code))
         return 1

@@ -2,38 +2,29 @@
 people know from mosquitto_pub and mosquitto_sub (same meanings, same
 defaults), on top of the Tern client library (tern.client.Client).
 
-What differs from mosquitto, on purpose or for now:
-  * usage errors exit with 2 (argparse's code), runtime failures with 1, and
-    `-W` timeouts with 27 as mosquitto_sub does; a connection the broker
-    refuses exits with the CONNACK's reason code, as mosquitto does (e.g. 5
-    for MQTT 3.1.1, 135 for MQTT 5 when the password is wrong); every failure
-    is one line on stderr;
-  * `tern sub` acknowledges a QoS 1/2 message only after printing it, so a
-    message received after `-C` is satisfied is not acknowledged and stays
-    queued in a persistent session (`-c`) for the next run;
-  * `-F` understands this subset of mosquitto_sub's format language:
-      %%  %t topic  %p payload  %q qos  %r retain flag  %l payload length
-      %m  message id  %x / %X payload in lower / upper case hex
-      %I  ISO 8601 local time  %U  Unix time with nanoseconds
-      %j  JSON object (tst, topic, qos, retain, payloadlen, mid, payload)
-      MQTT 5: %P user properties (key:value, space separated) %C content type
-      %D correlation data  %E message expiry interval  %F payload format
-      indicator  %R response topic  %S subscription identifier(s)
-      @X  strftime's %X, @N nanoseconds, @@ a literal @
-      \\n \\t \\r \\0 \\a \\e \\v \\\\ escapes
-    with printf-style flags, width and precision: `%-10t`, `%05l`, `%.8t`
-    (`-` and `0` flags; zero padding for %E %F %l %m %S %x %X; precision for
-    %C %I %R %t). %A (topic alias) and %J are not supported;
-  * not implemented: -L URL, -A, --unix, --proxy, --psk, -T, -U,
-    --remove-retained, --random-filter, --tls-version, --ciphers, -M.
+Exit statuses are mosquitto 2.0's (checked against 2.0.11): 0 ok, 1 a bad
+argument or a failure (unreachable broker, lost connection), 2 when the broker
+broke the protocol, 27 when `tern sub -W` runs out, and for a refused
+connection the CONNACK's reason code (5 on MQTT 3.1.1, 135 on MQTT 5 for a
+wrong password). Every failure is one line on stderr. `-d` writes its trace to
+stdout in libmosquitto's words.
+
+What differs from mosquitto on purpose is DIFFERENCES below (also the end of
+`tern pub --help` / `tern sub --help` and the README's `tern` table); the
+-F subset: %% %t %p %q %r %l %m %x %X %I %U %j, MQTT 5 %P %C %D %E %F %R %S, @X
+strftime, @N nanoseconds, @@, \\n \\t \\r \\0 \\a \\e \\v \\\\ escapes, with
+printf-style `-` and `0` flags, width and precision. NOT_IMPLEMENTED says
+what is not there.
 
 Credentials: the password is handed to the client and nowhere else; the debug
 trace (-d) never decodes a CONNECT packet, and error messages are built from
-host, port and reason codes only.
+host, port and reason codes only (never from the -L URL). The password of -P or
+of a -L URL is registered with ternlab.cli.add_secret before argparse runs.
 """
 
 import argparse
 import datetime as _dt
+import errno
 import json
 import os
 import select
@@ -47,9 +38,11 @@ from tern.client import Client, ConnectError
 from tern.topic import validate_filter, validate_name
 from tern.wire import CONNECT, DISCONNECT, PUBLISH, SUBSCRIBE, MQTTError, utf8
 
+# Exit statuses, as mosquitto_pub/sub 2.0 exit (checked against 2.0.11)
 EXIT_OK = 0
 EXIT_FAIL = 1
-EXIT_USAGE = 2
+EXIT_USAGE = 1  # a bad argument: mosquitto exits 1 (argparse would say 2)
+EXIT_PROTOCOL = 2  # the broker broke the protocol (libmosquitto's MOSQ_ERR_PROTOCOL)
 EXIT_TIMEOUT = 27  # mosquitto_sub's exit status when -W runs out (MOSQ_ERR_TIMEOUT)
 
 # Receive and transmit buffers. A board keeps these small; a host tool must
@@ -58,6 +51,39 @@ EXIT_TIMEOUT = 27  # mosquitto_sub's exit status when -W runs out (MOSQ_ERR_TIME
 RX_SIZE = 16 * 1024 * 1024
 TX_SIZE = 256 * 1024
 MAX_PACKET = 268435460
+
+# What differs from mosquitto_pub/sub on purpose: the end of --help, and the README.
+DIFFERENCES = {
+    "both": (
+        "--outbox DIR (tern only): the session kept in files across runs, crashes and kill -9 (tern pub "
+        "resends what was not acknowledged; tern sub prints a QoS 2 message once)",
+        "a broker that breaks the protocol ends the run with status 2 (as mosquitto), after a DISCONNECT with "
+        "the reason code under MQTT 5 (mosquitto sends none, and mosquitto_sub reconnects after some "
+        "violations)",
+        "-D values are checked before sending (e.g. payload-format-indicator is 0 or 1), and -D needs -V 5 "
+        "(mosquitto switches to MQTT 5 by itself)",
+        "-L: -h, -p, -u, -P (and -t for pub) given as well win, whatever the order (mosquitto: the last one)",
+        "-d traces bytes as they are read: a 'received' line may come before the lines of an earlier message",
+        "--insecure skips only the host name check: the certificate chain is still verified",
+        "--help exits 0 (mosquitto: 1)",
+    ),
+    "sub": (
+        "a QoS 1/2 message is acknowledged after it is printed (mosquitto_sub: before); one that arrives "
+        "after -C is done is not acknowledged, and stays queued for the next run with -c",
+        "MQTT 3.1.1: a message over the receive limit (16 MiB) is dropped with one line on stderr",
+    ),
+}
+
+
+NOT_IMPLEMENTED = ("-A, --unix, --proxy, --psk, -M, --tls-version, --ciphers, ws:// and wss:// URLs; "
+                   "tern sub: -T, -U, --remove-retained, --random-filter, -F %A and %J")
+
+
+def _epilog(tool):
+    return "differs from mosquitto_%s on purpose:\n%s\nnot implemented: %s" % (
+        tool, "\n".join("  * " + d for d in DIFFERENCES["both"] + DIFFERENCES.get(tool, ())),
+        NOT_IMPLEMENTED.split("; tern sub")[0] if tool == "pub" else NOT_IMPLEMENTED)
+
 
 # ----------------------------------------------------------------- errors
 
@@ -299,10 +325,51 @@ def _prop_name(pid):
     return "0x%02X" % pid
 
 
+def parse_url(text):
+    """mosquitto's -L URL, mqtt(s)://[user[:password]@]host[:port]/topic, as
+    (tls, host, port, user, password, topic); UsageError naming what is wrong,
+    never quoting the URL (it may hold a password)."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        raise UsageError("-L: the URL must start with mqtt:// or mqtts://")
+    if scheme.lower() not in ("mqtt", "mqtts"):
+        raise UsageError("-L: unsupported URL scheme %r (mqtt:// or mqtts://)" % scheme)
+    tls = scheme.lower() == "mqtts"
+    authority, _, topic = rest.partition("/")
+    if not topic:
+        raise UsageError("-L: the URL has no topic (mqtt://host/topic)")
+    userinfo, at, hostport = authority.rpartition("@")
+    user = password = None
+    if at:
+        user, colon, pw = userinfo.partition(":")
+        password = pw if colon else None
+    if hostport.startswith("["):  # [IPv6]:port
+        host, _, port = hostport[1:].partition("]")
+        port = port[1:] if port.startswith(":") else port
+    else:
+        host, _, port = hostport.partition(":")
+    if not host:
+        raise UsageError("-L: the URL has no host")
+    if port:
+        try:
+            port = _int_range("-L: port", 1, 65535)(port)
+        except argparse.ArgumentTypeError as e:
+            raise UsageError(str(e))
+    return tls, host, port or (8883 if tls else 1883), user, password, topic
+
+
+def _url_password(text):
+    try:
+        return parse_url(text)[4]
+    except UsageError:  # reported later; whatever follows '//user:' may still be a password
+        userinfo = text.partition("//")[2].partition("/")[0].rpartition("@")[0]
+        return userinfo.partition(":")[2] or None
+
+
 # Options that take a value, for the argv pre-pass below.
-_VALUE_SHORT = set("hptmfqiIkVuPxCWFD")
-_VALUE_LONG = {"--host", "--port", "--topic", "--message", "--file", "--qos", "--id", "--id-prefix",
-               "--keepalive", "--protocol-version", "--username", "--pw", "--session-expiry-interval",
+_VALUE_SHORT = set("hptmfqiIkVuPxCWFDL")
+_VALUE_LONG = {"--host", "--port", "--topic", "--message", "--file", "--qos", "--id", "--id-prefix", "--url",
+               "--outbox", "--keepalive", "--protocol-version", "--username", "--pw", "--session-expiry-interval",
                "--will-topic", "--will-payload", "--will-qos", "--cafile", "--capath", "--cert",
                "--key", "--repeat", "--repeat-delay", "--property"}
 _FLAG_SHORT = set("lnsrcdvNRE")
@@ -348,6 +415,8 @@ def prepare_argv(argv):
                 eq = "="
             if eq and name in _SECRET_OPTIONS:
                 add_secret(val)
+            elif eq and name == "--url" and _url_password(val):
+                add_secret(_url_password(val))
             out.append(a)
             continue
         # one short option or a cluster of them: -r, -q1, -rq 1, -dv
@@ -368,6 +437,8 @@ def prepare_argv(argv):
                     i += 1
                 if c == "P":
                     add_secret(val)
+                elif c == "L" and _url_password(val):
+                    add_secret(_url_password(val))
                 parts.append("-" + c + "=" + val)
                 break
             ok = False  # not one of ours: leave the token to argparse
@@ -379,7 +450,10 @@ def prepare_argv(argv):
 def _common_options(p, tool):
     p.add_argument("--help", action="help", help="show this help and exit")
     g = p.add_argument_group("connection")
-    g.add_argument("-h", "--host", default="localhost", help="broker host (default: localhost)")
+    g.add_argument("-h", "--host", help="broker host (default: localhost)")
+    g.add_argument("-L", "--url", metavar="URL", help="mqtt(s)://[user[:password]@]host[:port]/topic, as "
+                   "mosquitto's -L (mqtts: TLS, with the system's CAs unless --cafile/--capath); -h, -p, -u, "
+                   "-P%s given as well win over the URL's parts" % (" and -t" if tool == "pub" else ""))
     g.add_argument("-p", "--port", type=_int_range("port", 1, 65535),
                    help="broker port (default: 1883, or 8883 with TLS)")
     g.add_argument("-V", "--protocol-version", dest="version", type=_version, default=4,
@@ -398,7 +472,12 @@ def _common_options(p, tool):
     g.add_argument("-D", "--property", dest="props", action="append", metavar="CMD NAME VALUE",
                    help="MQTT 5 property, e.g. '-D connect session-expiry-interval 60' or "
                    "'-D %s user-property key value'" % ("publish" if tool == "pub" else "subscribe"))
-    g.add_argument("-d", "--debug", action="store_true", help="print packets and events on stderr")
+    g.add_argument("-d", "--debug", action="store_true", help="print packets and events on stdout")
+    g.add_argument("--outbox", metavar="DIR", help=(
+        "keep the session in DIR (created if missing; needs -c and -i): a QoS 1/2 message accepted "
+        "before a crash or kill is resent on the next run with the same -i" if tool == "pub" else
+        "keep the session in DIR (created if missing; needs -c and -i): a QoS 2 message is printed "
+        "once across runs, even when the broker sends it again after a crash or kill"))
     g.add_argument("--quiet", action="store_true", help="print no error messages")
     w = p.add_argument_group("will")
     w.add_argument("--will-topic", help="topic of the will message")
@@ -415,15 +494,28 @@ def _common_options(p, tool):
                    help="do not check that the certificate names the host (the chain is still verified)")
 
 
+class _Help(argparse.HelpFormatter):
+    """Options wrapped as usual; the epilog (one difference a line) kept as written."""
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith("differs"):
+            import textwrap
+
+            return "\n".join(textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False)
+                             for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
 def add_subcommands(subparsers):
     """Register `pub` and `sub` on the `tern` command's subparsers."""
     pub = subparsers.add_parser(
         "pub", add_help=False, help="publish messages (flags as mosquitto_pub)",
         description="Publish one message, or one per line of stdin, then disconnect. "
-                    "Flags and defaults follow mosquitto_pub.")
+                    "Flags, defaults and exit statuses follow mosquitto_pub 2.0.",
+        epilog=_epilog("pub"), formatter_class=_Help)
     _common_options(pub, "pub")
     g = pub.add_argument_group("message")
-    g.add_argument("-t", "--topic", required=True, help="topic to publish to")
+    g.add_argument("-t", "--topic", help="topic to publish to (or the topic of -L URL)")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("-m", "--message", help="message payload")
     src.add_argument("-f", "--file", help="send the contents of a file as the message")
@@ -440,13 +532,15 @@ def add_subcommands(subparsers):
 
     sub = subparsers.add_parser(
         "sub", add_help=False, help="subscribe and print messages (flags as mosquitto_sub)",
-        description="Subscribe to topic filters and print the messages. Flags and defaults follow "
-                    "mosquitto_sub; -F supports %%t %%p %%q %%r %%l %%m %%x %%X %%I %%U %%j %%P %%C %%D "
-                    "%%E %%F %%R %%S %%%%, @-strftime and \\n \\t escapes.")
+        description="Subscribe to topic filters and print the messages. Flags, defaults and exit statuses "
+                    "follow mosquitto_sub 2.0; -F supports %%t %%p %%q %%r %%l %%m %%x %%X %%I %%U %%j %%P "
+                    "%%C %%D %%E %%F %%R %%S %%%%, @-strftime and \\n \\t escapes.",
+        epilog=_epilog("sub"), formatter_class=_Help)
     _common_options(sub, "sub")
     g = sub.add_argument_group("subscription and output")
-    g.add_argument("-t", "--topic", dest="topics", action="append", required=True,
-                   help="topic filter; repeat for more ($share/GROUP/FILTER for a shared subscription)")
+    g.add_argument("-t", "--topic", dest="topics", action="append", default=[],
+                   help="topic filter; repeat for more ($share/GROUP/FILTER for a shared subscription); "
+                   "-L URL adds its topic")
     g.add_argument("-q", "--qos", type=_qos, default=0, help="QoS of the subscriptions (default: 0)")
     g.add_argument("-C", dest="count", type=_int_range("count", 1, 1 << 31),
                    help="exit after printing this many messages")
@@ -465,8 +559,29 @@ def add_subcommands(subparsers):
 # --------------------------------------------------------------- settings
 
 
+def _apply_url(args, tool):
+    """Fill host, port, user name, password and topic from -L (what is given
+    on its own wins); check that a topic was given one way or the other."""
+    if args.url is not None:
+        tls, host, port, user, password, topic = parse_url(args.url)
+        args.host = args.host or host
+        args.port = args.port or port
+        if args.username is None and args.password is None:
+            args.username, args.password = user, password
+        if tool == "pub":
+            args.topic = args.topic or topic
+        else:
+            args.topics.append(topic)
+        if tls and not (args.cafile or args.capath):
+            args.tls_use_os_certs = True
+    args.host = args.host or "localhost"
+    if not (args.topic if tool == "pub" else args.topics):
+        raise UsageError("a topic is needed: -t/--topic or -L URL")
+
+
 def _settings(args, tool):
     """Check what argparse cannot and build the Client's keyword arguments."""
+    _apply_url(args, tool)
     v = args.version
     props = {}
     if args.props:
@@ -479,6 +594,8 @@ def _settings(args, tool):
         raise UsageError("-i and -I cannot be used together")
     if args.persistent and args.client_id is None and args.id_prefix is None:
         raise UsageError("-c needs a client id (-i or -I)")
+    if args.outbox is not None and (not args.persistent or args.client_id is None):
+        raise UsageError("--outbox needs -c and a client id (-i), the same on every run")
     if args.password is not None and args.username is None and v != 5:
         raise UsageError("a password (-P) needs a user name (-u) before MQTT 5")
     if args.will_topic is None and (args.will_payload is not None or args.will_retain or args.will_qos):
@@ -584,10 +701,11 @@ class Tracer:
 
     KEEP = 1024  # body bytes kept per packet: enough for topics and ids
 
-    def __init__(self, say, verb, version):
+    def __init__(self, say, verb, version, subscribed=None):
         self.say = say
         self.verb = verb
         self.version = version
+        self.subscribed = subscribed  # subscribed(line) after a SUBACK's own line
         self.reset()
 
     def reset(self):
@@ -628,6 +746,14 @@ class Tracer:
         except (IndexError, ValueError, UnicodeError):
             desc = "%s (%d bytes)" % (_NAMES[t], self.total)
         self.say("%s %s" % (self.verb, desc))
+        if t == 9 and self.subscribed:  # as mosquitto_sub -d: "Subscribed (mid: 1): 0, 1"
+            b = self.body
+            try:
+                i = self._props_end(b, 2)
+                self.subscribed("Subscribed (mid: %d): %s" % (
+                    b[0] << 8 | b[1], ", ".join(str(c) for c in b[i : self.total])))
+            except (IndexError, ValueError):
+                pass
         self.reset()
 
     def _props_end(self, b, i):
@@ -659,10 +785,13 @@ class Tracer:
                     i = j + n
             return "%s (d%d, q%d, r%d, m%d, '%s', ... (%d bytes))" % (
                 name, flags >> 3 & 1, q, flags & 1, mid, topic, total - i)
-        if 4 <= t <= 7:
+        if 4 <= t <= 7:  # as libmosquitto words them
             mid = b[0] << 8 | b[1]
-            if total >= 3:
-                return "%s (Mid: %d, RC:%d)" % (name, mid, b[2])
+            rc = b[2] if total >= 3 else 0
+            if self.verb == "sending":
+                return "%s (m%d, rc%d)" % (name, mid, rc) if t < 6 else "%s (m%d)" % (name, mid)
+            if t in (4, 7):  # PUBACK, PUBCOMP
+                return "%s (Mid: %d, RC:%d)" % (name, mid, rc)
             return "%s (Mid: %d)" % (name, mid)
         if t in (SUBSCRIBE, 10):
             mid = b[0] << 8 | b[1]
@@ -679,11 +808,8 @@ class Tracer:
                 else:
                     out.append("Topic: %s" % flt)
             return "%s (Mid: %d, %s)" % (name, mid, "; ".join(out))
-        if t in (9, 11):  # SUBACK, UNSUBACK
-            mid = b[0] << 8 | b[1]
-            i = self._props_end(b, 2)
-            codes = ",".join(str(c) for c in b[i:total])
-            return "%s (Mid: %d, RC: %s)" % (name, mid, codes or "-")
+        if t in (9, 11):  # SUBACK, UNSUBACK: no codes (a SUBACK's get a line of their own, see _done)
+            return name
         if t in (DISCONNECT, 15):
             return "%s (%d)" % (name, b[0]) if total else name
         return name
@@ -692,7 +818,7 @@ class Tracer:
 def _hook_trace(client, say):
     s = client.session
     out = Tracer(lambda m: say("Client %s %s" % (s.client_id or "(null)", m)), "sending", s.version)
-    inn = Tracer(lambda m: say("Client %s %s" % (s.client_id or "(null)", m)), "received", s.version)
+    inn = Tracer(lambda m: say("Client %s %s" % (s.client_id or "(null)", m)), "received", s.version, say)
     send = s.send
     feed_n = s.feed_n
     connect = client.connect
@@ -732,9 +858,9 @@ def _debug(args):
     if not args.debug:
         return None
 
-    def say(msg):
-        sys.stderr.write(msg + "\n")
-        sys.stderr.flush()
+    def say(msg):  # on stdout, as mosquitto_pub/sub -d (among the messages, for tern sub)
+        sys.stdout.write(msg + "\n")
+        sys.stdout.flush()
     return say
 
 
@@ -756,6 +882,8 @@ def _open(args, kw, reconnect, setup=None):
     last = None
     for ip in addrs:
         c = Client(server=ip, server_hostname=args.host, reconnect=False, **kw)
+        if args.outbox is not None:
+            _claim_outbox(args, c.session)
         if dbg:
             _hook_trace(c, dbg)
         if setup:
@@ -769,14 +897,79 @@ def _open(args, kw, reconnect, setup=None):
             raise CLIError("TLS: the certificate of %s failed verification: %s" % (where, e.verify_message or e.reason))
         except ssl.SSLError as e:
             raise CLIError("TLS handshake with %s failed: %s" % (where, e.reason or e))
-        except MQTTError as e:
-            raise CLIError("connection to %s failed: %s" % (where, e))
+        except MQTTError as e:  # a CONNACK that breaks the protocol (or something before it)
+            raise _protocol_error(e, args.version)
         except OSError as e:
             last = e
+            c.session.store.close()  # the next address's client opens it again
             continue
         c.reconnect = reconnect
         return c
     raise CLIError("cannot connect to %s: %s" % (where, _os_reason(last)))
+
+
+# ------------------------------------------------------------------ outbox
+
+_OWNER = "tern-cli"  # meta key of the outbox: "<MQTT version> <client id>" of its session
+
+
+def _hold_outbox(args, kw):
+    """--outbox DIR: put a FileStore holding the session into kw, with an
+    exclusive lock on DIR so two processes never write one outbox at once.
+    _release_outbox(args) lets go of both."""
+    if args.outbox is None:
+        return
+    import fcntl
+    from tern.filestore import FileStore
+
+    path = args.outbox
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise CLIError("--outbox %s: %s" % (path, _os_reason(e)))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise CLIError("--outbox %s is in use by another tern process" % path)
+    args.held = [fd]
+    # verbose=False: stdout is for messages; a torn tail after a kill is expected and skipped
+    kw["store"] = FileStore(path, verbose=False)
+    args.held.append(kw["store"])
+
+
+def _release_outbox(args):
+    for h in reversed(getattr(args, "held", ())):
+        try:
+            os.close(h) if isinstance(h, int) else h.close()
+        except OSError:
+            pass
+    args.held = []
+
+
+def _claim_outbox(args, session):
+    """The outbox holds one client's session: refuse another client id or
+    MQTT version while it has messages pending (they were encoded for it)."""
+    store = session.store
+    me = ("%d %s" % (args.version, args.client_id)).encode()
+    owner = store.meta(_OWNER)
+    if owner is not None and bytes(owner) != me:
+        n = store.count()
+        if n:
+            v, _, cid = bytes(owner).decode("utf-8", "replace").partition(" ")
+            raise CLIError("--outbox %s holds %d message(s) of client id %r (MQTT %s): run with -i %s -V %s "
+                           "to send them, or use another directory" % (
+                               args.outbox, n, cid, {"3": "3.1", "4": "3.1.1"}.get(v, v), cid,
+                               {"3": "31", "4": "311"}.get(v, v)))
+        store.in_clear()  # inbound QoS 2 ids of another session
+    store.set_meta(_OWNER, me)
+
+
+def _kept(args, client):
+    """'; N message(s) stay in DIR for the next run', when an outbox holds them."""
+    n = len(client.session.pending()) if args.outbox is not None else 0
+    return "; %d message(s) stay in %s for the next run" % (n, args.outbox) if n else ""
 
 
 def _refused_code(e):
@@ -784,6 +977,31 @@ def _refused_code(e):
     mosquitto_pub and mosquitto_sub exit (5 or 135 for a bad password), so a
     script can tell a refusal from a broker it could not reach (1)."""
     return e.reason if 0 < e.reason < 256 else EXIT_FAIL
+
+
+def _broke_protocol(err):
+    """True for an error that says the broker broke the protocol (a malformed
+    or unexpected packet; the session has sent DISCONNECT with its reason
+    code under MQTT 5), not for a DISCONNECT the broker sent or a lost link."""
+    return isinstance(err, MQTTError) and not (err.args and err.args[0].startswith("server sent DISCONNECT"))
+
+
+class _BrokeProtocol(Exception):
+    """Raised from on_disconnect: a reconnect would meet the same broker."""
+
+
+def _protocol_error(err, version):
+    """The CLIError (status 2) for a broker that broke the protocol."""
+    how = "sent DISCONNECT 0x%02X and closed the connection" % err.code if version == 5 else "closed the connection"
+    return CLIError("the broker broke the protocol: %s; %s" % (err, how), EXIT_PROTOCOL)
+
+
+def _failure(client, args, e=None):
+    """The CLIError for a connection that ended under a command."""
+    err = client.last_error or e
+    if _broke_protocol(err):
+        return _protocol_error(err, args.version)
+    return CLIError(_lost(client, e) + _kept(args, client))
 
 
 def _lost(client, e=None):
@@ -846,6 +1064,8 @@ def run_pub(args):
     except CLIError as e:
         say(str(e))
         return e.code
+    finally:
+        _release_outbox(args)
 
 
 def _pub(args):
@@ -871,6 +1091,7 @@ def _pub(args):
             payload = payload.encode()
     pprops = props.get("publish")
     dbg = _debug(args)
+    _hold_outbox(args, kw)
     client = _open(args, kw, reconnect=False)
     refused = []
 
@@ -881,17 +1102,19 @@ def _pub(args):
 
     def send(data):
         try:
-            client.publish(args.topic, data, args.qos, args.retain, pprops)
+            client.publish(args.topic, data, qos=args.qos, retain=args.retain, props=pprops)
         except ValueError as e:  # what the broker said it accepts (QoS, retain, size)
             raise CLIError("cannot publish: %s" % e)
         except OSError as e:
-            raise CLIError(_lost(client, e))
+            if args.outbox is not None and e.errno == errno.ENOSPC:  # FileStore: "outbox full"
+                raise CLIError("cannot store the message in %s: %s" % (args.outbox, _os_reason(e)))
+            raise _failure(client, args, e)
 
     try:
         if payload is not None:
             for k in range(args.repeat):
                 if k and args.repeat_delay > 0:
-                    _pump(client, args.repeat_delay)
+                    _pump(client, args, args.repeat_delay)
                 send(payload)
         else:
             for line in _stdin_lines(lambda: client.loop(0)):
@@ -899,7 +1122,7 @@ def _pub(args):
         s = client.session
         while s.pending():
             if not client.loop(100) and s.pending():
-                raise CLIError(_lost(client))
+                raise _failure(client, args)
     except KeyboardInterrupt:
         client.disconnect()
         return EXIT_FAIL
@@ -907,22 +1130,20 @@ def _pub(args):
         client.close()
         raise
     client.disconnect(props=props.get("disconnect"))
-    if dbg:
-        dbg("Client %s disconnected" % (client.session.client_id or "(null)"))
     if refused:
         pid, reason = refused[0]
         raise CLIError("the broker refused %d message(s): %s" % (len(refused), reason_text(reason)))
     return EXIT_OK
 
 
-def _pump(client, seconds):
+def _pump(client, args, seconds):
     end = time.monotonic() + seconds
     while True:
         left = end - time.monotonic()
         if left <= 0:
             return
         if not client.loop(int(min(left, 0.1) * 1000)) and not client.connected:
-            raise CLIError(_lost(client))
+            raise _failure(client, args)
 
 
 # ------------------------------------------------------------------ format
@@ -1111,6 +1332,7 @@ def run_sub(args):
         say(str(e))
         return e.code
     finally:
+        _release_outbox(args)
         restore()
 
 
@@ -1201,18 +1423,17 @@ def _sub(args, say):
         c.on_message = on_message
 
         def on_disconnect(err):
-            if isinstance(err, MQTTError) and err.code == 0x95:
-                # MQTT 5: a packet over the RX_SIZE we announced; the broker would
+            if _broke_protocol(err):
+                # e.g. MQTT 5: a packet over the RX_SIZE we announced; the broker would
                 # send it again after every reconnect (retained, queued): the end
-                state["fatal"] = "cannot receive a message: %s" % err
                 c.reconnect = False
-            elif dbg:
+                raise _BrokeProtocol()
+            if dbg:
                 dbg("tern sub: %s; reconnecting" % _lost(c, err))
 
         c.on_disconnect = on_disconnect
-        if dbg:
-            c.on_connect = lambda sp, rc: dbg("tern sub: connected (session present: %d)" % sp)
 
+    _hold_outbox(args, kw)
     client = _open(args, kw, reconnect=True, setup=setup)
     try:
         try:
@@ -1221,8 +1442,6 @@ def _sub(args, say):
                 codes = client.subscribe(
                     t, args.qos, sub_id=sprops.get(P.SUBSCRIPTION_IDENTIFIER),
                     user_props=sprops.get(P.USER_PROPERTY))
-                if dbg:
-                    dbg("Subscribed to %s: %s" % (t, ",".join(str(c) for c in codes or ())))
                 if codes and codes[0] >= 0x80:
                     refused.append("subscription to %r refused by the broker: %s"
                                    % (t, reason_text(codes[0], args.version)))
@@ -1243,9 +1462,8 @@ def _sub(args, say):
                         say("timed out after %g s" % args.timeout)
                         break
                     wait = max(1, min(wait, int(left * 1000)))
-                client.loop(wait)
-                if "fatal" in state:
-                    raise CLIError(state["fatal"])
+                if not client.loop(wait) and _broke_protocol(client.last_error):
+                    raise _BrokeProtocol()  # in a CONNACK, on a reconnect
                 if client.session.stats_dropped > state.setdefault("dropped", 0):
                     # MQTT 3.1.x: the client discards what it cannot hold and acknowledges it
                     state["dropped"] = client.session.stats_dropped
@@ -1256,8 +1474,8 @@ def _sub(args, say):
                            _refused_code(e))
         except ValueError as e:
             raise CLIError(str(e))
-        except OSError as e:
-            raise CLIError(_lost(client, e))
+        except (OSError, _BrokeProtocol) as e:
+            raise _failure(client, args, e if isinstance(e, OSError) else None)
     except KeyboardInterrupt:
         pass
     finally:

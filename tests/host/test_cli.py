@@ -2,12 +2,17 @@
 mosquitto_pub / mosquitto_sub as the peers. Most runs are in-process (ternlab.cli.main with
 capsys); a few run the installed console script as a real process."""
 
+import fcntl
 import io
 import json
+import os
 import re
+import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -16,6 +21,7 @@ import pytest
 
 from ternlab import cli
 from ternlab.broker import Broker, free_port
+from ternlab.chaos import B2C, C2B
 
 TERN = str(Path(sys.executable).with_name("tern"))
 MOSQ_PUB = "/usr/bin/mosquitto_pub"
@@ -68,13 +74,14 @@ def mosq_pub(broker, *args):
                    check=True, timeout=10)
 
 
-def publish_when_subscribed(broker, client_id, *pubs):
-    """In the background: once `client_id` has its SUBACK, run mosquitto_pub with each args list."""
+def publish_when_subscribed(broker, client_id, *pubs, subacks=1):
+    """In the background: once `client_id` has its SUBACK (its `subacks`-th), run mosquitto_pub with
+    each args list."""
     errors = []
 
     def run():
         try:
-            wait_log(broker, "Sending SUBACK to " + client_id)
+            wait_log(broker, "Sending SUBACK to " + client_id, subacks)
             for args in pubs:
                 mosq_pub(broker, *args)
         except BaseException as e:  # reported by the test, not lost in the thread
@@ -102,6 +109,21 @@ def test_version_and_help(capsys):
     assert rc == 0 and "-h HOST" in out and "--will-topic" in out
     rc, _, err = tern(capsys)
     assert rc == 2 and "pub" in one_line(err)
+
+
+def test_help_and_readme_say_what_differs_from_mosquitto_on_purpose(capsys):
+    from ternlab import mqtt_cli
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `tern pub`, `tern sub` |"))
+    for tool in ("pub", "sub"):
+        rc, out, _ = tern(capsys, tool, "--help")
+        assert rc == 0 and "differs from mosquitto_%s on purpose:" % tool in out
+        flat = " ".join(out.split())
+        for d in mqtt_cli.DIFFERENCES["both"] + mqtt_cli.DIFFERENCES.get(tool, ()):
+            assert " ".join(d.split()) in flat and d in row
+        assert "not implemented: -A, --unix" in flat
+    assert "Not implemented: " + mqtt_cli.NOT_IMPLEMENTED in row
 
 
 def test_optional_modules_are_lazy_and_failures_are_one_line(capsys, tmp_path, monkeypatch, broker):
@@ -226,14 +248,40 @@ def test_pub_debug_trace_and_will(capsys, broker):
     p.wait()
     assert peer.result() == b"will/x 0 gone text/farewell\n"
 
-    rc, _, err = tern(capsys, "pub", *conn(broker), "-t", "dbg", "-m", "12345", "-q", 2, "-d",
-                      "-u", "someone", "-P", "hunter2-password", "-i", "dbg1")
-    assert rc == 0, err
-    assert "Client dbg1 sending CONNECT" in err
-    assert "Client dbg1 received CONNACK (0)" in err
-    assert "sending PUBLISH (d0, q2, r0, m1, 'dbg', ... (5 bytes))" in err
-    assert "received PUBREC (Mid: 1)" in err and "received PUBCOMP (Mid: 1)" in err
-    assert "hunter2" not in err
+    # -d: the trace goes to stdout, line for line as mosquitto_pub -d writes it
+    for version in ("311", "5"):
+        args = ["-t", "dbg", "-m", "12345", "-q", "2", "-d", "-u", "someone", "-P", "hunter2-password",
+                "-i", "dbg1", "-V", version]
+        rc, out, err = tern(capsys, "pub", *conn(broker), *args)
+        assert rc == 0 and err == "", err
+        assert "Client dbg1 sending CONNECT" in out
+        assert "sending PUBLISH (d0, q2, r0, m1, 'dbg', ... (5 bytes))" in out
+        mosq = subprocess.run([MOSQ_PUB, *map(str, conn(broker)), *args], capture_output=True, timeout=10)
+        assert out == mosq.stdout.decode() and mosq.stderr == b""
+        assert "hunter2" not in out
+
+
+def test_sub_debug_trace_goes_to_stdout_as_mosquitto_sub(capsys, broker):
+    pubs = (["-t", "dbg/1", "-m", "one", "-q", "1"], ["-t", "dbg/2", "-m", "two", "-q", "2"])
+    args = ["-t", "dbg/#", "-q", "2", "-C", "2", "-d", "-W", "10"]
+    t, errors = publish_when_subscribed(broker, "tdbg", *pubs)
+    rc, out, err = tern(capsys, "sub", *conn(broker), *args, "-i", "tdbg")
+    t.join(10)
+    assert rc == 0 and err == "" and not errors, err
+    t, errors = publish_when_subscribed(broker, "mdbg", *pubs)
+    mosq = subprocess.run([MOSQ_SUB, *map(str, conn(broker)), *args, "-i", "mdbg"], capture_output=True, timeout=15)
+    t.join(10)
+    assert mosq.returncode == 0 and mosq.stderr == b"" and not errors
+    ours, theirs = out.splitlines(), mosq.stdout.decode().replace("mdbg", "tdbg").splitlines()
+    assert "Subscribed (mid: 1): 2" in ours and "Client tdbg sending PUBREC (m2, rc0)" in ours
+    # the same lines: what is sent in the same order, what is received in the same order (how the
+    # two interleave depends on how the bytes arrive: tern traces a read as it comes in)
+    for word in (" sending ", " received "):
+        assert [x for x in ours if word in x] == [x for x in theirs if word in x]
+    assert sorted(ours) == sorted(theirs)
+    # a message is printed before it is acknowledged (mosquitto_sub prints it after)
+    assert ours.index("one") < ours.index("Client tdbg sending PUBACK (m1, rc0)")
+    assert ours.index("two") < ours.index("Client tdbg sending PUBREC (m2, rc0)")
 
 
 # ------------------------------------------------------------------- sub
@@ -351,29 +399,43 @@ def test_shared_subscription_splits_between_two_tern_processes(broker, tmp_path)
 # ---------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["pub", "-t", "x", "-m", "a", "-q", "3"], "QoS must be 0, 1 or 2"),
-    (["pub", "-t", "x", "-m", "a", "-p", "70000"], "port must be 1..65535"),
-    (["pub", "-t", "x", "-m", "a", "-V", "4"], "protocol version must be 31, 311 or 5"),
-    (["pub", "-t", "x", "-m", "a", "-V", "5", "-D", "publish", "no-such-prop", "1"], "unknown property"),
-    (["pub", "-t", "x", "-m", "a", "-V", "5", "-D", "publish", "payload-format-indicator", "2"], "0 or 1"),
-    (["pub", "-t", "x", "-m", "a", "-D", "publish", "content-type", "t"], "needs MQTT 5"),
-    (["pub", "-m", "a"], "-t/--topic"),
-    (["pub", "-t", "x", "-m", "a", "-f", "/etc/hostname"], "not allowed with"),
-    (["pub", "-t", "x"], "one of the arguments"),
-    (["pub", "-t", "a/#", "-m", "a"], "wildcard"),
-    (["pub", "-t", "x", "-m", "a", "-c"], "-c needs a client id"),
-    (["sub", "-t", "x", "-q", "3"], "QoS must be 0, 1 or 2"),
-    (["sub", "-q", "1"], "-t/--topic"),
-    (["sub", "-t", "x", "-F", "%Z"], "'%Z'"),
-    (["sub", "-t", "a/#/b"], "'#'"),
-    (["sub", "-t", "x", "-V", "5", "-D", "publish", "content-type", "x"], "unknown command"),
+@pytest.mark.parametrize("argv,needle,mosquitto_agrees", [
+    (["pub", "-t", "x", "-m", "a", "-q", "3"], "QoS must be 0, 1 or 2", True),
+    (["pub", "-t", "x", "-m", "a", "-p", "70000"], "port must be 1..65535", True),
+    (["pub", "-t", "x", "-m", "a", "-V", "4"], "protocol version must be 31, 311 or 5", True),
+    (["pub", "-t", "x", "-m", "a", "-V", "5", "-D", "publish", "no-such-prop", "1"], "unknown property", True),
+    # mosquitto sends these (and switches to MQTT 5 for -D): tern refuses them on purpose
+    (["pub", "-t", "x", "-m", "a", "-V", "5", "-D", "publish", "payload-format-indicator", "2"], "0 or 1", False),
+    (["pub", "-t", "x", "-m", "a", "-D", "publish", "content-type", "t"], "needs MQTT 5", False),
+    (["pub", "-m", "a"], "-t/--topic", True),
+    (["pub", "-t", "x", "-m", "a", "-f", "/etc/hostname"], "not allowed with", True),
+    (["pub", "-t", "x"], "one of the arguments", True),
+    (["pub", "-t", "a/#", "-m", "a"], "wildcard", True),
+    (["pub", "-t", "x", "-m", "a", "-c"], "-c needs a client id", True),
+    (["pub", "-t", "x", "-m", "a", "stray"], "unrecognized arguments: stray", True),
+    (["pub", "-L", "http://h/t", "-m", "a"], "-L: unsupported URL scheme 'http'", True),
+    (["pub", "-L", "mqtt://host", "-m", "a"], "-L: the URL has no topic", True),
+    (["sub", "-t", "x", "-q", "3"], "QoS must be 0, 1 or 2", True),
+    (["sub", "-q", "1"], "-t/--topic", True),
+    (["sub", "-t", "x", "-F", "%Z"], "'%Z'", True),
+    (["sub", "-t", "a/#/b"], "'#'", True),
+    (["sub", "-t", "x", "-V", "5", "-D", "publish", "content-type", "x"], "unknown command", False),
+    (["sub", "-t", "x", "--bogus"], "unrecognized arguments: --bogus", True),
+    # tern's own
+    (["pub", "-t", "x", "-m", "a", "--outbox", "ob"], "--outbox needs -c and a client id (-i)", None),
+    (["pub", "-t", "x", "-m", "a", "--outbox", "ob", "-c", "-I", "p"], "--outbox needs -c and a client id", None),
+    (["sub", "-t", "x", "--outbox", "ob", "-i", "me"], "--outbox needs -c and a client id (-i)", None),
 ])
-def test_usage_errors_are_one_line_and_status_2(capsys, argv, needle):
+def test_usage_errors_are_one_line_and_status_1_as_mosquitto(capsys, argv, needle, mosquitto_agrees):
     rc, out, err = tern(capsys, *argv)
-    assert rc == 2 and out == ""
+    assert rc == 1 and out == ""
     assert needle in one_line(err)
-    assert one_line(err).startswith("tern ")
+    assert one_line(err).startswith(("tern %s: " % argv[0], "tern: "))
+    if mosquitto_agrees is not None:  # the same arguments to mosquitto_pub/sub, with a port nothing listens on
+        r = subprocess.run([MOSQ_PUB if argv[0] == "pub" else MOSQ_SUB, "-h", "127.0.0.1", "-p", str(free_port()),
+                            *argv[1:]], capture_output=True, timeout=10)
+        assert r.returncode == 1
+        assert (b"Connection refused" not in r.stderr) == mosquitto_agrees, r.stderr
 
 
 def test_connection_refused_is_one_line(capsys):
@@ -422,12 +484,12 @@ def test_refusal_as_a_real_process_and_password_in_argparse_errors(locked_broker
     # even an argument error that echoes the command line does not show it
     r = subprocess.run([TERN, "pub", "-t", "x", "-m", "y", "-u", "alice", "-P", secret, "stray"],
                        capture_output=True, timeout=20)
-    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1
     assert b"stray" in r.stderr and b"secret-value" not in r.stderr
     # ... nor a piece of it (argparse would quote 'ash-secret-value' as -d's argument)
     r = subprocess.run([TERN, "pub", "-t", "x", "-m", "y", "-u", "alice", "-P", secret, secret],
                        capture_output=True, timeout=20)
-    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1
     assert b"secret" not in r.stderr
 
 
@@ -484,7 +546,7 @@ def test_tls_verifies_the_broker(capsys, tmp_path):
         assert peer.result() == b"over tls\ninsecure ok\n"
         # TLS flags without TLS are a usage error
         rc, _, err = tern(capsys, "pub", "--insecure", "-t", "x", "-m", "y")
-        assert rc == 2 and "--insecure needs TLS" in one_line(err)
+        assert rc == 1 and "--insecure needs TLS" in one_line(err)
     finally:
         b.stop()
 
@@ -510,7 +572,7 @@ def test_arguments_that_are_not_utf8_or_too_long(capsys, broker):
                          (["--will-topic", "w", "--will-payload", long],
                           "--will-payload is longer than 65535 bytes (70000)")):
         rc, out, err = tern(capsys, "pub", *conn(broker), "-t", "raw", "-m", "x", *args)
-        assert rc == 2 and out == "" and one_line(err) == "tern pub: " + needle
+        assert rc == 1 and out == "" and one_line(err) == "tern pub: " + needle
 
 
 def test_sub_stops_on_sigterm_like_mosquitto_sub(broker):
@@ -543,3 +605,290 @@ def test_sub_message_over_the_receive_limit_is_one_line(capsys, broker, monkeypa
     assert rc == 27 and out == "" and time.monotonic() - start < 3, (rc, err)
     assert err.splitlines() == ["tern sub: a message over the receive limit of 65536 bytes was dropped (1 so far)",
                                 "tern sub: timed out after 1 s"], err
+
+
+# ---------------------------------------------------------------- outbox
+
+
+def start_until(argv, ready, timeout=10):
+    """Start `tern argv...` (stdout piped) and return it once `ready()` holds, or once a stdout line
+    equal to the string `ready` has been read; the lines read so far are in p.lines."""
+    p = subprocess.Popen([TERN, *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.lines, p.rest = [], b""
+    deadline = time.monotonic() + timeout
+    while not (ready() if callable(ready) else ready in p.lines):
+        left = deadline - time.monotonic()
+        if left <= 0 or p.poll() is not None:
+            p.kill()
+            raise AssertionError("tern %s never got ready: %r %r" % (argv[0], p.lines, p.stderr.read()))
+        if select.select([p.stdout], [], [], min(left, 0.05))[0]:  # the pipe itself: no buffered reader
+            *whole, p.rest = (p.rest + os.read(p.stdout.fileno(), 65536)).split(b"\n")
+            p.lines += [line.decode() for line in whole]
+    return p
+
+
+def kill_9(p):
+    p.kill()  # SIGKILL: no handler, no DISCONNECT, nothing flushed but what was written
+    p.wait(timeout=10)
+    # what it wrote before it died
+    p.lines = getattr(p, "lines", []) + (getattr(p, "rest", b"") + p.stdout.read()).decode().splitlines()
+    for f in (p.stdin, p.stdout, p.stderr):
+        if f is not None:
+            f.close()
+
+
+@pytest.mark.parametrize("qos,held,forward,last,resend", [
+    # QoS 1: the PUBACK is held back; the resend is the PUBLISH with DUP and the same id
+    (1, "PUBACK", False, "sending PUBLISH (d0, q1, r0, m1, 'ob', ... (3 bytes))",
+     "sending PUBLISH (d1, q1, r0, m1, 'ob', ... (3 bytes))"),
+    # QoS 2 before PUBREC: the PUBLISH again, DUP and same id; the broker delivers it once
+    (2, "PUBREC", False, "sending PUBLISH (d0, q2, r0, m1, 'ob', ... (3 bytes))",
+     "sending PUBLISH (d1, q2, r0, m1, 'ob', ... (3 bytes))"),
+    # QoS 2 past PUBREC: the PUBREC reaches tern pub, its PUBREL is held back: PUBREL again
+    (2, "PUBREC", True, "sending PUBREL (m1)", "sending PUBREL (m1)"),
+])
+def test_pub_outbox_resends_after_kill_9_before_new_messages(capsys, broker, chaos, tmp_path, qos, held,
+                                                             forward, last, resend):
+    outbox = tmp_path / "outbox"
+    peer = MosqSub(broker, "-t", "ob", "-q", "2", count=3 if qos == 1 else 2, timeout=20)
+    chaos.stall_at_packet(held, 1, B2C, 60, forward=forward, connections=1)
+    args = ["-q", qos, "-t", "ob", "-c", "-i", "obk", "--outbox", outbox, "-d"]
+    p = start_until(["pub", "-h", chaos.host, "-p", chaos.port, "-m", "one", *args], "Client obk " + last)
+    kill_9(p)
+    assert not any(("received " + held) in line for line in p.lines if not forward), p.lines
+    # the next run with the same client id: what was pending goes first, as it was, then the new message
+    rc, out, err = tern(capsys, "pub", *conn(broker), "-m", "two", *args)
+    assert rc == 0 and err == "", err
+    sent = [line.split(" ", 2)[2] for line in out.splitlines() if " sending " in line]
+    assert sent[:3] == ["sending CONNECT", resend, "sending PUBLISH (d0, q%d, r0, m2, 'ob', ... (3 bytes))" % qos]
+    # the broker saw the same: DUP and the same packet id (or the PUBREL) before the new message
+    log = log_text(broker)
+    new = log.index("Received PUBLISH from obk (d0, q%d, r0, m2, 'ob', ... (3 bytes))" % qos)
+    again = ("Received PUBREL from obk (Mid: 1)" if forward else
+             "Received PUBLISH from obk (d1, q%d, r0, m1, 'ob', ... (3 bytes))" % qos)
+    assert -1 < log.rfind(again, 0, new)
+    # nothing lost; QoS 2 delivered once, QoS 1 at least once (the resend is a second delivery)
+    assert peer.result() == (b"one\none\ntwo\n" if qos == 1 else b"one\ntwo\n")
+
+
+def test_pub_outbox_with_more_pending_than_the_window_resends_all_in_order(capsys, broker, chaos, tmp_path):
+    # 40 lines at QoS 1, no PUBACK comes back: 16 go out (the in-flight window), 24 wait in the
+    # outbox; kill -9; the next run sends all 40 again in their order, then its own message
+    from tern.filestore import FileStore
+
+    outbox = tmp_path / "outbox"
+    n = 40
+    peer = MosqSub(broker, "-t", "many", "-q", "1", count=16 + n + 1, timeout=20)
+    chaos.stall_at_packet("PUBACK", 1, B2C, 60, stall_direction=B2C, connections=1)
+    args = ["-q", 1, "-t", "many", "-c", "-i", "manyk", "--outbox", outbox]
+    p = subprocess.Popen([TERN, "pub", *map(str, ["-h", chaos.host, "-p", chaos.port, "-l", *args])],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write(b"".join(b"m%d\n" % i for i in range(n)))
+    p.stdin.flush()
+    assert chaos.wait_for(lambda: len(chaos.packets(C2B, "PUBLISH")) == 16, 10)
+    # the rest is read and stored while the window is full: wait until stdin is drained and the
+    # outbox's files stop growing (the store's own count, read after the kill, is what is checked)
+    deadline, last, still = time.monotonic() + 10, None, 0
+    while still < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        size = sum(f.stat().st_size for f in outbox.glob("*.seg"))
+        queued = struct.unpack("i", fcntl.ioctl(p.stdin, termios.FIONREAD, b"\0\0\0\0"))[0]
+        still = still + 1 if size == last and not queued else 0
+        last = size
+    kill_9(p)
+    store = FileStore(str(outbox), verbose=False).open()
+    assert store.count() == n
+    store.close()
+    rc, out, err = tern(capsys, "pub", *conn(broker), "-m", "last", *args, "-d")
+    assert rc == 0 and err == "", err
+    sent = [line.split(" (")[1].split(",")[:4] for line in out.splitlines() if " sending PUBLISH" in line]
+    assert sent == [["d1", " q1", " r0", " m%d" % (i + 1)] for i in range(n)] + [["d0", " q1", " r0", " m%d" % (n + 1)]]
+    got = peer.result().decode().split()
+    # the 16 sent before the kill, then everything again in order, then the new one
+    assert got == ["m%d" % i for i in range(16)] + ["m%d" % i for i in range(n)] + ["last"]
+
+
+def test_outbox_belongs_to_one_process_and_one_client(capsys, broker, chaos, tmp_path):
+    outbox = tmp_path / "outbox"
+    # a message left pending by a killed run of client "owner"
+    chaos.stall_at_packet("PUBACK", 1, B2C, 60, connections=1)
+    mine = ["-c", "-i", "owner", "--outbox", outbox]
+    p = start_until(["pub", "-h", chaos.host, "-p", chaos.port, "-q", 1, "-t", "o", "-m", "kept", "-d", *mine],
+                    "Client owner sending PUBLISH (d0, q1, r0, m1, 'o', ... (4 bytes))")
+    kill_9(p)
+    # another client id (or protocol version) would send it under the wrong session: refused, kept
+    for other in (["-c", "-i", "intruder", "--outbox", outbox], [*mine, "-V", "5"]):
+        rc, out, err = tern(capsys, "pub", *conn(broker), "-q", 1, "-t", "o", "-m", "new", *other)
+        assert rc == 1 and out == ""
+        assert one_line(err) == ("tern pub: --outbox %s holds 1 message(s) of client id 'owner' (MQTT 3.1.1): "
+                                 "run with -i owner -V 311 to send them, or use another directory" % outbox)
+    # while one tern process has the outbox, another one cannot open it
+    holder = subprocess.Popen([TERN, "sub", *map(str, [*conn(broker), "-t", "o", "-q", 1, *mine])],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_log(broker, "Sending SUBACK to owner")
+        rc, _, err = tern(capsys, "pub", *conn(broker), "-q", 1, "-t", "o", "-m", "new", *mine)
+        assert rc == 1 and one_line(err) == "tern pub: --outbox %s is in use by another tern process" % outbox
+    finally:
+        holder.terminate()
+        assert holder.wait(timeout=10) == 0, holder.stderr.read()
+    holder.stdout.close()
+    holder.stderr.close()
+    # (the subscriber holds the same session: it sent the pending message on, as it was)
+    assert "Received PUBLISH from owner (d1, q1, r0, m1, 'o', ... (4 bytes))" in log_text(broker)
+    # the outbox is free again, and for another client once empty
+    rc, _, err = tern(capsys, "pub", *conn(broker), "-q", 1, "-t", "o", "-m", "new", *mine)
+    assert rc == 0, err
+    rc, _, err = tern(capsys, "pub", *conn(broker), "-q", 1, "-t", "o", "-m", "new", "-c", "-i", "next",
+                      "--outbox", outbox)
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("outbox", [True, False])
+def test_sub_outbox_prints_a_qos2_message_once_across_kill_9(capsys, broker, chaos, tmp_path, outbox):
+    # tern sub prints the message and sends PUBREC, which the proxy holds back: the broker sends
+    # the message again (DUP) to the next run. With --outbox the next run knows it and does not
+    # print it again; without, the persistent session alone prints it twice.
+    args = ["-q", 2, "-t", "in", "-c", "-i", "obsub"] + (["--outbox", tmp_path / "ob"] if outbox else [])
+    chaos.stall_at_packet("PUBREC", 1, C2B, 60, connections=1)
+    t, errors = publish_when_subscribed(broker, "obsub", ["-t", "in", "-m", "first", "-q", "2"])
+    p = start_until(["sub", "-h", chaos.host, "-p", chaos.port, *args],
+                    lambda: any(e.kind == "stall_rule" for e in chaos.events))
+    kill_9(p)
+    t.join(10)
+    assert not errors and p.lines == ["first"]
+    t, errors = publish_when_subscribed(broker, "obsub", ["-t", "in", "-m", "second", "-q", "2"], subacks=2)
+    rc, out, err = tern(capsys, "sub", *conn(broker), *args, "-C", 1, "-W", 10)
+    t.join(10)
+    assert rc == 0 and not errors, err
+    assert out == ("second\n" if outbox else "first\n")
+    assert "Sending PUBLISH to obsub (d1, q2, r0, m1, 'in', ... (5 bytes))" in log_text(broker)
+
+
+# ------------------------------------------------------ protocol violations
+
+
+def _violation_script(tool, version, bad):
+    from tern.wire import CONNECT, PUBLISH, SUBSCRIBE
+
+    v5 = version == "5"
+    steps = [("recv_type", CONNECT), ("send", bytes([0x20, 3, 0, 0, 0]) if v5 else bytes([0x20, 2, 0, 0]))]
+    if tool == "pub":
+        steps += [("recv_type", PUBLISH)]
+    else:
+        steps += [("recv_type", SUBSCRIBE), ("send", bytes([0x90, 4, 0, 1, 0, 0]) if v5 else bytes([0x90, 3, 0, 1, 0]))]
+    steps += [("send", bad)]
+    # MQTT 5: DISCONNECT with the reason code, then nothing (no reconnect: this is the only connection)
+    steps += [("recv", bytes([0xE0, 1, 0x81]))] if v5 else []
+    return [steps + [("quiet", 2)]]
+
+
+@pytest.mark.parametrize("version", ["311", "5"])
+@pytest.mark.parametrize("tool", ["pub", "sub"])
+def test_broker_that_breaks_the_protocol_ends_the_run_with_status_2(capsys, tool, version):
+    # a PUBLISH whose topic runs past its end: malformed (0x81). tern sub used to reconnect for
+    # ever; both commands now stop as mosquitto_pub/sub 2.0 do (status 2, MOSQ_ERR_PROTOCOL), and
+    # under MQTT 5 tell the broker why first (DISCONNECT 0x81), which mosquitto does not.
+    from ternlab.scripted import ScriptedBroker
+
+    bad = bytes([0x30, 4, 0, 5, 0x61, 0]) if version == "5" else bytes([0x30, 3, 0, 5, 0x61])
+    cmd = ["-q", 1, "-t", "x", "-V", version] + (["-m", "y"] if tool == "pub" else ["-W", 10])
+    b = ScriptedBroker(_violation_script(tool, version, bad), version=int(version[0])).start()
+    try:
+        start = time.monotonic()
+        rc, out, err = tern(capsys, tool, "-h", b.host, "-p", b.port, *cmd)
+        took = time.monotonic() - start
+    finally:
+        b.stop()
+    assert not b.errors and b.complete, b.errors
+    assert rc == 2 and out == "" and took < 5, (rc, err)
+    assert one_line(err) == "tern %s: the broker broke the protocol: malformed packet: truncated (reason 0x81); %s" % (
+        tool, "sent DISCONNECT 0x81 and closed the connection" if version == "5" else "closed the connection")
+    # mosquitto_pub / mosquitto_sub exit with the same status on the same bytes
+    m = ScriptedBroker([_violation_script(tool, version, bad)[0][:-2 if version == "5" else -1]],
+                       version=int(version[0])).start()
+    try:
+        r = subprocess.run([MOSQ_PUB if tool == "pub" else MOSQ_SUB, "-h", m.host, "-p", str(m.port),
+                            *map(str, cmd)], capture_output=True, timeout=15)
+    finally:
+        m.stop()
+    assert r.returncode == rc, r.stderr
+
+
+# ------------------------------------------------------------------- -L URL
+
+
+def test_url_gives_host_port_credentials_and_topic_as_mosquitto(capsys, locked_broker):
+    b = locked_broker
+    where = "%s:%d" % (b.host, b.port)
+    peer = MosqSub(b, "-t", "url/#", "-v", "-u", "alice", "-P", "correct-horse", count=2)
+    rc, out, err = tern(capsys, "pub", "-L", "mqtt://alice:correct-horse@%s/url/pub" % where, "-m", "by url", "-q", 1)
+    assert rc == 0 and out == "" and err == "", err
+    # -t given as well wins over the URL's topic for pub (tern sub adds both)
+    rc, _, err = tern(capsys, "pub", "-L", "MQTT://alice:correct-horse@%s/url/pub" % where, "-t", "url/t", "-m", "t")
+    assert rc == 0, err
+    assert peer.result() == b"url/pub by url\nurl/t t\n"
+    t, errors = publish_when_subscribed(b, "urlsub",
+                                        ["-t", "url/sub", "-m", "got", "-u", "alice", "-P", "correct-horse"])
+    rc, out, err = tern(capsys, "sub", "-L", "mqtt://alice:correct-horse@%s/url/sub" % where, "-i", "urlsub", "-C", 1,
+                        "-W", 10, "-v")
+    t.join(10)
+    assert (rc, out, err) == (0, "url/sub got\n", "") and not errors
+    # a wrong password in the URL: refused with mosquitto's status, and never shown, -d included
+    secret = "wr0ng-url-pw"
+    url = "mqtt://alice:%s@%s/url/x" % (secret, where)
+    for tool, more in (("pub", ["-m", "x"]), ("sub", [])):
+        rc, out, err = tern(capsys, tool, "-L", url, "-d", *more)
+        mosq = subprocess.run([MOSQ_PUB if tool == "pub" else MOSQ_SUB, "-L", url, *more], capture_output=True,
+                              timeout=10)
+        assert rc == mosq.returncode == 5
+        assert "refused by the broker" in one_line(err) and secret not in out + err
+    # nor in an argument error, nor when the URL is wrong after the password
+    for bad in (url + " -q 7", "mqtt://alice:%s@%s:99999/x" % (secret, b.host)):
+        r = subprocess.run([TERN, "pub", "-m", "x", *("-L " + bad).split()], capture_output=True, timeout=20)
+        assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert secret.encode() not in r.stderr
+
+
+def test_url_mqtts_turns_tls_on_and_verifies(capsys, tmp_path):
+    b = Broker(tmp_path / "tls", tls=True).start()
+    try:
+        url = "mqtts://%s:%d/secure" % (b.host, b.tls_port)
+        peer = MosqSub(b, "-t", "secure")
+        # mqtts:// verifies with the system's CAs (as mosquitto's -L): the test CA is not one of them
+        rc, _, err = tern(capsys, "pub", "-L", url, "-m", "no")
+        assert rc == 1 and "failed verification" in one_line(err)
+        rc, _, err = tern(capsys, "pub", "-L", url, "--cafile", b.ca_path, "-m", "over tls", "-q", 1)
+        assert rc == 0, err
+        assert peer.result() == b"over tls\n"
+    finally:
+        b.stop()
+
+
+@pytest.mark.parametrize("where", ["suback", "connack after a reconnect"])
+def test_sub_stops_at_a_violation_while_subscribing_or_reconnecting(capsys, where):
+    # a SUBACK with reserved flags set (tern sub waits in subscribe() then), or a CONNACK whose
+    # properties are cut short when tern sub comes back after a dropped connection: status 2, at once
+    from tern.wire import CONNECT, SUBSCRIBE
+    from ternlab.scripted import ScriptedBroker
+
+    connack, suback = bytes([0x20, 3, 0, 0, 0]), bytes([0x90, 4, 0, 1, 0, 1])
+    if where == "suback":
+        script = [[("recv_type", CONNECT), ("send", connack), ("recv_type", SUBSCRIBE),
+                   ("send", bytes([0x91, 4, 0, 1, 0, 1])), ("recv", bytes([0xE0, 1, 0x81])), ("quiet", 2)]]
+        reason = "malformed packet: reserved flags of packet type 9 (reason 0x81); sent DISCONNECT 0x81"
+    else:
+        script = [[("recv_type", CONNECT), ("send", connack), ("recv_type", SUBSCRIBE), ("send", suback), ("close",)],
+                  [("recv_type", CONNECT), ("send", bytes([0x20, 3, 0, 0, 5])), ("recv", bytes([0xE0, 1, 0x81])),
+                   ("quiet", 2)]]
+        reason = "sent DISCONNECT 0x81"
+    b = ScriptedBroker(script, version=5).start()
+    try:
+        start = time.monotonic()
+        rc, out, err = tern(capsys, "sub", "-h", b.host, "-p", b.port, "-V", 5, "-q", 1, "-t", "x", "-W", 20)
+        took = time.monotonic() - start
+    finally:
+        b.stop()
+    assert not b.errors and b.complete, b.errors
+    assert rc == 2 and out == "" and took < 5, (rc, err)
+    assert one_line(err).startswith("tern sub: the broker broke the protocol: ") and reason in err
