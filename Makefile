@@ -10,10 +10,12 @@ STAMP := $(VENV)/.tern-installed
 
 setup: $(STAMP) debian
 
-$(STAMP): pyproject.toml
+# two distributions, both editable: the library `tern-mqtt` (lib/) and the harness `ternlab` (here)
+$(STAMP): pyproject.toml lib/pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip uninstall -q -y tern 2>/dev/null || true   # the single distribution of older checkouts
+	$(VENV)/bin/pip install -q -e ./lib -e '.[test]'
 	touch $(STAMP)
 
 debian:

@@ -22,6 +22,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from .paths import lib_dir, project_dir
 from .pipeline.schema import LEDGER_FIELDS, parse_payload
 
 PREFIX = "TERN "  # firmware/hal.py PREFIX
@@ -123,9 +124,8 @@ def write_ledger(rows, path: str | Path) -> Path:
 
 # --------------------------------------------------------------- putting the app on a board
 
-ROOT = Path(__file__).resolve().parents[2]
-FIRMWARE_DIR = ROOT / "firmware"
-LIB_DIR = ROOT / "lib"
+FIRMWARE_DIR = project_dir("firmware")
+LIB_DIR = lib_dir()
 APP_MODULES = ("hal", "tconfig", "telemetry")
 
 

@@ -19,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import ROOT, BoardError
+from ..paths import lib_dir, project_dir
+from . import BoardError
 
 SOURCE_ONLY = ("main.py", "boot.py")
 # board-side snippets: make folders, remove files (neither minds what is already so)
@@ -27,15 +28,16 @@ _MKDIRS = "import os\nfor d in %r:\n try:\n  os.mkdir(d)\n except OSError:\n  pa
 _REMOVE = "import os\nfor p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n"
 
 
-def plan(root=ROOT, config=None, files=()):
-    """[(local path, remote path without extension change, compile?)]. files: extra files copied as
-    they are, each "LOCAL" (to the board's top folder under its own name) or "LOCAL:REMOTE" -- the
-    broker's CA for TLS, for instance."""
-    root = Path(root)
+def plan(root=None, config=None, files=()):
+    """[(local path, remote path without extension change, compile?)]. root: a checkout (its lib/
+    and firmware/), by default the library this interpreter imports and the harness's firmware.
+    files: extra files copied as they are, each "LOCAL" (to the board's top folder under its own
+    name) or "LOCAL:REMOTE" -- the broker's CA for TLS, for instance."""
+    lib, fw = (Path(root) / "lib", Path(root) / "firmware") if root else (lib_dir(), project_dir("firmware"))
     items = []
-    for p in sorted((root / "lib" / "tern").glob("*.py")):
+    for p in sorted((lib / "tern").glob("*.py")):
         items.append((p, "lib/tern/" + p.name, True))
-    for p in sorted((root / "firmware").glob("*.py")):
+    for p in sorted(fw.glob("*.py")):
         if p.name == "manifest.py":
             continue
         items.append((p, p.name, p.name not in SOURCE_ONLY))
