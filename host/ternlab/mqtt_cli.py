@@ -881,7 +881,7 @@ def _pub(args):
 
     def send(data):
         try:
-            client.publish(args.topic, data, args.qos, args.retain, pprops)
+            client.publish(args.topic, data, qos=args.qos, retain=args.retain, props=pprops)
         except ValueError as e:  # what the broker said it accepts (QoS, retain, size)
             raise CLIError("cannot publish: %s" % e)
         except OSError as e:
