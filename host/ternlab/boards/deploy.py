@@ -4,7 +4,8 @@ With --romfs the compiled modules go into one ROMFS image instead (deploy_romfs)
 bytecode runs in place and costs the heap only its objects, as frozen code does.
 
 What goes where on the board's filesystem:
-  lib/tern/*.py          -> /lib/tern/*.mpy   (compiled for the profile's architecture)
+  lib/tern/*.py          -> /lib/tern/*.mpy   (compiled for the profile's architecture; the device
+                                               set of lib/tern/manifest.py: not the host codec)
   firmware/*.py          -> /*.mpy            (except manifest.py; main.py and boot.py stay
                                                source: the board runs them by those names)
   --config FILE          -> /config.json
@@ -19,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..devset import device_files
 from ..paths import lib_dir, project_dir
 from . import BoardError
 
@@ -34,9 +36,7 @@ def plan(root=None, config=None, files=()):
     files: extra files copied as they are, each "LOCAL" (to the board's top folder under its own
     name) or "LOCAL:REMOTE" -- the broker's CA for TLS, for instance."""
     lib, fw = (Path(root) / "lib", Path(root) / "firmware") if root else (lib_dir(), project_dir("firmware"))
-    items = []
-    for p in sorted((lib / "tern").glob("*.py")):
-        items.append((p, "lib/tern/" + p.name, True))
+    items = [(p, "lib/" + remote, True) for p, remote in device_files(lib / "tern" / "manifest.py")]
     for p in sorted(fw.glob("*.py")):
         if p.name == "manifest.py":
             continue
