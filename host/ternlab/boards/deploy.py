@@ -30,14 +30,25 @@ _MKDIRS = "import os\nfor d in %r:\n try:\n  os.mkdir(d)\n except OSError:\n  pa
 _REMOVE = "import os\nfor p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n"
 
 
-def plan(root=None, config=None, files=()):
+def plan(root=None, config=None, files=(), app=None):
     """[(local path, remote path without extension change, compile?)]. root: a checkout (its lib/
     and firmware/), by default the library this interpreter imports and the harness's firmware.
+    app: a user's app folder instead of the firmware: its .py files compiled (main.py and boot.py
+    kept source), its other files copied as they are, subfolders included.
     files: extra files copied as they are, each "LOCAL" (to the board's top folder under its own
     name) or "LOCAL:REMOTE" -- the broker's CA for TLS, for instance."""
     lib, fw = (Path(root) / "lib", Path(root) / "firmware") if root else (lib_dir(), project_dir("firmware"))
     items = [(p, "lib/" + remote, True) for p, remote in device_files(lib / "tern" / "manifest.py")]
-    for p in sorted(fw.glob("*.py")):
+    if app is not None:
+        app = Path(app)
+        if not app.is_dir():
+            raise BoardError("app folder %s does not exist" % app)
+        for p in sorted(app.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".mpy"):
+                rel = p.relative_to(app).as_posix()
+                items.append((p, rel, p.suffix == ".py" and rel not in SOURCE_ONLY))
+        fw = None
+    for p in sorted(fw.glob("*.py")) if fw else ():
         if p.name == "manifest.py":
             continue
         items.append((p, p.name, p.name not in SOURCE_ONLY))
