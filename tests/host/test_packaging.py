@@ -6,6 +6,7 @@ a fleet on the bundled smoke scenario."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,15 +26,15 @@ def run(cmd, cwd, timeout=240, **kw):
 
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory):
-    """Both wheels, built from a copy of the checkout's files (what git tracks or would track)."""
+    """Both wheels, built from a copy of what the two distributions are made of (a build writes
+    into its source tree)."""
     tmp = tmp_path_factory.mktemp("pkg")
     src, out = tmp / "src", tmp / "wheels"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for f in filter(None, files):
-        if (ROOT / f).is_file():
-            (src / f).parent.mkdir(parents=True, exist_ok=True)
-            (src / f).write_bytes((ROOT / f).read_bytes())
+    junk = shutil.ignore_patterns("__pycache__", "*.pyc", "*.mpy", "build", "*.egg-info")
+    for name in ("lib", "host", "boards", "firmware", "scenarios"):
+        shutil.copytree(ROOT / name, src / name, ignore=junk)
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, src / "lib", src], cwd=tmp)
     return tmp, out
 
