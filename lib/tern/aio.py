@@ -102,7 +102,7 @@ if MICROPYTHON:
         # times out (a broker that does not answer), until none are left.
         import socket
         from errno import EINPROGRESS
-        from asyncio import core
+        from asyncio import core  # pyright: ignore[reportAttributeAccessIssue]  (on boards; not in the stubs)
 
         ai = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)[0]
         s = socket.socket(ai[0], ai[1], ai[2])

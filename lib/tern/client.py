@@ -32,7 +32,7 @@ else:
     from ssl import SSLWantReadError, SSLWantWriteError
 
     def ticks_ms():
-        return int(time.monotonic() * 1000)
+        return int(time.monotonic() * 1000)  # pyright: ignore[reportAttributeAccessIssue]  (CPython)
 
     def ticks_diff(a, b):
         return a - b
