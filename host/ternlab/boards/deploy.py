@@ -39,7 +39,9 @@ def plan(root=None, config=None, files=(), app=None):
     name) or "LOCAL:REMOTE" -- the broker's CA for TLS, for instance."""
     lib, fw = (Path(root) / "lib", Path(root) / "firmware") if root else (lib_dir(), project_dir("firmware"))
     items = [(p, "lib/" + remote, True) for p, remote in device_files(lib / "tern" / "manifest.py")]
-    if app is not None:
+    if app is None:
+        items += [(p, p.name, p.name not in SOURCE_ONLY) for p in sorted(fw.glob("*.py")) if p.name != "manifest.py"]
+    else:
         app = Path(app)
         if not app.is_dir():
             raise BoardError("app folder %s does not exist" % app)
@@ -47,11 +49,6 @@ def plan(root=None, config=None, files=(), app=None):
             if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".mpy"):
                 rel = p.relative_to(app).as_posix()
                 items.append((p, rel, p.suffix == ".py" and rel not in SOURCE_ONLY))
-        fw = None
-    for p in sorted(fw.glob("*.py")) if fw else ():
-        if p.name == "manifest.py":
-            continue
-        items.append((p, p.name, p.name not in SOURCE_ONLY))
     if config:
         c = Path(config)
         if not c.is_file():
