@@ -8,6 +8,7 @@ a Python distribution the set-up installs (the project with its `test` extra and
 requires, followed through importlib.metadata): a console script, or a module run as `python -m`.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -162,7 +163,7 @@ def test_pytest_refuses_to_start_naming_what_is_missing(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         str(ROOT / "tests" / "host" / "test_setup.py"), "-k", "nothing"],
                        capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "TERN_DEBIAN_LIST": str(lst)})
+                       env={**os.environ, "TERN_DEBIAN_LIST": str(lst)})
     assert r.returncode == 4, r.stdout + r.stderr
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "tern-no-such-program" in ln]
     assert len(lines) == 1 and "apt-get install -y tern-no-such-pkg" in lines[0] and "make setup" in lines[0], lines
