@@ -10,10 +10,15 @@ STAMP := $(VENV)/.tern-installed
 
 setup: $(STAMP) debian
 
-$(STAMP): pyproject.toml
+# two distributions, both editable: the library `tern-mqtt` (lib/) and the harness `ternlab` (here)
+$(STAMP): pyproject.toml lib/pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip uninstall -q -y tern 2>/dev/null || true   # the single distribution of older checkouts
+	$(VENV)/bin/pip install -q -e ./lib -e '.[test]'
+	# the boards' API for tests/host/test_stubs.py, one folder per port (their stubs overlap)
+	for port in esp32 rp2; do rm -rf $(VENV)/stubs/$$port; \
+	  $(VENV)/bin/pip install -q --target $(VENV)/stubs/$$port "micropython-$$port-stubs==1.28.0.post4" || exit 1; done
 	touch $(STAMP)
 
 debian:

@@ -19,7 +19,7 @@ c.on_disconnect = lambda e: say(ev="disconnected", err=str(e))
 c.on_connect = lambda sp, rc: say(ev="connected", session_present=sp)
 c.connect()
 for seq in range(n):
-    c.publish("demo/%s" % cid, b"%d" % seq, 1)
+    c.publish("demo/%s" % cid, b"%d" % seq, qos=1)
     c.loop(2)
     if seq % 50 == 0:
         say(ev="progress", seq=seq, pending=len(c.session.pending()))

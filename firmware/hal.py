@@ -9,7 +9,7 @@ Console lines for the host start with PREFIX and carry one JSON object; the host
 
 import sys
 import gc
-from time import ticks_ms, ticks_diff, sleep_ms
+from time import ticks_ms, ticks_diff, ticks_add, sleep_ms
 
 PREFIX = "TERN "
 SEP = (",", ":")
@@ -201,7 +201,7 @@ class Net:
                 self.delay = min(self.delay * 2, 60000)
             w.connect(self.ssid, self.pw)
             self.attempt = True
-            self.t = ticks_ms() + self.delay
+            self.t = ticks_add(ticks_ms(), self.delay)
         return False
 
     def rssi(self):
@@ -236,7 +236,8 @@ def read_sensors(sensors, names, k, net):
             if PLATFORM == "esp32":
                 import esp32
 
-                v = esp32.mcu_temperature()
+                t = getattr(esp32, "mcu_temperature", None)  # S2, S3, C3, C6: degrees C
+                v = t() if t else (esp32.raw_temperature() - 32) / 1.8  # the first ESP32: degrees F
             else:  # rp2: ADC channel 4, the on-die sensor
                 from machine import ADC
 

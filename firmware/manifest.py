@@ -3,8 +3,9 @@
 #   make -C ports/esp32 BOARD=ESP32_GENERIC FROZEN_MANIFEST=/path/to/tern/firmware/manifest.py
 # Paths below are relative to this file. The port's own manifest comes first so the image keeps
 # what the board normally freezes. main.py and config.json stay on the board's filesystem.
+# Tern's device set (never the host codec) comes from lib/tern/manifest.py.
 include("$(PORT_DIR)/boards/manifest.py")
-package("tern", base_path="../lib")
+include("../lib/tern")
 module("hal.py")
 module("tconfig.py")
 module("telemetry.py")

@@ -191,7 +191,7 @@ class App:
             return
         payload = json.dumps({"d": self.dev, "b": self.boot, "s": s, "q": q, "t": hal.epoch(), "r": r}, separators=hal.SEP)
         try:
-            pid = c.publish(self.cfg["topic"], payload, q)
+            pid = c.publish(self.cfg["topic"], payload, qos=q)
         except (OSError, ValueError) as e:  # QoS 0 offline, a full partition; what the CONNACK forbids
             say("dropped", q=q, err=str(e))
             return
@@ -204,7 +204,7 @@ class App:
                            "pending": self.store.count(), "interval_ms": self.interval,
                            "heap": gc.mem_free(), "lw": self.lw, "up": ticks_diff(ticks_ms(), hal.T0) // 1000}, separators=hal.SEP)
         try:
-            self.c.publish(self.cfg["status_topic"], body, 1, True)
+            self.c.publish(self.cfg["status_topic"], body, qos=1, retain=True)
         except (OSError, ValueError) as e:  # ValueError: the server takes no retained messages
             say("status", err=str(e))
             return

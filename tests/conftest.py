@@ -9,10 +9,22 @@ off, still gets the plugin: it is then loaded from here. `pytester` is for the p
 import os
 from importlib.metadata import entry_points
 
+import pytest
+
+from setup_check import DEBIAN_LIST, missing_programs, refusal
+
 _installed = any(ep.value == "ternlab.pytest_plugin" for ep in entry_points(group="pytest11"))
 pytest_plugins = ["pytester"]
 if not _installed or os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
     pytest_plugins.append("ternlab.pytest_plugin")
+
+
+def pytest_configure(config):
+    """Refuse to start, in one line naming what is missing and how to install it, when a program of
+    tools/debian-packages.txt (what the suite runs: tests/host/test_setup.py) is not on this machine."""
+    missing = missing_programs(os.environ.get("TERN_DEBIAN_LIST") or DEBIAN_LIST)
+    if missing:
+        raise pytest.UsageError(refusal(missing))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -313,7 +313,7 @@ def publish(c, topic, data, qos):
     t0 = time.time()
     while True:
         try:
-            return c.publish(topic, data, qos)
+            return c.publish(topic, data, qos=qos)
         except OSError as e:
             if e.args[0] != 28 or time.time() - t0 > 60:
                 raise

@@ -143,6 +143,8 @@ def compile_all(mpy_cross, out):
     sizes = {}
     for src in sorted(glob.glob(os.path.join(LIB, "*.py"))):
         mod = os.path.basename(src)[:-3]
+        if mod == "manifest":  # the device set's list (lib/tern/manifest.py), not a module
+            continue
         dst = os.path.join(out, "tern", mod + ".mpy")
         proc = subprocess.run([mpy_cross, "-o", dst, "-s", "tern/%s.py" % mod, src], capture_output=True, text=True)
         if proc.returncode:

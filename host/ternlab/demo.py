@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 from .fleet.cli import seed_arg
+from .paths import project_dir
 
-ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ROOT / "scenarios"
+SCENARIOS = project_dir("scenarios")
 PASS_LINE = "PASS: no QoS>=1 message lost, no QoS 2 message duplicated"
 ROLLUP_WINDOW = "10 seconds"
 # The demo's data is small (thousands of rows): a few shuffle partitions instead of Spark's 200 cut the

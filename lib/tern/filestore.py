@@ -127,7 +127,7 @@ class OsFs:
 
     def sync_dir(self, path):
         if hasattr(os, "fsync") and hasattr(os, "O_RDONLY"):
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)  # pyright: ignore[reportAttributeAccessIssue]  (CPython)
             try:
                 os.fsync(fd)
             finally:

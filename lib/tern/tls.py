@@ -39,7 +39,7 @@ def context(ca=None, cadata=None):
         with open(ca, "rb") as f:
             cadata = f.read()
     if sys.implementation.name != "micropython":
-        ctx = ssl.create_default_context()
+        ctx = ssl.create_default_context()  # pyright: ignore[reportAttributeAccessIssue]  (CPython)
         for der in der_certs(cadata) if cadata is not None else ():
             ctx.load_verify_locations(cadata=der)
         return ctx

@@ -18,6 +18,7 @@ from ternlab.boards import load_profile
 from ternlab.boards.cli import flash_commands
 from ternlab.boards.emulated import EmulatedBoard
 from ternlab.boards.partitions import PartitionError, from_binary, parse_csv, profile_table, to_binary
+from ternlab.devset import device_files
 
 TERN = str(Path(sys.executable).with_name("tern"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,7 +141,7 @@ def test_tern_deploy_compiles_and_copies_to_a_board_port(tmp_path, capsys):
         board.write_file("stale.txt", "x")
         board.mkdir("lib")
         board.mkdir("lib/tern")
-        board.write_file("lib/tern/codec.py", "raise ImportError('the stale source was imported')\n")
+        board.write_file("lib/tern/message.py", "raise ImportError('the stale source was imported')\n")
         board.disconnect()
         cfg = tmp_path / "cfg.json"
         cfg.write_text('{"host": "127.0.0.1", "port": 1}')
@@ -149,16 +150,17 @@ def test_tern_deploy_compiles_and_copies_to_a_board_port(tmp_path, capsys):
         rc, out, err = tern(capsys, "deploy", "--port", board.port, "--profile", "unix-emulated", "--config", cfg,
                             "--file", ca, "--file", "%s:certs/broker-ca.pem" % ca)
         assert rc == 0, err
-        assert "mpy-cross -march=host" in out and "lib/tern/codec.mpy" in out
+        assert "mpy-cross -march=host" in out and "lib/tern/message.mpy" in out
+        assert "codec" not in out  # the device set of lib/tern/manifest.py: not the host codec
         files = board.listdir("lib/tern")
-        expected = sorted(p.stem + ".mpy" for p in (ROOT / "lib/tern").glob("*.py"))
-        assert files == expected  # codec.py, the stale source, is gone
+        expected = sorted(Path(r).stem + ".mpy" for _, r in device_files())
+        assert files == expected  # message.py, the stale source, is gone
         top = board.listdir()
         assert {"main.py", "config.json", "telemetry.mpy", "stale.txt"} <= set(top) and "manifest.mpy" not in top
         assert board.read_file("config.json") == cfg.read_bytes()
         assert board.read_file("ca.pem") == board.read_file("certs/broker-ca.pem") == ca.read_bytes()
         assert board.read_file("main.py") == (ROOT / "firmware/main.py").read_bytes()
-        assert board.eval("__import__('tern.codec').codec.__file__") == "/lib/tern/codec.mpy"
+        assert board.eval("__import__('tern.message').message.__file__") == "/lib/tern/message.mpy"
     finally:
         board.close()
     rc, out, err = tern(capsys, "deploy", "--port", "/dev/nonexistent")

@@ -37,7 +37,7 @@ def test_paho_receives_what_tern_publishes_with_properties(broker):
     assert subscribed.wait(5)
     t = Client("tern-pub", server=broker.host, port=broker.port, version=5)
     t.connect()
-    pid = t.publish("interop/t", b"\x00binary\xff", 2, props={
+    pid = t.publish("interop/t", b"\x00binary\xff", qos=2, props={
         P.CONTENT_TYPE: "application/octet-stream",
         P.RESPONSE_TOPIC: "interop/reply",
         P.CORRELATION_DATA: b"corr-1",

@@ -103,7 +103,7 @@ class Watcher:
 def send(addr, topic, payload, qos=2):
     c = Client("cmd-sender", server=addr[0], port=addr[1], version=5)
     c.connect()
-    c.wait_published(c.publish(topic, payload, qos)) if qos else c.publish(topic, payload, 0)
+    c.wait_published(c.publish(topic, payload, qos=qos)) if qos else c.publish(topic, payload, qos=0)
     c.disconnect()
 
 

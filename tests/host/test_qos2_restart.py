@@ -115,7 +115,7 @@ raised = []
 def reading():
     global seq
     try:
-        c.publish("q2/a", b"%d" % seq, 2)
+        c.publish("q2/a", b"%d" % seq, qos=2)
     except OSError as e:
         raised.append([seq, str(e)])
         return
@@ -231,7 +231,7 @@ def test_tern_resends_pubrel_not_the_publish_after_a_restart(pbroker):
         c.on_connect = lambda present, rc: sp.append(present)
         c.connect()
         c.reconnect = False  # stay down until the broker has restarted
-        pid = c.publish("q2/c", b"rel", 2)
+        pid = c.publish("q2/c", b"rel", qos=2)
         t = time.monotonic()
         while c.loop(20) and time.monotonic() - t < 5:
             pass
@@ -267,7 +267,7 @@ def test_tern_subscriber_delivers_once_when_the_broker_restarts_mid_flow(pbroker
         s.reconnect = False  # stay down until the broker has restarted
         pub = Client("d-pub", server=pbroker.host, port=pbroker.port, version=5)
         pub.connect()
-        pub.wait_published(pub.publish("q2/d", b"once", 2))
+        pub.wait_published(pub.publish("q2/d", b"once", qos=2))
         pub.disconnect()
         t = time.monotonic()
         while s.loop(20) and time.monotonic() - t < 5:

@@ -547,7 +547,7 @@ def test_connect_right_after_close_keeps_messages_going(broker_addr):
         c.close()
         await c.connect()
         assert await c.subscribe("cc/t", 1) == [1]
-        await c.publish("cc/t", b"x", 1)
+        await c.publish("cc/t", b"x", qos=1)
         (m,) = await take(c.messages(), 1)
         assert m.payload == b"x", m
         await c.disconnect()
@@ -642,10 +642,10 @@ def test_bytes_a_failed_write_left_never_reach_the_next_connection(scripted_addr
         c = Client("scripted", scripted_addr[0], scripted_addr[1], clean=False, backoff_min=0.02, backoff_max=0.1)
         c.on_disconnect = downs.append
         await c.connect()
-        await c.publish("t", b"x", 0)
+        await c.publish("t", b"x", qos=0)
         await asyncio.sleep(0.05)
         time.sleep(0.6)  # the broker resets the connection while the loop stands still
-        assert await c.publish("t", b"a", 1) == 1
+        assert await c.publish("t", b"a", qos=1) == 1
         time.sleep(0.01)  # so the writer meets the reset before the reader
         await c.wait_all(T)
         assert len(downs) == 1 and isinstance(downs[0], OSError), downs
@@ -763,11 +763,11 @@ def test_stored_messages_refused_at_connack_fail_their_publish_wait(scripted_add
         seen = []
         c.on_published = lambda pid, reason: seen.append((pid, reason))
         c.on_connect = lambda sp, reason: seen.append(("up", reason))
-        q2 = asyncio.create_task(c.publish("t", b"q2", 2, wait_ack=True))
-        kept = asyncio.create_task(c.publish("t", b"kept", 1, retain=True, wait_ack=True))
+        q2 = asyncio.create_task(c.publish("t", b"q2", qos=2, wait_ack=True))
+        kept = asyncio.create_task(c.publish("t", b"kept", qos=1, retain=True, wait_ack=True))
         await asyncio.sleep(0.05)
         assert c.session.pending() == [1, 2]
-        ok = await c.publish("t", b"ok", 1)
+        ok = await c.publish("t", b"ok", qos=1)
         assert await c.connect() is False
         for t, code in ((q2, 0x9B), (kept, 0x9A)):
             try:
@@ -804,7 +804,7 @@ def test_a_cancelled_wait_leaves_no_waiter_behind(scripted_addr):
     async def main():
         c = _scripted(scripted_addr)
         await c.connect()
-        for call in (c.publish("t", b"x", 1, wait_ack=True), c.subscribe("a", 1)):
+        for call in (c.publish("t", b"x", qos=1, wait_ack=True), c.subscribe("a", 1)):
             try:
                 await asyncio.wait_for(call, 0.1)
                 raise AssertionError("the wait was not cancelled")

@@ -15,7 +15,7 @@ def test_pubsub_every_qos_and_version(broker_addr):
         assert sub.subscribe("qos/%d/#" % v, 2, handler=collect(got)) == [2]
         pub = client(broker_addr, "pub", version=v)
         for q in (0, 1, 2):
-            pid = pub.publish("qos/%d/m" % v, b"payload-%d" % q, q)
+            pid = pub.publish("qos/%d/m" % v, b"payload-%d" % q, qos=q)
             assert (pid == 0) == (q == 0)
         until([sub, pub], lambda: len(got) == 3, what="3 messages on version %d" % v)
         pub.wait_all(5)
@@ -26,13 +26,13 @@ def test_pubsub_every_qos_and_version(broker_addr):
 
 def test_retained_message_reaches_a_later_subscriber(broker_addr):
     pub = client(broker_addr, "pub", version=5)
-    pub.wait_published(pub.publish("ret/a", b"kept", 1, retain=True), 5)
+    pub.wait_published(pub.publish("ret/a", b"kept", qos=1, retain=True), 5)
     got = []
     sub = client(broker_addr, "sub", version=5)
     sub.subscribe("ret/#", 1, handler=collect(got))
     until([sub], lambda: got, what="retained message")
     assert got[0] == ("ret/a", b"kept", 1, True), got
-    pub.publish("ret/a", b"", 1, retain=True)  # clear it
+    pub.publish("ret/a", b"", qos=1, retain=True)  # clear it
     pub.wait_all(5)
     pub.disconnect()
     sub.disconnect()
@@ -65,7 +65,7 @@ def test_disconnect_with_unread_bytes_is_still_a_clean_disconnect(broker_addr):
         busy.subscribe("flood/%d" % v, 0)
         pub = client(broker_addr, "pub", version=v)
         for i in range(3000):
-            pub.publish("flood/%d" % v, b"x" * 1000, 0)
+            pub.publish("flood/%d" % v, b"x" * 1000, qos=0)
         busy.disconnect()  # while the flood still arrives, unread
         watcher.loop(700)
         assert got == [], got
@@ -81,7 +81,7 @@ def test_keepalive_survives_three_idle_intervals(broker_addr):
     assert c.connected and not lost, lost
     got = []
     c.subscribe("ka/x", 1, handler=collect(got))
-    c.publish("ka/x", b"still here", 1)
+    c.publish("ka/x", b"still here", qos=1)
     until([c], lambda: got, what="message after idling")
     c.disconnect()
 
@@ -92,7 +92,7 @@ def test_thousand_qos1_messages_arrive_in_order(broker_addr):
     sub.subscribe("order/q1", 1, handler=lambda m: got.append(int(bytes(m.payload))))
     pub = client(broker_addr, "pub", version=4, window=20)
     for i in range(1000):
-        pub.publish("order/q1", b"%d" % i, 1)
+        pub.publish("order/q1", b"%d" % i, qos=1)
         sub.loop(0)
     until([pub, sub], lambda: len(got) >= 1000, 30000, "1000 messages")
     assert got == list(range(1000)), [x for i, x in enumerate(got) if x != i][:10]
@@ -106,7 +106,7 @@ def test_window_of_one_keeps_order_across_qos_levels(broker_addr):
     sent = []
     for i in range(150):
         q = i % 3
-        pub.publish("order/mix", b"%d" % i, q)
+        pub.publish("order/mix", b"%d" % i, qos=q)
         sent.append((i, q))
         sub.loop(0)
     until([pub, sub], lambda: len(got) >= 150, 30000, "150 mixed messages")
@@ -122,7 +122,7 @@ def test_shared_subscription_delivers_each_message_once(broker_addr):
         subs.append(s)
     pub = client(broker_addr, "pub", version=5)
     for i in range(60):
-        pub.publish("fleet/d%d" % (i % 4), b"%d" % i, 1)
+        pub.publish("fleet/d%d" % (i % 4), b"%d" % i, qos=1)
     total = lambda: sum(len(b) for b in boxes)  # noqa: E731
     until(subs + [pub], lambda: total() >= 60, 20000, "60 shared messages")
     for s in subs:
@@ -139,12 +139,12 @@ def test_subscription_identifiers_dispatch_to_each_handler(broker_addr):
     c.subscribe("home/+/temp", 1, handler=collect(a))
     c.subscribe("home/#", 1, handler=collect(b))
     pub = client(broker_addr, "pub", version=5)
-    pub.publish("home/kitchen/temp", b"21", 1)
+    pub.publish("home/kitchen/temp", b"21", qos=1)
     until([c, pub], lambda: a and b, what="both handlers")
     assert a == [("home/kitchen/temp", b"21", 1, False)] and b == a, (a, b)
     # unsubscribing one filter removes only its handler
     assert c.unsubscribe("home/+/temp") == [0]
-    pub.publish("home/kitchen/temp", b"22", 1)
+    pub.publish("home/kitchen/temp", b"22", qos=1)
     until([c, pub], lambda: len(b) == 2, what="second message")
     c.loop(200)
     assert len(a) == 1 and b[1][1] == b"22" and not other, (a, b, other)
@@ -157,7 +157,7 @@ def test_subscription_identifier_reaches_handler_and_properties(broker_addr):
     c = client(broker_addr, "props", version=5)
     c.subscribe("p/#", 1, handler=lambda m: seen.append((m.properties, m.n_sub_ids)))
     pub = client(broker_addr, "pub", version=5)
-    pub.publish("p/x", b"{}", 1, props={
+    pub.publish("p/x", b"{}", qos=1, props={
         P.CONTENT_TYPE: "application/json",
         P.RESPONSE_TOPIC: "reply/here",
         P.CORRELATION_DATA: b"\x01\x02",
@@ -181,7 +181,7 @@ def test_offline_publishes_go_out_in_order_after_connect(broker_addr):
 
     # window 1: order across QoS levels (Mosquitto releases QoS 2 only at PUBREL)
     pub = Client("offline-pub", server=broker_addr[0], port=broker_addr[1], version=4, window=1)
-    pids = [pub.publish("offline/x", b"m%d" % i, 1 + i % 2) for i in range(10)]
+    pids = [pub.publish("offline/x", b"m%d" % i, qos=1 + i % 2) for i in range(10)]
     assert pub.session.pending() == pids
     pub.connect()
     until([pub, sub], lambda: len(got) == 10, what="offline messages")
@@ -194,10 +194,10 @@ def test_qos0_offline_is_refused_and_bad_input_is_named(broker_addr):
     from tern.session import NotConnected
 
     c = Client("x", server=broker_addr[0], port=broker_addr[1])
-    e = raises(NotConnected, c.publish, "a/b", b"x", 0)
+    e = raises(NotConnected, c.publish, "a/b", b"x", qos=0)
     assert "QoS 0" in str(e)
-    assert "wildcard" in str(raises(ValueError, c.publish, "a/+", b"x", 1))
-    assert "QoS" in str(raises(ValueError, c.publish, "a/b", b"x", 3))
+    assert "wildcard" in str(raises(ValueError, c.publish, "a/+", b"x", qos=1))
+    assert "QoS" in str(raises(ValueError, c.publish, "a/b", b"x", qos=3))
     assert "topic" in str(raises(ValueError, c.subscribe, "a/#/b", 1))
 
 
@@ -225,7 +225,7 @@ def test_blocking_calls_inside_callbacks(broker_addr):
     r = Client("cb-responder-%d" % (ticks_ms() % 100000), server=broker_addr[0], port=broker_addr[1])
 
     def answer(m):
-        pid = r.publish("cb/ans", bytes(m.payload), 1)
+        pid = r.publish("cb/ans", bytes(m.payload), qos=1)
         r.wait_published(pid, 5)
         answered.append(pid)
 
@@ -235,7 +235,7 @@ def test_blocking_calls_inside_callbacks(broker_addr):
     asker = client(broker_addr, "asker")
     asker.subscribe("cb/ans", 1, handler=collect(got))
     for i in range(5):
-        asker.publish("cb/req", b"q%d" % i, 1)
+        asker.publish("cb/req", b"q%d" % i, qos=1)
     until([asker, r], lambda: len(got) == 5, what="5 answers")
     assert [g[1] for g in got] == [b"q%d" % i for i in range(5)], got
     assert len(answered) == 6 and not r.session.pending()
@@ -246,8 +246,8 @@ def test_blocking_calls_inside_callbacks(broker_addr):
 def test_timeouts_in_seconds_may_be_floats(broker_addr):
     # MicroPython's poll() and sleep_ms() take no float: the client rounds.
     c = client(broker_addr, "floats", connect_timeout=2.5)
-    c.wait_published(c.publish("fl/t", b"x", 1), 1.5)
-    c.publish("fl/t", b"y", 2)
+    c.wait_published(c.publish("fl/t", b"x", qos=1), 1.5)
+    c.publish("fl/t", b"y", qos=2)
     c.wait_all(2.5)
     assert c.loop(10.5) and not c.session.pending()
     c.disconnect()
@@ -265,8 +265,8 @@ def test_subscriptions_changed_offline_reach_a_broker_that_kept_the_session(brok
         assert c.unsubscribe("os/%d/a" % v) is None and c.subscribe("os/%d/b" % v, 1, handler=collect(b)) is None
         assert c.connect()  # session present
         pub = client(broker_addr, "os-pub", version=v)
-        pub.publish("os/%d/a" % v, b"gone", 1)
-        pub.publish("os/%d/b" % v, b"new", 1)
+        pub.publish("os/%d/a" % v, b"gone", qos=1)
+        pub.publish("os/%d/b" % v, b"new", qos=1)
         until([c, pub], lambda: b, what="the message on the filter subscribed offline")
         c.loop(300)
         assert b == [("os/%d/b" % v, b"new", 1, False)] and not a and not other, (a, b, other)

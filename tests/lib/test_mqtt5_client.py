@@ -117,11 +117,11 @@ def test_outbound_aliases_bytes(scripted_addr):
     up = {0x26: [("k", "v")]}
     for topic, payload, props in (("a/1", b"1", None), ("a/1", b"2", None), ("a/2", b"3", up), ("a/2", b"4", up),
                                   ("a/3", b"5", None), ("a/1", b"6", None)):
-        c.publish(topic, payload, 0, props=props)
-    c.wait_published(c.publish("a/1", b"7", 1), 5)
+        c.publish(topic, payload, qos=0, props=props)
+    c.wait_published(c.publish("a/1", b"7", qos=1), 5)
     for n, payload in ((2, b"8"), (3, b"9")):
         until([c], lambda: len(ups) == n and c.connected, what="connection %d" % n)
-        c.publish("a/1", payload, 0)
+        c.publish("a/1", payload, qos=0)
     c.loop(100)
     c.disconnect()
 
@@ -146,7 +146,7 @@ def test_enhanced_auth_exchange_and_reauthentication(scripted_addr):
     assert c.session.server[0x16] == b"s2"  # the server's last word is in CONNACK
     c.reauthenticate({0x16: b"r1"}, timeout=5)
     assert seen == [(0x18, b"s1"), (0x18, b"s3"), (0, None)], seen
-    c.wait_published(c.publish("after", b"ok", 1), 5)  # the connection carries on
+    c.wait_published(c.publish("after", b"ok", qos=1), 5)  # the connection carries on
     e = raises(MQTTError, c.reauthenticate, {0x16: b"stale"}, 5)
     assert e.code == 0x87 and "token expired" in str(e), str(e)
     assert not c.connected
@@ -165,7 +165,7 @@ def test_aio_enhanced_auth_and_reauthentication(scripted_addr):
         assert c.session.server[0x16] == b"s2"
         await c.reauthenticate({0x16: b"r1"}, timeout=5)
         assert seen == [(0x18, b"s1"), (0x18, b"s3"), (0, None)], seen
-        await c.publish("after", b"ok", 1, wait_ack=True, timeout=5)  # the connection carries on
+        await c.publish("after", b"ok", qos=1, wait_ack=True, timeout=5)  # the connection carries on
         try:
             await c.reauthenticate({0x16: b"stale"}, 5)
         except MQTTError as e:
@@ -209,12 +209,12 @@ def test_server_capabilities_are_enforced_before_sending(scripted_addr):
     assert s._subs == []  # nothing registered either
     assert c.subscribe("a/b", 1, handler=collect(got)) == [1]
     assert s._subs[0].sid is None
-    e = raises(ValueError, c.publish, "t", b"r", 1, True)
+    e = raises(ValueError, c.publish, "t", b"r", qos=1, retain=True)
     assert "retained" in str(e), str(e)
-    e = raises(ValueError, c.publish, "t", b"q2", 2)
+    e = raises(ValueError, c.publish, "t", b"q2", qos=2)
     assert "QoS up to 1" in str(e), str(e)
     assert s.pending() == []  # refused messages were not stored
-    c.wait_published(c.publish("t", b"q1", 1), 5)
+    c.wait_published(c.publish("t", b"q1", qos=1), 5)
     until([c], lambda: got, what="the message, dispatched by topic")
     assert got == [("a/b", b"to-handler", 0, False)], got
     c.disconnect()
@@ -228,7 +228,7 @@ def test_outbound_aliases_against_mosquitto(broker_addr):
     assert pub.session._oalias_cap >= 1  # Mosquitto announces a Topic Alias Maximum
     topics = ["al/x", "al/y", "al/x", "al/x", "al/y"]
     for i, t in enumerate(topics):
-        pub.publish(t, b"%d" % i, 0)
+        pub.publish(t, b"%d" % i, qos=0)
     assert len(pub.session._oalias) == 2
     until([sub, pub], lambda: len(got) == len(topics), what="every aliased message")
     assert [g[0] for g in got] == topics, got  # the subscriber sees the full topic each time
@@ -263,8 +263,8 @@ def test_stored_messages_the_server_cannot_take_are_refused_not_resent_forever(l
     c = Client("lim-%d" % ticks_ms(), server=limited_addr[0], port=limited_addr[1], version=5, clean=False,
                session_expiry=60, backoff_min=0.02, backoff_max=0.1)
     c.on_published = lambda pid, reason: done.append((pid, reason))
-    ids = [c.publish("lim/q2", b"q2", 2), c.publish("lim/ret", b"ret", 1, True),
-           c.publish("lim/big", b"b" * 300, 1), c.publish("lim/ok", b"ok", 1)]
+    ids = [c.publish("lim/q2", b"q2", qos=2), c.publish("lim/ret", b"ret", qos=1, retain=True),
+           c.publish("lim/big", b"b" * 300, qos=1), c.publish("lim/ok", b"ok", qos=1)]
     until([c, sub], lambda: got, 5000, "the message the server can take")  # loop() connects
     c.loop(200)
     assert c.connected and not c.session.pending(), c.last_error
@@ -272,10 +272,10 @@ def test_stored_messages_the_server_cannot_take_are_refused_not_resent_forever(l
     assert got == [("lim/ok", b"ok", 1, False)], got
     # Now that the limits are known they are checked before anything is stored; a packet of exactly
     # the maximum goes (the estimate used to refuse packets up to 5 bytes short of it)
-    e = raises(ValueError, c.publish, "lim/big", b"b" * 186, 1)  # 201 bytes
+    e = raises(ValueError, c.publish, "lim/big", b"b" * 186, qos=1)  # 201 bytes
     assert "201 bytes" in str(e) and "maximum packet size 200" in str(e), str(e)
-    c.wait_published(c.publish("lim/big", b"b" * 185, 1), 5)  # 200 bytes
-    c.publish("lim/big", b"b" * 187, 0)  # QoS 0, no packet id: 200 bytes too
+    c.wait_published(c.publish("lim/big", b"b" * 185, qos=1), 5)  # 200 bytes
+    c.publish("lim/big", b"b" * 187, qos=0)  # QoS 0, no packet id: 200 bytes too
     until([c, sub], lambda: len(got) == 3, 5000, "the two messages of 200 bytes")
     assert c.connected and [g[2] for g in got] == [1, 1, 0], got
     c.disconnect()

@@ -52,7 +52,7 @@ def test_offline_messages_survive_a_reboot(broker_addr):
     try:
         NorFlash(path, blocks=8, block_size=4096, fresh=True).close()
         dev, c = boot(path, broker_addr)
-        pids = [c.publish("ob/x", b"%d" % i, 1 + i % 2) for i in range(N)]
+        pids = [c.publish("ob/x", b"%d" % i, qos=1 + i % 2) for i in range(N)]
         dev.close()  # reboot: nothing of the client survives but the flash
         dev, c = boot(path, broker_addr)
         assert c.session.pending() == pids, c.session.pending()
@@ -71,7 +71,7 @@ def test_offline_messages_survive_a_reboot(broker_addr):
 
 def _workload(c, accepted, watch):
     for i in range(N):
-        c.publish("ob/x", b"%d" % i, 1 + i % 2)
+        c.publish("ob/x", b"%d" % i, qos=1 + i % 2)
         accepted.append(i)
         c.loop(0)
         watch.loop(0)

@@ -135,29 +135,29 @@ def _client(addr, on_message=None, on_disconnect=None, **kw):
 
 def test_drop_after_publish_resends_with_dup_and_same_id(scripted_addr):
     c = _client(scripted_addr, clean=False)
-    assert c.publish("t", b"x", 1) == 1
+    assert c.publish("t", b"x", qos=1) == 1
     until([c], lambda: not c.session.pending(), what="PUBACK after the resend")
     assert c.session.stats_resent == 1
 
 
 def test_drop_after_pubrec_resends_pubrel(scripted_addr):
     c = _client(scripted_addr, clean=False)
-    c.publish("t", b"x", 2)
+    c.publish("t", b"x", qos=2)
     until([c], lambda: not c.session.pending(), what="PUBCOMP after the PUBREL resend")
 
 
 def test_unacked_messages_are_resent_in_original_order(scripted_addr):
     c = _client(scripted_addr, clean=False)
     for i, q in ((0, 1), (1, 2), (2, 1)):
-        c.publish("t", b"%d" % i, q)
+        c.publish("t", b"%d" % i, qos=q)
     until([c], lambda: not c.session.pending(), what="all acknowledged after the resend")
 
 
 def test_message_published_from_on_connect_goes_once_after_the_resends(scripted_addr):
     # It used to be sent before the resends and then once more, with DUP, among them.
     c = _client(scripted_addr, clean=False)
-    c.publish("t", b"old", 1)
-    c.on_connect = lambda present, reason: c.publish("t", b"new", 1)
+    c.publish("t", b"old", qos=1)
+    c.on_connect = lambda present, reason: c.publish("t", b"new", qos=1)
     until([c], lambda: c.session.stats_resent and not c.session.pending(), what="both acknowledged")
     c.disconnect()
 
@@ -171,7 +171,7 @@ def test_a_broker_that_stops_reading_times_the_send_out(scripted_addr):
     err = None
     while err is None and sent < 4000:  # 128 MB: far beyond any loopback socket's buffers
         try:
-            c.publish("t", big, 0)
+            c.publish("t", big, qos=0)
             sent += 1
         except OSError as e:
             err = e
@@ -198,7 +198,7 @@ def test_inbound_qos2_repeat_is_answered_not_redelivered(scripted_addr):
 
 def test_broker_that_lost_the_session_gets_the_qos2_message_again(scripted_addr):
     c = _client(scripted_addr, clean=False)
-    c.publish("t", b"x", 2)
+    c.publish("t", b"x", qos=2)
     until([c], lambda: not c.session.pending(), what="the republished message's PUBCOMP")
 
 
@@ -220,7 +220,7 @@ def test_unexpected_acks_change_nothing(scripted_addr):
     c = _client(scripted_addr, version=5)
     c.loop(300)
     assert c.connected
-    c.wait_published(c.publish("t", b"after", 1), 5)
+    c.wait_published(c.publish("t", b"after", qos=1), 5)
 
 
 def test_a_protocol_violation_during_a_reconnect_is_retried(scripted_addr):
@@ -288,7 +288,7 @@ def test_a_handler_that_waits_while_the_receive_buffer_fills(scripted_addr):
             return
         req = bytes(m.payload)
         view = m.payload  # into the receive buffer: its bytes stay where they were
-        c.wait_published(c.publish("ans", b"ans", 1), 5)
+        c.wait_published(c.publish("ans", b"ans", qos=1), 5)
         answered.append((req, bytes(view)))  # the request's bytes are still where they were
 
     c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], rx_size=512)
@@ -366,7 +366,7 @@ def test_messages_read_under_a_waiting_handler_keep_the_handlers_message_and_ack
     def on_message(m):
         seen.append((m.topic, bytes(m.payload), m.pid))
         if m.topic == "req":
-            c.wait_published(c.publish("ans", b"ans", 1), 5)
+            c.wait_published(c.publish("ans", b"ans", qos=1), 5)
             after.append((m.topic, bytes(m.payload), m.pid, m.qos))
 
     c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1])
@@ -384,7 +384,7 @@ def test_the_servers_receive_maximum_caps_the_window(scripted_addr):
     # unacknowledged (a PUBREL in flight still counts), the rest waits its turn, in order
     c = _client(scripted_addr, version=5, window=16)
     for i, q in ((0, 1), (1, 2), (2, 1), (3, 1)):
-        c.publish("t", b"%d" % i, q)
+        c.publish("t", b"%d" % i, qos=q)
     until([c], lambda: not c.session.pending(), 5000, "all four acknowledged")
 
 

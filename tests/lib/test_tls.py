@@ -110,7 +110,7 @@ def test_blocking_client_qos1_round_trip_over_verified_tls(tls_broker):
     assert c.subscribe("tls/blocking/#", 1, handler=collect(got)) == [1]
     sent = [("tls/blocking/%d" % i, b"reading %d " % i + b"x" * (i * 97), 1, False) for i in range(20)]
     for topic, payload, q, _ in sent:
-        assert c.publish(topic, payload, q) > 0
+        assert c.publish(topic, payload, qos=q) > 0
     c.wait_all(T)
     until([c], lambda: len(got) >= 20, T * 1000, "20 QoS 1 messages back over TLS")
     assert got == sent, got[:3]

@@ -54,7 +54,7 @@ def tern_rate(addr, qos, n, window, version=4):
     c.connect()
     t0 = time.perf_counter()
     for _ in range(n):
-        c.publish(b"bench/t", PAYLOAD, qos)
+        c.publish(b"bench/t", PAYLOAD, qos=qos)
     if qos:
         c.wait_all(120)
     dt = time.perf_counter() - t0
@@ -119,22 +119,22 @@ def h(m):
 c.subscribe("bench/rx", 0, handler=h)
 pl = bytes(64)
 for i in range(50):
-    c.publish(b"bench/other", pl, 0)
+    c.publish(b"bench/other", pl, qos=0)
 gc.collect(); gc.disable()
 a = gc.mem_alloc()
 for i in range(500):
-    c.publish(b"bench/other", pl, 0)
+    c.publish(b"bench/other", pl, qos=0)
 pub_alloc = (gc.mem_alloc() - a) / 500
 gc.enable()
 for i in range(50):
-    c.publish(b"bench/rx", pl, 0)
+    c.publish(b"bench/rx", pl, qos=0)
 while got[0] < 50:
     c.loop(5)
 gc.collect(); gc.disable()
 a = gc.mem_alloc()
 start = got[0]
 for i in range(200):
-    c.publish(b"bench/rx", pl, 0)
+    c.publish(b"bench/rx", pl, qos=0)
     c.loop(0)
 t0 = ticks_ms()
 while got[0] < start + 200 and ticks_diff(ticks_ms(), t0) < 10000:
@@ -146,7 +146,7 @@ for w in (1, 16):
     c.session.window = w
     t0 = ticks_ms()
     for i in range(n):
-        c.publish(b"bench/q1", pl, 1)
+        c.publish(b"bench/q1", pl, qos=1)
     c.wait_all(60)
     rates[w] = n * 1000 / max(1, ticks_diff(ticks_ms(), t0))
 c.disconnect()

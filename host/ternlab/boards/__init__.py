@@ -19,8 +19,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-BOARDS_DIR = ROOT / "boards"
+from ..paths import project_dir
+
+BOARDS_DIR = project_dir("boards")
 
 _REQUIRED = ("name", "emulated", "platform", "arch", "heap_bytes", "flash", "network", "sensors", "watchdog_ms", "capabilities")
 _SENSOR_KINDS = ("synthetic", "mcu_temp", "adc", "free_heap", "rssi", "uptime")
@@ -76,7 +77,7 @@ def load_profile(name_or_path):
         raise ValueError("%s: romfs must be null or {\"bytes\": size of the ROMFS partition}" % p)
     dflt = prof.get("defaults")
     if dflt is not None:
-        known = json.loads((ROOT / "firmware" / "config.example.json").read_text())
+        known = json.loads((project_dir("firmware") / "config.example.json").read_text())
         if not isinstance(dflt, dict) or set(dflt) - set(known):
             raise ValueError("%s: defaults must map config keys (firmware/config.example.json) to values; unknown: %s"
                              % (p, ", ".join(sorted(set(dflt) - set(known))) if isinstance(dflt, dict) else dflt))

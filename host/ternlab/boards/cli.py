@@ -2,8 +2,9 @@
 
   tern board run [--profile unix-emulated] [--dir DIR]   an emulated board in the foreground, its
                                                           REPL on this terminal (Ctrl-] quits)
-  tern deploy (--port PORT | --emulated DIR) [--config F] compile lib/tern and firmware/ with
-                                                          mpy-cross and copy them (mpremote's transport)
+  tern deploy (--port PORT | --emulated DIR) [--config F] compile lib/tern's device set and firmware/
+              [--app APPDIR]                              (or your APPDIR) with mpy-cross and copy
+                                                          them (mpremote's transport)
   tern flash --port PORT --firmware FILE [--profile P]    esptool: the MicroPython image plus the
                                                           profile's partition table (outbox partition)
   tern repl (--port PORT | --emulated DIR)                a terminal on a board's REPL
@@ -49,6 +50,8 @@ def add_subcommands(sub):
     d.add_argument("--config", metavar="FILE", help="copied to the board as config.json")
     d.add_argument("--file", action="append", default=[], metavar="LOCAL[:REMOTE]",
                    help="also copy this file as it is (repeatable), e.g. --file ca.pem for the firmware's TLS CA")
+    d.add_argument("--app", metavar="DIR", help="your app folder instead of the telemetry firmware (its .py "
+                   "files compiled, main.py and boot.py kept source, other files copied)")
     d.add_argument("--source", action="store_true", help="copy .py sources instead of compiling")
     d.add_argument("--romfs", action="store_true",
                    help="put the compiled modules in the board's ROMFS partition (run in place, off the heap)")
@@ -181,7 +184,7 @@ def cmd_deploy(args):
     from .deploy import deploy, deploy_romfs, plan
 
     try:
-        items = plan(config=args.config, files=args.file)
+        items = plan(config=args.config, files=args.file, app=args.app)
         if args.port:
             if not os.path.exists(args.port):
                 return _fail("deploy", "no serial port %s" % args.port)

@@ -4,7 +4,8 @@ With --romfs the compiled modules go into one ROMFS image instead (deploy_romfs)
 bytecode runs in place and costs the heap only its objects, as frozen code does.
 
 What goes where on the board's filesystem:
-  lib/tern/*.py          -> /lib/tern/*.mpy   (compiled for the profile's architecture)
+  lib/tern/*.py          -> /lib/tern/*.mpy   (compiled for the profile's architecture; the device
+                                               set of lib/tern/manifest.py: not the host codec)
   firmware/*.py          -> /*.mpy            (except manifest.py; main.py and boot.py stay
                                                source: the board runs them by those names)
   --config FILE          -> /config.json
@@ -19,7 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import ROOT, BoardError
+from ..devset import device_files
+from ..paths import lib_dir, project_dir
+from . import BoardError
 
 SOURCE_ONLY = ("main.py", "boot.py")
 # board-side snippets: make folders, remove files (neither minds what is already so)
@@ -27,18 +30,25 @@ _MKDIRS = "import os\nfor d in %r:\n try:\n  os.mkdir(d)\n except OSError:\n  pa
 _REMOVE = "import os\nfor p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n"
 
 
-def plan(root=ROOT, config=None, files=()):
-    """[(local path, remote path without extension change, compile?)]. files: extra files copied as
-    they are, each "LOCAL" (to the board's top folder under its own name) or "LOCAL:REMOTE" -- the
-    broker's CA for TLS, for instance."""
-    root = Path(root)
-    items = []
-    for p in sorted((root / "lib" / "tern").glob("*.py")):
-        items.append((p, "lib/tern/" + p.name, True))
-    for p in sorted((root / "firmware").glob("*.py")):
-        if p.name == "manifest.py":
-            continue
-        items.append((p, p.name, p.name not in SOURCE_ONLY))
+def plan(root=None, config=None, files=(), app=None):
+    """[(local path, remote path without extension change, compile?)]. root: a checkout (its lib/
+    and firmware/), by default the library this interpreter imports and the harness's firmware.
+    app: a user's app folder instead of the firmware: its .py files compiled (main.py and boot.py
+    kept source), its other files copied as they are, subfolders included.
+    files: extra files copied as they are, each "LOCAL" (to the board's top folder under its own
+    name) or "LOCAL:REMOTE" -- the broker's CA for TLS, for instance."""
+    lib, fw = (Path(root) / "lib", Path(root) / "firmware") if root else (lib_dir(), project_dir("firmware"))
+    items = [(p, "lib/" + remote, True) for p, remote in device_files(lib / "tern" / "manifest.py")]
+    if app is None:
+        items += [(p, p.name, p.name not in SOURCE_ONLY) for p in sorted(fw.glob("*.py")) if p.name != "manifest.py"]
+    else:
+        app = Path(app)
+        if not app.is_dir():
+            raise BoardError("app folder %s does not exist" % app)
+        for p in sorted(app.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".mpy"):
+                rel = p.relative_to(app).as_posix()
+                items.append((p, rel, p.suffix == ".py" and rel not in SOURCE_ONLY))
     if config:
         c = Path(config)
         if not c.is_file():

@@ -23,7 +23,8 @@ def add_subcommands(sub) -> None:
     r = fs.add_parser("run", help="run a scenario (TOML) with a seed",
                       description="Run N emulated boards with the scenario's fault schedule (drawn from the "
                       "seed), then check the ledger against what reached the broker.")
-    r.add_argument("scenario", help="scenario file (TOML), e.g. scenarios/smoke.toml")
+    r.add_argument("scenario", help="scenario file (TOML), e.g. scenarios/smoke.toml, or the name of "
+                   "a bundled one (smoke, demo, demo-short)")
     r.add_argument("--seed", type=seed_arg, default=None,
                    help="seed of the fault schedule (default: a random one, printed)")
     r.add_argument("--boards", type=int, default=None, help="number of boards (overrides the scenario)")

@@ -182,7 +182,7 @@ def send_commands(addr, messages, timeout=10.0):
     c.connect()
     try:
         for topic, payload in messages:
-            c.wait_published(c.publish(topic, payload, 2), timeout=timeout)
+            c.wait_published(c.publish(topic, payload, qos=2), timeout=timeout)
     finally:
         c.disconnect()
 

@@ -308,8 +308,14 @@ def parse_scenario(data: dict, *, name: str = "scenario", source: str | None = N
 
 
 def load_scenario(path) -> Scenario:
-    """Read and validate a scenario file (TOML)."""
+    """Read and validate a scenario file (TOML); a bare name (`smoke`, `demo.toml`) that is not a
+    file here names one of the scenarios shipped with the harness."""
     p = Path(path)
+    if not p.exists() and p.parent == Path("."):
+        from ..paths import project_dir
+
+        bundled = project_dir("scenarios") / (p.name if p.suffix == ".toml" else p.name + ".toml")
+        p = bundled if bundled.is_file() else p
     try:
         text = p.read_bytes()
     except OSError as e:

@@ -92,7 +92,7 @@ def publish_all(broker, msgs, client_id: str) -> None:
     c = Client(client_id, server=broker.host, port=broker.port, version=5)
     c.connect()
     for topic, payload, qos in msgs:
-        c.publish(topic, payload, qos)
+        c.publish(topic, payload, qos=qos)
     c.wait_all(20)
     c.disconnect()
 

@@ -28,7 +28,7 @@ for seq in range(n):
     ts = time.time()
     payload = json.dumps({"d": dev, "b": boot, "s": seq, "q": qos, "t": ts,
                           "r": {"temp": 20 + seq % 7, "hum": 40.5}})
-    c.publish(topic, payload, qos)
+    c.publish(topic, payload, qos=qos)
     print("LEDGER " + json.dumps({"device": dev, "boot": boot, "seq": seq, "qos": qos,
                                   "topic": topic, "sent_ts": ts}))
     c.loop(interval)

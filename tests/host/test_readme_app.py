@@ -1,0 +1,105 @@
+"""The README's device app, taken from README.md and run as written (only its `BROKER, PORT = ...` line
+pointed at the test's Mosquitto), on the MicroPython unix port with `tern` on MICROPYPATH and on an
+emulated board through `tern deploy --app` (issue 16). Its FileStore outbox keeps what it published
+while the broker was away across a kill -9, and the next run sends that first, in order."""
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tern.client import Client
+from ternlab.boards.emulated import EmulatedBoard, micropython_path
+
+ROOT = Path(__file__).resolve().parents[2]
+TERN = str(Path(sys.executable).with_name("tern"))
+BROKER_LINE = 'BROKER, PORT = "127.0.0.1", 1883'
+
+
+def readme_app(host, port):
+    section = (ROOT / "README.md").read_text().split("## A device app", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert code.count(BROKER_LINE) == 1, "the README's app no longer names its broker in one line"
+    return code.replace(BROKER_LINE, "BROKER, PORT = %r, %d" % (host, port))
+
+
+def subscriber(broker, name):
+    got = []
+    c = Client(name, server=broker.host, port=broker.port, reconnect=False)
+    c.subscribe("tern/sensor-7/telemetry", qos=1, handler=lambda m: got.append(json.loads(bytes(m.payload))["n"]))
+    c.connect()
+    return c, got
+
+
+def until(client, cond, what, timeout=30):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out waiting for " + what
+        client.loop(100)
+
+
+class Device:
+    """The app on the unix port, its console collected by a thread."""
+
+    def __init__(self, app, cwd):
+        env = {"MICROPYPATH": ".frozen:%s" % (ROOT / "lib"), "PATH": "/usr/bin:/bin"}
+        self.proc = subprocess.Popen([micropython_path(), str(app)], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def test_the_readme_app_runs_on_the_unix_port_and_its_outbox_survives_a_kill(tmp_path, broker):
+    app = tmp_path / "app.py"
+    app.write_text(readme_app(broker.host, broker.port))
+    sub, got = subscriber(broker, "readme-sub")
+    dev = Device(app, tmp_path)
+    try:
+        until(sub, lambda: len(got) >= 2, "the app's first readings")
+        assert got[:2] == [1, 2]
+        sub.publish("cmd/sensor-7/led", b"on", qos=1)
+        until(sub, lambda: "cmd/sensor-7/led b'on'\n" in dev.lines, "the command handler's line")
+        # the broker goes away: the app goes on publishing into its outbox, then loses its power
+        broker.stop()
+        time.sleep(3.5)
+        dev.kill()
+        assert "Traceback" not in "".join(dev.lines), dev.lines
+        seen = max(got)
+        assert any((tmp_path / "outbox").iterdir())
+        broker.restart()
+        sub2, got2 = subscriber(broker, "readme-sub2")
+        dev = Device(app, tmp_path)
+        until(sub2, lambda: 1 in got2 and len(got2) > got2.index(1) + 1, "the second run's readings")
+        resent = got2[: got2.index(1)]  # before the new run's first reading: the old run's outbox
+        assert resent and resent == sorted(resent) and max(resent) > seen, (seen, got2)
+        assert set(range(1, max(resent) + 1)) <= set(got) | set(resent)  # nothing published was lost
+    finally:
+        dev.kill()
+
+
+def test_tern_deploy_app_puts_the_readme_app_on_an_emulated_board(tmp_path, broker):
+    appdir = tmp_path / "myapp"
+    appdir.mkdir()
+    (appdir / "main.py").write_text(readme_app(broker.host, broker.port))
+    (appdir / "util.py").write_text("X = 1\n")
+    r = subprocess.run([TERN, "deploy", "--emulated", tmp_path / "board", "--app", appdir], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "util.mpy" in r.stdout and "telemetry" not in r.stdout and "codec" not in r.stdout, r.stdout
+    sub, got = subscriber(broker, "deploy-sub")
+    board = EmulatedBoard("unix-emulated", workdir=tmp_path / "board")  # boots: main.py is the app
+    try:
+        until(sub, lambda: len(got) >= 2, "the deployed app's readings")
+        assert got[:2] == [1, 2]
+    finally:
+        board.close()
+    r = subprocess.run([TERN, "deploy", "--emulated", tmp_path / "b2", "--app", tmp_path / "none"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "app folder %s does not exist" % (tmp_path / "none") in r.stderr
