@@ -203,7 +203,6 @@ def _figure(height=4.0):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams["svg.fonttype"] = "none"  # text stays text: searchable, and readable by a test
     fig, ax = plt.subplots(figsize=(9, height), dpi=100)
     return plt, fig, ax
 
@@ -211,7 +210,8 @@ def _figure(height=4.0):
 def _svg(plt, fig) -> str:
     buf = io.StringIO()
     fig.tight_layout()
-    fig.savefig(buf, format="svg")
+    with plt.rc_context({"svg.fonttype": "none"}):  # text stays text: searchable, readable by a test
+        fig.savefig(buf, format="svg")
     plt.close(fig)
     text = buf.getvalue()
     return text[text.index("<svg"):]  # no XML prolog or DOCTYPE inside the HTML page
