@@ -224,6 +224,7 @@ def _overlay(ax, spans: list[dict], axis: _Axis) -> None:
     top = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
     seen = set()
     min_w = (axis.t1 - axis.t0) / axis.unit / 300
+    last, level = None, 0  # numbers of faults that start close together go on separate rows
     for s in spans:
         color, name = FAULT_STYLE.get(s["kind"], ("#555555", s["kind"]))
         a, b = axis.x(s["start"]), axis.x(s["end"] if s["end"] is not None else axis.t1)
@@ -233,7 +234,9 @@ def _overlay(ax, spans: list[dict], axis: _Axis) -> None:
             ax.axvspan(a, b, color=color, alpha=0.18, lw=0, label=label)
         else:
             ax.axvline(a, color=color, alpha=0.6, lw=1.2, label=label)
-        ax.text(a, 1.0, f"#{s['index']}", transform=top, fontsize=7, color=color, va="bottom")
+        level = level + 1 if last is not None and a - last < 10 * min_w and level < 2 else 0
+        last = a
+        ax.text(a, 1.0 + 0.045 * level, f"#{s['index']}", transform=top, fontsize=7, color=color, va="bottom")
 
 
 def delivery_rows(land, t0: float, bucket: float) -> dict:
