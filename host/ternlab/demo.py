@@ -114,7 +114,7 @@ def run(args) -> int:
     console.print(f"output in {out.resolve()}")
     console.print(f"replay: {replay}")
     t0 = time.monotonic()
-    spark = _SparkStarter(args.master)
+    spark = _SparkStarter(args.master, out / "spark.log")
     result = _run_fleet(console, scenario, seed, out, replay, spark)
     if result is None:
         spark.stop()
@@ -125,10 +125,12 @@ def run(args) -> int:
 
 class _SparkStarter:
     """The Spark session, started in a thread once the boards run: the JVM's start (tens of seconds on a
-    busy small machine) overlaps the fleet instead of following it."""
+    busy small machine) overlaps the fleet instead of following it. The JVM's own output (its warnings,
+    log4j's console lines) goes to ``jvm_log``, not into the live view."""
 
-    def __init__(self, master):
+    def __init__(self, master, jvm_log):
         self.master = master
+        self.jvm_log = jvm_log
         self.session = None
         self.error = None
         self.thread = None
@@ -144,7 +146,7 @@ class _SparkStarter:
         from .pipeline.session import build_session
 
         try:
-            self.session = build_session("tern-demo", self.master, SPARK_CONFS)
+            self.session = build_session("tern-demo", self.master, SPARK_CONFS, jvm_log=str(self.jvm_log))
         except Exception as e:
             self.error = e
 
@@ -207,7 +209,8 @@ def _run_spark(console, out: Path, starter):
         spark = starter.get()
         summary = run_audit(spark, landing, str((out / "audit").resolve()), ledger=str((out / "ledger.jsonl").resolve()))
         rows = run_rollup(spark, landing, str((out / "rollup").resolve()), window=ROLLUP_WINDOW)
-        report = run_report(spark, str((out / "audit").resolve()), str((out / "report").resolve()), console=console)
+        report = run_report(spark, str((out / "audit").resolve()), str((out / "report").resolve()),
+                            faults=str((out / "faults.jsonl").resolve()), console=console)
         console.print(f"rollup: {rows} rows ({ROLLUP_WINDOW} windows) in {out / 'rollup'}; "
                       f"Spark took {time.monotonic() - t0:.1f} s")
         return summary, report
@@ -239,6 +242,8 @@ def _verdict(console, result, summary, report, out, seed, replay, elapsed) -> in
         counts = "; ".join(f"QoS {k}: {v['expected']} expected, {v['unique']} landed, {v['lost']} lost, "
                            f"{v['duplicated']} duplicated" for k, v in sorted(q.items()))
         console.print(counts)
+    if (out / "spark.log").exists():
+        console.print(f"Spark's own output (JVM warnings, log4j): {(out / 'spark.log').resolve()}")
     console.print(f"demo took {elapsed:.1f} s; output in {out.resolve()}")
     if reasons:
         console.print("[bold red]FAIL[/]: " + "; ".join(reasons))

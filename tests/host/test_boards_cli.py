@@ -102,10 +102,38 @@ def test_tern_flash_checks_its_inputs(tmp_path, capsys):
                         "--table-out", table, "--profile", "esp32-s3")
     assert rc == 0, err
     lines = out.splitlines()
-    assert lines[0] == "tern flash: -m esptool --chip esp32s3 --port /dev/ttyUSB9 --baud 460800 erase-flash"
-    assert lines[1] == ("tern flash: -m esptool --chip esp32s3 --port /dev/ttyUSB9 --baud 460800 write-flash -z 0x0 %s 0x8000 %s"
-                        % (fw, table))
+    esptool = "%s -m esptool --chip esp32s3 --port /dev/ttyUSB9 --baud 460800" % sys.executable
+    assert lines[0] == esptool + " erase-flash"
+    assert lines[1] == esptool + " write-flash -z 0x0 %s 0x8000 %s" % (fw, table)
     assert table.read_bytes() == profile_table(load_profile("esp32-s3"))[1]
+
+
+def test_tern_flash_dry_run_prints_commands_a_shell_runs(tmp_path, capsys):
+    # it printed "tern flash: -m esptool ..." with the python left out, paths unquoted, and a partition
+    # table in a temporary folder removed on exit: nothing of it could be pasted into a shell
+    fw = tmp_path / "my firmware" / "fw.bin"
+    fw.parent.mkdir()
+    fw.write_bytes(b"\xe9" + bytes(4095))
+    m, s = os.openpty()
+    try:
+        rc, out, err = tern(capsys, "flash", "--port", os.ttyname(s), "--firmware", fw, "--dry-run")
+        assert rc == 0, err
+        (line,) = out.splitlines()
+        table = Path(re.search(r"the partition table is in (\S+) \(kept", err).group(1))
+        try:
+            assert table.read_bytes() == profile_table(load_profile("esp32-generic"))[1]
+            assert line.endswith("0x8000 %s" % table) and "'%s'" % fw in line
+            # pasted into a shell: esptool gets every argument, finds both files, and fails only at
+            # connecting (no chip on this pty)
+            r = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=120)
+        finally:
+            table.unlink()
+    finally:
+        os.close(m)
+        os.close(s)
+    text = r.stdout + r.stderr
+    assert r.returncode != 0 and "Failed to connect to ESP32" in text, text
+    assert "Usage" not in text and "No such file" not in text
 
 
 def test_esptool_accepts_the_flash_command_line(tmp_path):
@@ -218,3 +246,94 @@ def test_tern_board_run_gives_the_repl_to_the_terminal_and_keeps_the_flash(tmp_p
         assert r.returncode == 1 and b"in use by another process" in r.stderr
     finally:
         holder.close()
+
+
+class _Lines:
+    """The lines a process prints on one of its pipes, read in a thread; wait(pattern) for one."""
+
+    def __init__(self, pipe):
+        import queue
+        import threading
+
+        self.lines, self.q = [], queue.Queue()
+        threading.Thread(target=self._read, args=(pipe,), daemon=True).start()
+
+    def _read(self, pipe):
+        for raw in iter(pipe.readline, b""):
+            self.q.put(raw.decode(errors="replace").rstrip("\r\n"))
+
+    def wait(self, pattern, timeout=30):
+        import queue
+        import time
+
+        end = time.monotonic() + timeout
+        for ln in self.lines:
+            if re.search(pattern, ln):
+                return ln
+        while True:
+            try:
+                ln = self.q.get(timeout=max(end - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise AssertionError("no line matching %r in %r" % (pattern, self.lines[-20:])) from None
+            self.lines.append(ln)
+            if re.search(pattern, ln):
+                return ln
+
+
+WRITE_FILES = "for i in range(30):\r f = open('f%d.txt' % i, 'w'); f.write('x' * 100); f.close(); print('wrote', i)\r\r"
+
+
+def test_tern_board_run_shows_the_power_cut_and_powers_back_on_from_a_key(tmp_path):
+    # the cut used to show only in console.log: the terminal went silent, with no key to power back on
+    p = subprocess.Popen([TERN, "board", "run", "--dir", str(tmp_path / "b"), "--cut-at", "12"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = _Lines(p.stdout), _Lines(p.stderr)
+    try:
+        assert "Ctrl-T p powers the board on" in err.wait("Ctrl-] quits")
+        p.stdin.write(WRITE_FILES.encode())
+        p.stdin.flush()
+        cut = err.wait(r"\[tern\] power cut")
+        assert re.search(r"power cut at flash operation 12 \(.*\) -- the board is off: Ctrl-T p powers", cut), cut
+        p.stdin.write(b"\x14p")  # Ctrl-T p
+        p.stdin.flush()
+        err.wait(r"\[tern\] power on$")
+        p.stdin.write(b"import os; print(len([n for n in os.listdir() if n.startswith('f')]) > 0, 6 * 7)\r")
+        p.stdin.flush()
+        out.wait(r"True 42")
+        p.stdin.write(b"\x1d")
+        p.stdin.flush()
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_tern_board_run_headless_leaves_the_port_to_mpremote(tmp_path):
+    p = subprocess.Popen([TERN, "board", "run", "--headless", "--dir", str(tmp_path / "b"), "--cut-at", "12"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    out = _Lines(p.stdout)
+    mpremote = [str(Path(sys.executable).with_name("mpremote")), "connect"]
+    try:
+        port = re.search(r" on (/dev/pts/\d+), .*headless", out.wait("headless")).group(1)
+        # mpremote has the port to itself (resume: no soft reset, which would restart the cut count)
+        m = subprocess.Popen(mpremote + [port, "resume", "exec", WRITE_FILES.replace("\r", "\n")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        try:
+            out.wait(r"^\[tern\] power cut at flash operation 12 ")
+        finally:
+            m.kill()  # it waits for a board that lost power, as it would for a real one
+            written = m.communicate()[0].decode()
+        assert "wrote 0" in written and "wrote 29" not in written
+        p.stdin.write(b"on\n")
+        p.stdin.flush()
+        out.wait(r"^\[tern\] power on$")
+        r = subprocess.run(mpremote + [port, "resume", "exec", "import os; print(sorted(os.listdir()))"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "'f0.txt'" in r.stdout, r.stdout + r.stderr
+        p.stdin.write(b"quit\n")
+        p.stdin.flush()
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+        p.wait()

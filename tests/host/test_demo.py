@@ -37,7 +37,15 @@ def test_the_short_demo_passes_through_every_kind_of_fault(tmp_path):
     assert sorted(devices) == ["board-000", "board-001"] and min(devices.values()) > 20
     report = out / "report" / "index.html"
     assert f"report: {report.resolve()}" in r.stdout
-    assert report.stat().st_size > 0 and all((out / "report" / p).exists() for p in ("delivery.png", "latency.png"))
+    # one self-contained page: the three plots inline, the faults of the run drawn and listed
+    assert [p.name for p in (out / "report").iterdir()] == ["index.html"]
+    page = report.read_text()
+    assert page.count("<svg") >= 2 and "Verdict: PASS" in page and "collector_kill" in page
+    # the JVM's own lines (its warnings, log4j's) went to a log named at the end, not into the live view
+    jvm = out / "spark.log"
+    assert "log4j" in jvm.read_text() and f"Spark's own output (JVM warnings, log4j): {jvm.resolve()}" in r.stdout
+    for noise in ("WARNING: Using incubator modules", "default log4j profile", "NativeCodeLoader", "SPARK_LOCAL_IP"):
+        assert noise not in r.stdout and noise not in r.stderr, noise
     assert list((out / "rollup").glob("*.parquet"))
 
     faults = [json.loads(x) for x in (out / "faults.jsonl").read_text().splitlines()]
@@ -52,6 +60,8 @@ def test_the_short_demo_passes_through_every_kind_of_fault(tmp_path):
     (kill,) = [f for f in faults if f["kind"] == "collector_kill" and f["status"] == "injected"]
     assert kill["detail"].startswith("SIGKILL with ") and not kill["detail"].startswith("SIGKILL with 0 ")
     assert seen[("collector_kill", kill["target"])] == ["injected", "restored"]
+    # the schedule printed before the run names the collector as the fault record does
+    assert f"#{kill['index']} SIGKILL {kill['target']}, restarted" in r.stdout
     # the fault lines were printed as they happened
     for f in faults:
         assert f"fault #{f['index']} {f['kind']} {f['target']}: {f['status']}" in r.stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ternlab.fleet.scenario import ScenarioError, load_scenario, parse_scenario
-from ternlab.fleet.schedule import make_schedule
+from ternlab.fleet.schedule import collector_id, make_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
@@ -126,7 +126,7 @@ def test_adding_a_fault_entry_leaves_the_others_where_they_were():
 
 def test_the_schedule_is_the_same_in_another_process():
     """No hash randomisation or clock leaks into it: a fresh interpreter draws the same faults."""
-    code = ("from ternlab.fleet.scenario import load_scenario; from ternlab.fleet.schedule import make_schedule;"
+    code = ("from ternlab.fleet.scenario import load_scenario; from ternlab.fleet.schedule import collector_id, make_schedule;"
             "print([f.as_dict() for f in make_schedule(load_scenario(%r), 5)])" % str(ROOT / "scenarios/demo.toml"))
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": h}).stdout for h in ("1", "2")}
@@ -153,7 +153,10 @@ def test_per_board_faults_hit_every_board_and_collector_kills_name_a_collector()
     assert all(2 <= f.t <= 8 and 1 <= f.params["flash_op"] <= 9 for f in cuts)
     kills = [f for f in a if f.kind == "collector_kill"]
     assert len(kills) == 3 and all(f.target in (0, 1) and 1 <= f.params["down"] <= 2 for f in kills)
-    assert "SIGKILL collector" in kills[0].describe()
+    # the schedule names a collector by its id, as the fault records and collectors/<id>.log do
+    # (it said "collector 0" for the process whose id and fault records say collector-1)
+    assert f"SIGKILL {collector_id(kills[0].target)}, restarted" in kills[0].describe()
+    assert [collector_id(i) for i in range(2)] == ["collector-1", "collector-2"]  # the ids docs/demo.md names
 
 
 def test_the_demo_scenarios_cut_power_on_every_board_and_stretch_with_the_duration():

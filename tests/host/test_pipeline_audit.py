@@ -301,3 +301,135 @@ def test_without_master_spark_defaults_decide_and_the_summary_says_where_it_ran(
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["spark"]["master"] == "local[1]", summary["spark"]
     assert summary["totals"]["lost"] == 0 and summary["totals"]["unique"] == 2, summary["totals"]
+
+
+def _landed_and_ledger(fleet_set):
+    """(copies per message key, ledger keys with their send time) read with pyarrow, not Spark."""
+    import glob
+
+    import pyarrow.parquet as pq
+    from collections import Counter
+
+    copies = Counter()
+    for f in glob.glob(fleet_set.landing + "/date=*/hour=*/*.parquet"):
+        for r in pq.read_table(f, columns=["device", "boot", "qos", "seq"]).to_pylist():
+            copies[(r["device"], r["boot"], r["qos"], r["seq"])] += 1
+    ledger = {}
+    for f in glob.glob(fleet_set.ledger + "/*.parquet"):
+        for r in pq.read_table(f, columns=["device", "boot", "qos", "seq", "sent_ts"]).to_pylist():
+            ledger[(r["device"], r["boot"], r["qos"], r["seq"])] = r["sent_ts"]
+    return copies, ledger
+
+
+def test_problem_list_names_each_lost_duplicated_and_reordered_message(spark, fleet_set, tmp_path):
+    # the audit used to give only counts: which (device, boot, seq) to look for in a console was left
+    # to the reader; now <out>/problems lists them all and summary.json the first MAX_LISTED of each
+    out = str(tmp_path / "a")
+    summary = audit.run_audit(spark, fleet_set.landing, out, ledger=fleet_set.ledger)
+    copies, ledger = _landed_and_ledger(fleet_set)
+    rows = [r.asDict() for r in spark.read.parquet(out + "/problems").collect()]
+    lost = {(r["device"], r["boot"], r["qos"], s) for r in rows if r["kind"] == "lost"
+            for s in range(r["seq"], r["seq_to"] + 1)}
+    assert lost == set(ledger) - set(copies)
+    for r in rows:  # a lost row is a run of consecutive seqs, dated by the first one's send time
+        if r["kind"] == "lost":
+            assert r["count"] == r["seq_to"] - r["seq"] + 1
+            assert r["ts"] == ledger[(r["device"], r["boot"], r["qos"], r["seq"])]
+            assert (r["device"], r["boot"], r["qos"], r["seq"] - 1) not in lost
+    dups = {(r["device"], r["boot"], r["qos"], r["seq"]): r["count"] for r in rows if r["kind"] == "duplicated"}
+    assert dups == {k: n - 1 for k, n in copies.items() if n > 1}
+    reordered = [r for r in rows if r["kind"] == "reordered"]
+    assert all(copies[(r["device"], r["boot"], r["qos"], r["seq"])] for r in reordered)
+    for kind in audit.PROBLEM_KINDS:
+        got = summary["problems"][kind]
+        assert got["messages"] == summary["totals"][kind] > 0, kind
+        assert got["rows"] == sum(r["kind"] == kind for r in rows)
+        assert len(got["listed"]) == min(got["rows"], audit.MAX_LISTED)
+        # QoS >= 1 first: the guarantee's breaches are never pushed out of the list by QoS 0 losses
+        qos0 = [p["qos"] == 0 for p in got["listed"]]
+        assert qos0 == sorted(qos0)
+    assert summary["problems"]["path"] == out + "/problems"
+
+
+def test_problem_list_without_ledger_is_the_gaps_inside_each_boot(spark, fleet_set, fleet_audit):
+    out, summary = fleet_audit
+    copies, _ = _landed_and_ledger(fleet_set)
+    top = {}
+    for d, b, q, s in copies:
+        top[(d, b, q)] = max(top.get((d, b, q), -1), s)
+    gaps = {(d, b, q, s) for (d, b, q), m in top.items() for s in range(m) if (d, b, q, s) not in copies}
+    rows = spark.read.parquet(out + "/problems").filter("kind = 'lost'").collect()
+    assert {(r["device"], r["boot"], r["qos"], s) for r in rows for s in range(r["seq"], r["seq_to"] + 1)} == gaps
+    assert summary["problems"]["lost"]["messages"] == summary["totals"]["lost"] == len(gaps)
+
+
+def test_audit_problems_flag_lists_them_and_piped_tables_keep_every_column(spark, fleet_set, tmp_path, capsys):
+    # piped (capsys is not a terminal), rich used to shrink the table to 80 columns: "┃ Q… ┃ expect… ┃"
+    assert cli.main(["audit", fleet_set.landing, "--out", str(tmp_path / "a"), "--ledger",
+                     fleet_set.ledger, "--problems"]) == 1
+    out = capsys.readouterr().out
+    assert "┃ QoS ┃ expected ┃ received ┃ unique ┃ lost ┃ dup ┃ reord ┃ p50 ms ┃ p95 ms ┃ p99 ms ┃" in out
+    assert "…" not in out
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    for kind in audit.PROBLEM_KINDS:
+        got = summary["problems"][kind]
+        assert f"{kind}: {got['messages']} message(s) in {got['rows']} row(s)" in out
+    first = summary["problems"]["lost"]["listed"][0]
+    line = next(ln for ln in out.splitlines() if f" {first['device']} " in ln and ln.split("│")[4].strip()
+                == (str(first["seq"]) if first["seq"] == first["seq_to"] else f"{first['seq']}-{first['seq_to']}"))
+    assert line.split("│")[2].strip() == str(first["boot"]) and line.split("│")[3].strip() == str(first["qos"])
+    assert f"complete list: {tmp_path / 'a' / 'problems'} (Parquet)" in out
+
+
+_LISTENING = r'''
+import json, os, sys
+from ternlab.pipeline.session import build_session
+s = build_session("t", sys.argv[1] if len(sys.argv) > 1 else None, {"spark.ui.enabled": "false"},
+                  jvm_log=os.environ["JVM_LOG"])
+s.range(3).count()
+from pyspark import SparkContext
+pid = SparkContext._gateway.proc.pid
+inodes = set()
+for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+        link = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        continue
+    if link.startswith("socket:["):
+        inodes.add(link[8:-1])
+addrs = []
+for table in ("tcp", "tcp6"):
+    for line in open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]:
+        f = line.split()
+        if f[3] == "0A" and f[9] in inodes:  # LISTEN
+            addrs.append(f[1].split(":")[0])
+print(json.dumps({"listen": addrs, "host": s.conf.get("spark.driver.host"),
+                  "bind": s.conf.get("spark.driver.bindAddress", None)}))
+'''
+LOOPBACK_HEX = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1 in /proc/net/tcp and tcp6
+
+
+@pytest.mark.parametrize("master", ["local[1]", None])
+def test_a_local_driver_listens_on_loopback_only_and_its_jvm_lines_go_to_the_log(tmp_path, master):
+    # without SPARK_LOCAL_IP the driver bound to the host's external interface, and the JVM warned
+    # on the terminal that it used eth0's address ("Set SPARK_LOCAL_IP if you need to bind...")
+    log = tmp_path / "jvm.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_LOCAL_IP", "PYSPARK_SUBMIT_ARGS")}
+    env.update(JVM_LOG=str(log), SPARK_CONF_DIR=str(tmp_path))  # no spark-defaults.conf: local[*]
+    r = subprocess.run([sys.executable, "-c", _LISTENING, *([master] if master else [])], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["host"] == got["bind"] == "127.0.0.1"
+    assert got["listen"] and set(got["listen"]) <= LOOPBACK_HEX, got
+    assert "log4j" in log.read_text()
+    for noise in ("log4j", "WARN", "SPARK_LOCAL_IP", "incubator"):
+        assert noise not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_cluster_master_gets_no_loopback_driver():
+    # the executors of a cluster must reach the driver: spark.driver.host is the user's (docs/pipeline.md)
+    from ternlab.pipeline.session import loopback_confs
+
+    assert loopback_confs("spark://10.0.0.5:7077") == {} and loopback_confs("yarn") == {}
+    assert loopback_confs("local[2]") == {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}

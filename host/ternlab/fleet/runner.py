@@ -38,7 +38,7 @@ from pathlib import Path
 
 from ..telemetry import write_ledger
 from .scenario import Scenario
-from .schedule import Fault, check_seed, make_schedule
+from .schedule import Fault, check_seed, collector_id, make_schedule
 
 # Firmware settings the fleet uses unless the scenario's [firmware] table says otherwise: a fleet run
 # lasts seconds, so reconnect quickly and notice a dead link soon.
@@ -80,6 +80,7 @@ class FaultRecord:
     status: str
     target: str                 # board name, "broker" or a collector id
     detail: str = ""
+    ts: float = field(default_factory=time.time)  # wall clock, to line faults up with landing times
 
     def line(self) -> str:
         return f"t={self.t:7.2f}s fault #{self.fault.index} {self.fault.kind} {self.target}: {self.status}" + (
@@ -88,7 +89,7 @@ class FaultRecord:
     def as_dict(self) -> dict:
         return {"t": round(self.t, 3), "index": self.fault.index, "kind": self.fault.kind,
                 "target": self.target, "status": self.status, "detail": self.detail,
-                "scheduled_t": self.fault.t, **self.fault.params}
+                "ts": round(self.ts, 3), "scheduled_t": self.fault.t, **self.fault.params}
 
 
 @dataclass
@@ -510,7 +511,7 @@ class Fleet:
 
         self.landing = LandingIndex(self.out / "landing")
         for i in range(spec.count):
-            cid = f"collector-{i + 1}"
+            cid = collector_id(i)
             self.collectors.append(_CollectorSlot(CollectorProc(
                 cid, self.out / "landing", self.out / "collectors" / f"{cid}.log", host=self.broker.host,
                 port=self.broker.port, topic=topic, group=spec.group, batch_time=spec.batch_time)))

@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from .scenario import Scenario, ScenarioError
 
 
+def collector_id(index: int) -> str:
+    """The id of the collector a ``collector_kill`` targets by index: the one name the schedule, the
+    fault records and the collectors' logs use."""
+    return f"collector-{index + 1}"
+
+
 @dataclass(frozen=True)
 class Fault:
     """One scheduled fault. t: seconds after the fleet started; target: board index (None: the broker;
@@ -32,7 +38,7 @@ class Fault:
     params: dict = field(default_factory=dict)
 
     def describe(self, board_names=None) -> str:
-        who = "broker" if self.target is None else f"collector {self.target}" if self.kind == "collector_kill" \
+        who = "broker" if self.target is None else collector_id(self.target) if self.kind == "collector_kill" \
             else (board_names[self.target] if board_names else f"board {self.target}")
         p = self.params
         if self.kind == "power_cut":

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
+from ..term import print_table
 from .runner import Callbacks
 
 _STYLE = {"injected": "yellow", "armed": "yellow", "fired": "red", "restored": "green", "skipped": "dim",
@@ -90,7 +91,7 @@ class FleetView(Callbacks):
         for name, b in result.boards.items():
             t.add_row(name, str(b["boots"]), str(b["published"]), str(b["acked"]), str(b["received"]),
                       str(b["lost"]), str(b["power_cuts"]), str(b["network_cuts"]))
-        self.console.print(t)
+        print_table(self.console, t)
         dups = ", ".join(f"QoS {q}: {n}" for q, n in sorted(result.duplicates.items()) if n) or "none"
         self.console.print(f"ledger {result.ledger_rows} rows, duplicates {dups}; output in {result.out}")
         if result.landing is not None:

@@ -23,6 +23,11 @@ Definitions (one *message* is a distinct ``(device, boot, qos, seq)``; a *copy* 
 
 Verdict: fails when any QoS >= 1 message is lost or any QoS 2 message is duplicated.
 
+Which messages: ``<out>/problems`` (Parquet) lists every loss, duplicate and reordering by
+``(device, boot, qos, seq)`` -- a run of consecutive lost seqs is one row ``seq..seq_to`` -- with the
+time it shows on a timeline (see ``problems()``); ``summary.json`` carries the first ``MAX_LISTED`` of
+each kind, QoS >= 1 first, so a failure can be traced to a device's console and the fault behind it.
+
 Input that cannot be audited is an error, never a silent result: a landing or ledger row without a
 usable key (device, boot, seq >= 0, qos 0..2; landing: recv_ts) -- such a row would count as a
 message of its own and hide a loss -- and a landing set with no rows and no ledger.
@@ -180,11 +185,73 @@ def messages(landing: DataFrame) -> DataFrame:
     )
 
 
+PROBLEM_KINDS = ("lost", "duplicated", "reordered")
+PROBLEM_COLS = ["kind", "device", "boot", "qos", "seq", "seq_to", "count", "ts"]
+MAX_LISTED = 200  # rows of each kind in summary.json; <out>/problems holds them all
+
+
+def problems(m: DataFrame, ledger: DataFrame | None = None) -> DataFrame:
+    """Which messages were lost, duplicated or reordered, from ``messages()`` (and the ledger):
+    rows ``(kind, device, boot, qos, seq, seq_to, count, ts)``.
+
+    - ``lost``: one row per run of consecutive lost seqs of a stream, ``seq..seq_to``, ``count`` of
+      them; ``ts`` is the ledger's send time of the first (with a ledger), else the arrival of the
+      first message after the gap (tail losses are invisible without a ledger);
+    - ``duplicated``: one row per message received more than once, ``count`` extra copies, ``ts`` its
+      last arrival;
+    - ``reordered``: one row per reordered message (``count`` 1), ``ts`` its final arrival.
+
+    The counts add up to the audit's ``lost``, ``duplicated`` and ``reordered``.
+    """
+    def one(df, kind, seq_to, count, ts):
+        return df.select(F.lit(kind).alias("kind"), "device", "boot", "qos", "seq",
+                         seq_to.alias("seq_to"), count.cast("long").alias("count"),
+                         ts.cast("double").alias("ts"))
+
+    w = Window.partitionBy(*STREAM).orderBy("seq")
+    if ledger is not None:
+        missing = (ledger.select(*KEY, "sent_ts").dropDuplicates(KEY)
+                   .join(m.select(*KEY), KEY, "left_anti"))
+        # gaps and islands: consecutive seqs share seq - row_number
+        runs = (missing.withColumn("_run", F.col("seq") - F.row_number().over(w))
+                .groupBy(*STREAM, "_run")
+                .agg(F.min("seq").alias("seq"), F.max("seq").alias("_to"),
+                     F.count(F.lit(1)).alias("_n"), F.min_by("sent_ts", "seq").alias("_ts")))
+        lost = one(runs, "lost", F.col("_to"), F.col("_n"), F.col("_ts"))
+    else:
+        gaps = (m.select(*STREAM, "seq", "first_recv_ts", F.lag("seq", 1, -1).over(w).alias("_prev"))
+                .filter(F.col("seq") - F.col("_prev") > 1)
+                .select(*STREAM, (F.col("_prev") + 1).alias("seq"), (F.col("seq") - 1).alias("_to"),
+                        (F.col("seq") - F.col("_prev") - 1).alias("_n"), "first_recv_ts"))
+        lost = one(gaps, "lost", F.col("_to"), F.col("_n"), F.col("first_recv_ts"))
+    dup = one(m.filter(F.col("copies") > 1), "duplicated", F.col("seq"), F.col("copies") - 1,
+              F.col("final_recv_ts"))
+    reo = one(m.filter(F.col("reordered")), "reordered", F.col("seq"), F.lit(1), F.col("final_recv_ts"))
+    return lost.unionByName(dup).unionByName(reo)
+
+
+def listed_problems(df: DataFrame, limit: int = MAX_LISTED) -> dict:
+    """The first ``limit`` rows of each kind of a ``problems()`` frame (QoS >= 1 first, then device,
+    boot, seq) and how many rows and messages each kind has, in one job:
+    ``{kind: {"rows": n, "messages": n, "listed": [row dicts]}}``."""
+    w = Window.partitionBy("kind")
+    order = w.orderBy((F.col("qos") == 0), "device", "boot", "seq")
+    rows = (df.select(*PROBLEM_COLS, F.row_number().over(order).alias("_k"),
+                      F.count(F.lit(1)).over(w).alias("_rows"), F.sum("count").over(w).alias("_msgs"))
+            .filter(F.col("_k") <= limit).orderBy("kind", "_k").collect())
+    out = {k: {"rows": 0, "messages": 0, "listed": []} for k in PROBLEM_KINDS}
+    for r in rows:
+        d = out[r["kind"]]
+        d["rows"], d["messages"] = int(r["_rows"]), int(r["_msgs"])
+        d["listed"].append({c: r[c] for c in PROBLEM_COLS if c != "kind"})
+    return out
+
+
 SUM_COLS = ["expected", "received", "unique", "unexpected", "reordered", "streams"]
 
 
 def audit_frame(landing: DataFrame, ledger: DataFrame | None = None,
-                sketch_k: int = KLL_K) -> DataFrame:
+                sketch_k: int = KLL_K, msgs: DataFrame | None = None) -> DataFrame:
     """The audit as one DataFrame with a ``level`` column: ``device`` rows (per device and QoS),
     ``qos`` rows (device null) and one ``total`` row (device and qos null).
 
@@ -294,14 +361,18 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
         # nothing received and nothing expected: a PASS would hide a collector writing elsewhere
         raise PipelineError(f"no landing rows under {landing}: nothing to audit (give --ledger to "
                             "count everything as lost)")
-    result = audit_frame(land, led).cache()
+    msgs = messages(land).cache()  # the audit and the problem list both read it
+    result = audit_frame(land, led, msgs=msgs).cache()
     try:
         devices = (result.filter(F.col("level") == "device").select(*RESULT_COLS)
                    .orderBy("device", "qos"))
         devices.write.mode("overwrite").parquet(join(out, "devices"))
         levels = result.filter(F.col("level") != "device").collect()
+        problems(msgs, led).write.mode("overwrite").parquet(join(out, "problems"))
     finally:
         result.unpersist()
+        msgs.unpersist()
+    listed = listed_problems(spark.read.parquet(join(out, "problems")))
     total = next((_plain(r) for r in levels if r["level"] == "total"), {})
     per_qos = {str(r["qos"]): _plain(r) for r in levels if r["level"] == "qos"}
     for d in [total, *per_qos.values()]:
@@ -320,6 +391,7 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
         "totals": {**total, **{c: total.get(c) or 0 for c in COUNT_COLS}},
         "per_qos": per_qos,
         "verdict": verdict(per_qos),
+        "problems": {"path": join(out, "problems"), "limit": MAX_LISTED, **listed},
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "elapsed_s": round(time.monotonic() - t0, 3),
         "spark": {"master": spark.sparkContext.master, "version": spark.version},
@@ -327,20 +399,3 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
     write_bytes(spark, join(out, "summary.json"),
                 json.dumps(summary, indent=2, sort_keys=True).encode())
     return summary
-
-
-def lost_events(landing: DataFrame, ledger: DataFrame | None = None) -> DataFrame:
-    """Where losses happened, for plots: rows ``(device, qos, ts, lost)``.
-
-    With a ledger, one row per lost message at its ``sent_ts``. Without one, one row per gap inside a
-    stream, at the receive time of the first message after the gap (tail losses are invisible).
-    """
-    if ledger is not None:
-        got = landing.select(*KEY).distinct()
-        return (ledger.select(*KEY, "sent_ts").dropDuplicates(KEY).join(got, KEY, "left_anti")
-                .select("device", "qos", F.col("sent_ts").alias("ts"), F.lit(1).alias("lost")))
-    m = landing.groupBy(*KEY).agg(F.min("recv_ts").alias("ts"))
-    w = Window.partitionBy(*STREAM).orderBy("seq")
-    prev = F.lag("seq", 1, -1).over(w)
-    return (m.select("device", "qos", "ts", (F.col("seq") - prev - 1).alias("lost"))
-            .filter(F.col("lost") > 0))

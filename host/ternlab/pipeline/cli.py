@@ -73,7 +73,7 @@ def _audit(spark, args) -> int:
     summary = run_audit(spark, args.landing, args.out, ledger=args.ledger,
                         ledger_fmt=args.ledger_format)
     if not args.quiet:
-        print_summary(summary)
+        print_summary(summary, problems=args.problems)
     return EXIT_OK if summary["verdict"]["ok"] else EXIT_FAIL
 
 
@@ -95,8 +95,8 @@ def _rollup(spark, args) -> int:
 def _report(spark, args) -> int:
     from .report import run_report
 
-    res = run_report(spark, args.audit, args.out, landing=args.landing, ledger=args.ledger,
-                     bucket=args.bucket)
+    res = run_report(spark, args.audit, args.out, landing=args.landing, bucket=args.bucket,
+                     faults=args.faults)
     print(f"report written to {res['index']}")
     return EXIT_OK
 
@@ -117,6 +117,9 @@ def add_subcommands(subparsers) -> None:
                                     "expected is inferred from the highest seq received per boot")
     p.add_argument("--ledger-format", choices=("auto", "parquet", "json"), default="auto")
     p.add_argument("--quiet", action="store_true", help="no summary table on stdout")
+    p.add_argument("--problems", action="store_true",
+                   help="also list which (device, boot, seq) were lost, duplicated or reordered (the "
+                        "first 200 of each kind; all of them are in OUT/problems)")
     _spark_options(p)
     p.set_defaults(func=_runner("audit", _audit), local_inputs=lambda a: [
         ("landing path", a.landing), *([("ledger path", a.ledger)] if a.ledger else [])])
@@ -140,17 +143,20 @@ def add_subcommands(subparsers) -> None:
 
     p = subparsers.add_parser(
         "report", help="HTML report with plots, and the terminal summary",
-        description="Reads an audit output directory (and the landing data) and writes OUT/index.html "
-                    "with delivery.png, latency.png and gaps.png beside it.")
+        description="Reads an audit output directory (and the landing data) and writes OUT/index.html, "
+                    "one self-contained page (inline SVG plots): delivery over time with the faults, "
+                    "latency per QoS, which messages were lost, duplicated or reordered.")
     p.add_argument("--audit", required=True, help="audit output directory (from tern audit --out)")
     p.add_argument("--out", required=True, help="report directory")
     p.add_argument("--landing", help="landing root (default: the one recorded by the audit)")
-    p.add_argument("--ledger", help="ledger (default: the one recorded by the audit, if any)")
+    p.add_argument("--faults", help="the run's faults.jsonl, drawn over the time plots (default: "
+                                    "faults.jsonl beside the landing directory, if there is one)")
     p.add_argument("--bucket", type=float, default=None,
                    help="time bucket in seconds for the time plots (default: about 60 buckets)")
     _spark_options(p)
     p.set_defaults(func=_runner("report", _report), local_inputs=lambda a: [
-        ("audit directory", a.audit), *([("landing path", a.landing)] if a.landing else [])])
+        ("audit directory", a.audit), *([("landing path", a.landing)] if a.landing else []),
+        *([("fault log", a.faults)] if a.faults else [])])
 
 
 def main(argv=None) -> int:

@@ -1,34 +1,50 @@
-"""Report: a self-contained HTML directory (``index.html`` + PNG plots) and a rich terminal summary.
+"""Report: one self-contained HTML page (``index.html``, its plots inline SVG: nothing else to fetch, so
+it can be attached to a CI run and read offline) and a rich terminal summary.
 
-Inputs are the audit outputs (``summary.json``, ``devices/``) and the landing data (for the plots over
-time; the landing and ledger paths recorded in the summary are used unless others are given).
-Plots (matplotlib, Agg backend):
+Inputs: the audit outputs (``summary.json``, ``devices/``, ``problems/``), the landing data (delivery
+over time, latency) and, when there is one, the run's fault log (``faults.jsonl`` of ``tern fleet`` and
+``tern demo``), drawn over the time plots so each dip sits beside its cause. The page
+(``templates/report.html.j2``, Jinja2) has:
 
-- ``delivery.png`` -- messages received per time bucket, one line per QoS;
-- ``latency.png``  -- histogram of delivery latency (first arrival of each message), up to p99.9;
-- ``gaps.png``     -- heat map of lost messages, devices x time buckets (the devices with most losses).
+- the verdict and its reasons, the per-QoS table;
+- delivery over time: messages received per bucket and QoS, empty buckets drawn as zero, faults shaded;
+- latency: the CDF of each QoS on a log axis, p50/p95/p99 marked, and a percentile table;
+- problems: a timeline per device of what was lost (QoS >= 1 apart from QoS 0, which may lose),
+  duplicated or reordered, with the faults, and the lists of which (device, boot, seq), each with the
+  fault it followed;
+- the devices with most problems (only devices that have any), the fault log.
 
-Only aggregated rows (buckets, histogram bins, per-device cells) are collected to the driver.
+Only aggregated rows (buckets, quantiles, per-device cells, the audit's bounded lists) reach the driver.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import io
 import json
+import math
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from .audit import lost_events, messages, read_landing, read_ledger
-from .session import PipelineError, join, read_bytes, write_bytes
+from ..term import print_table
+from .audit import PROBLEM_KINDS, messages, read_landing
+from .session import PipelineError, join, path_exists, read_bytes, write_bytes
 
-PLOTS = ("delivery.png", "latency.png", "gaps.png")
 NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
-MAX_HEAT_DEVICES = 40
+MAX_TIMELINE_DEVICES = 40
 MAX_TABLE_DEVICES = 50
-HIST_BINS = 50
+# quantiles drawn per QoS: every percent, then finer into the tail (the reconnect tails live there)
+CDF_PROBS = tuple(sorted({i / 100 for i in range(101)} | {0.99 + i / 1000 for i in range(10)}
+                         | {0.999, 0.9995, 0.9999}))
+MARKED = (0.5, 0.95, 0.99)
+LATENCY_FLOOR_MS = 0.1  # the log axis starts here; lower (or negative: clock skew) is drawn at it
+FAULT_STYLE = {"power_cut": ("#d62728", "power cut"), "network_cut": ("#ff7f0e", "network cut"),
+               "broker_restart": ("#9467bd", "broker restart"),
+               "collector_kill": ("#8c564b", "collector killed")}
+QOS_COLOR = {0: "#7f7f7f", 1: "#1f77b4", 2: "#2ca02c"}
+# a fault explains a problem seen up to this long after it ended (reconnect backoff, resends)
+FAULT_REACH_S = 10.0
 
 
 def load_summary(spark: SparkSession, audit_dir: str) -> dict:
@@ -74,185 +90,357 @@ def summary_table(summary: dict):
     return t
 
 
-def print_summary(summary: dict, console=None) -> None:
+def _seqs(p: dict) -> str:
+    return str(p["seq"]) if p["seq_to"] == p["seq"] else f"{p['seq']}-{p['seq_to']}"
+
+
+def _when(ts) -> str:
+    if ts is None:
+        return "-"
+    t = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+    return t.strftime("%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+
+
+def problems_table(summary: dict, kind: str):
+    """A rich Table of the listed problems of one kind (None when there are none)."""
+    from rich.table import Table
+
+    got = summary.get("problems", {}).get(kind)
+    if not got or not got["rows"]:
+        return None
+    more = got["rows"] - len(got["listed"])
+    t = Table(title=f"{kind}: {got['messages']} message(s) in {got['rows']} row(s)"
+                    + (f", first {len(got['listed'])} shown" if more else ""))
+    for name in ("device", "boot", "QoS", "seq", "count", "at (UTC)"):
+        t.add_column(name, justify="left" if name == "device" else "right", no_wrap=True)
+    for p in got["listed"]:
+        t.add_row(p["device"], str(p["boot"]), str(p["qos"]), _seqs(p), str(p["count"]), _when(p["ts"]))
+    return t
+
+
+def print_summary(summary: dict, console=None, problems: bool = False) -> None:
+    """The audit table, the verdict's reasons and notes; with ``problems`` the lists of which
+    (device, boot, seq) were lost, duplicated or reordered."""
     from rich.console import Console
 
-    console = console or Console()
-    console.print(summary_table(summary))
+    console = console or Console(soft_wrap=True)  # a long path stays on one line in a log
+    print_table(console, summary_table(summary))
     for reason in summary["verdict"]["reasons"]:
         console.print(f"[red]FAIL[/red] {reason}")
     if summary.get("quarantined"):
         console.print(f"{summary['quarantined']} malformed payload(s) in quarantine")
     if summary.get("note"):
         console.print(f"[dim]note: {summary['note']}[/dim]")
+    if problems:
+        tables = [t for t in (problems_table(summary, k) for k in PROBLEM_KINDS) if t is not None]
+        for t in tables:
+            print_table(console, t)
+        if not tables:
+            console.print("no message lost, duplicated or reordered")
+        elif "path" in summary.get("problems", {}):
+            console.print(f"complete list: {summary['problems']['path']} (Parquet)")
+
+
+# --- faults ----------------------------------------------------------------------------------------
+
+def load_faults(spark, path: str) -> list[dict]:
+    """The faults of a run's ``faults.jsonl`` as spans ``{index, kind, target, start, end, detail}``
+    (wall-clock seconds; ``end`` None while the fault lasted to the end). A fault starts when it was
+    injected (or, for a power cut armed at a flash operation, when it fired) and ends when restored;
+    skipped and unfired faults did nothing and are left out, as are records without a wall time."""
+    spans = {}
+    for n, line in enumerate(read_bytes(spark, path).decode().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            idx, status = r["index"], r["status"]
+        except (ValueError, KeyError, TypeError):
+            raise PipelineError(f"{path}:{n}: not a fault record") from None
+        if r.get("ts") is None:
+            continue
+        if status in ("injected", "fired") and idx not in spans:
+            spans[idx] = {"index": idx, "kind": r.get("kind", "?"), "target": r.get("target", "?"),
+                          "start": float(r["ts"]), "end": None, "detail": r.get("detail", "")}
+        elif status == "restored" and idx in spans:
+            spans[idx]["end"] = float(r["ts"])
+    return sorted(spans.values(), key=lambda s: (s["start"], s["index"]))
+
+
+def fault_for(p: dict, spans: list[dict]) -> dict | None:
+    """The fault a problem most likely followed: the latest one that started before it, on its device
+    or on what every device shares (broker, collectors), and ended less than FAULT_REACH_S before it."""
+    ts = p.get("ts")
+    if ts is None:
+        return None
+    best = None
+    for s in spans:
+        shared = s["kind"] in ("broker_restart", "collector_kill")
+        if (shared or s["target"] == p["device"]) and s["start"] <= ts and (
+                s["end"] is None or ts <= s["end"] + FAULT_REACH_S):
+            best = s
+    return best
 
 
 # --- plots -----------------------------------------------------------------------------------------
 
-def _figure():
+class _Axis:
+    """The time axis shared by the time plots: seconds (or minutes, for long runs) since t0."""
+
+    def __init__(self, t0: float, t1: float):
+        self.t0, self.t1 = t0, t1
+        self.unit = 1.0 if t1 - t0 <= 900 else 60.0
+        self.label = (f"{'seconds' if self.unit == 1 else 'minutes'} since "
+                      f"{_dt.datetime.fromtimestamp(t0, _dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC")
+
+    def x(self, ts: float) -> float:
+        return (ts - self.t0) / self.unit
+
+
+def _figure(height=4.0):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=(9, height), dpi=100)
     return plt, fig, ax
 
 
-def _save(spark, plt, fig, path: str) -> None:
-    buf = io.BytesIO()
+def _svg(plt, fig) -> str:
+    buf = io.StringIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png")
+    with plt.rc_context({"svg.fonttype": "none"}):  # text stays text: searchable, readable by a test
+        fig.savefig(buf, format="svg")
     plt.close(fig)
-    write_bytes(spark, path, buf.getvalue())
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # no XML prolog or DOCTYPE inside the HTML page
 
 
-def _when(ts: float) -> str:
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+def _overlay(ax, spans: list[dict], axis: _Axis) -> None:
+    """Shade each fault's span (a line for a short one) and number it as in the fault table."""
+    import matplotlib.transforms as mtransforms
+
+    top = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
+    seen = set()
+    min_w = (axis.t1 - axis.t0) / axis.unit / 300
+    last, level = None, 0  # numbers of faults that start close together go on separate rows
+    for s in spans:
+        color, name = FAULT_STYLE.get(s["kind"], ("#555555", s["kind"]))
+        a, b = axis.x(s["start"]), axis.x(s["end"] if s["end"] is not None else axis.t1)
+        label = None if s["kind"] in seen else name
+        seen.add(s["kind"])
+        if b - a > min_w:
+            ax.axvspan(a, b, color=color, alpha=0.18, lw=0, label=label)
+        else:
+            ax.axvline(a, color=color, alpha=0.6, lw=1.2, label=label)
+        level = level + 1 if last is not None and a - last < 10 * min_w and level < 2 else 0
+        last = a
+        ax.text(a, 1.0 + 0.045 * level, f"#{s['index']}", transform=top, fontsize=7, color=color, va="bottom")
 
 
-def plot_delivery(spark, land, t0: float, bucket: int, path: str) -> int:
+def delivery_rows(land, t0: float, bucket: float) -> dict:
+    """{qos: {bucket index: messages received}} (only non-empty buckets come from Spark)."""
     rows = (land.groupBy(F.floor((F.col("recv_ts") - t0) / bucket).alias("b"), "qos").count()
             .collect())
+    out = {}
+    for r in rows:
+        out.setdefault(int(r["qos"]), {})[int(r["b"])] = int(r["count"])
+    return out
+
+
+def delivery_series(counts: dict, n_buckets: int) -> dict:
+    """{qos: [messages in bucket 0, 1, ... n_buckets - 1]}: a bucket nothing arrived in is a 0, so an
+    outage shows as a drop to zero instead of a line drawn across it."""
+    return {q: [c.get(k, 0) for k in range(n_buckets)] for q, c in sorted(counts.items())}
+
+
+def plot_delivery(counts: dict, axis: _Axis, bucket: float, n_buckets: int, spans: list[dict]) -> str:
+    """Messages received per bucket and QoS, every bucket drawn (an empty one is a zero), faults shaded."""
     plt, fig, ax = _figure()
-    for q in sorted({r["qos"] for r in rows}):
-        pts = sorted((r["b"], r["count"]) for r in rows if r["qos"] == q)
-        ax.plot([b * bucket / 60.0 for b, _ in pts], [c for _, c in pts], marker=".", label=f"QoS {q}")
-    ax.set_xlabel(f"minutes since {_when(t0)} UTC ({bucket} s buckets)")
-    ax.set_ylabel("messages received")
-    ax.set_title("Delivery over time")
-    if rows:
-        ax.legend()
-    _save(spark, plt, fig, path)
-    return len(rows)
+    xs = [axis.x(axis.t0 + k * bucket) for k in range(n_buckets + 1)]
+    for q, ys in delivery_series(counts, n_buckets).items():
+        ax.stairs(ys, xs, color=QOS_COLOR.get(q), lw=1.5, label=f"QoS {q}")
+    _overlay(ax, spans, axis)
+    ax.set_xlim(xs[0], xs[-1])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(f"{axis.label} ({bucket:g} s buckets)")
+    ax.set_ylabel(f"messages received per {bucket:g} s")
+    if counts or spans:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _svg(plt, fig)
 
 
-def plot_latency(spark, land, path: str) -> int:
-    lat = messages(land).select("latency_ms").filter(F.col("latency_ms").isNotNull())
-    lo, hi, n = lat.agg(F.min("latency_ms"), F.percentile_approx("latency_ms", 0.999, 10000),
-                        F.count(F.lit(1))).first()
+def latency_quantiles(land) -> dict:
+    """{qos: {"n": messages with a send time, "q": [(p, ms) for p in CDF_PROBS]}} of first arrivals."""
+    lat = messages(land).select("qos", "latency_ms").filter(F.col("latency_ms").isNotNull())
+    rows = lat.groupBy("qos").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.percentile_approx("latency_ms", list(CDF_PROBS), 10000).alias("q")).collect()
+    return {int(r["qos"]): {"n": int(r["n"]), "q": list(zip(CDF_PROBS, r["q"]))} for r in rows}
+
+
+def _at(quant: list, p: float) -> float:
+    return next(v for pp, v in quant if abs(pp - p) < 1e-9)
+
+
+def plot_latency(quantiles: dict) -> str:
+    """The CDF of delivery latency per QoS on a log axis, p50/p95/p99 marked on each curve."""
     plt, fig, ax = _figure()
-    if n:
-        width = max((hi - lo) / HIST_BINS, 1e-6)
-        b = F.least(F.floor((F.col("latency_ms") - lo) / width), F.lit(HIST_BINS))
-        bins = sorted((r["b"], r["count"]) for r in lat.groupBy(b.alias("b")).count().collect())
-        ax.bar([lo + (k + 0.5) * width for k, _ in bins], [c for _, c in bins], width=width * 0.9)
-        ax.set_title(f"Delivery latency of {n} messages (first arrival; last bar: above p99.9)")
-    else:
-        ax.set_title("Delivery latency: no message carried a send time")
-    ax.set_xlabel("latency (ms)")
-    ax.set_ylabel("messages")
-    _save(spark, plt, fig, path)
-    return int(n or 0)
+    for q in sorted(quantiles):
+        quant = quantiles[q]["q"]
+        xs = [max(v, LATENCY_FLOOR_MS) for _, v in quant]
+        ax.step(xs, [p for p, _ in quant], where="post", color=QOS_COLOR.get(q), lw=1.5,
+                label=f"QoS {q}: p50 {_at(quant, 0.5):.0f}, p95 {_at(quant, 0.95):.0f}, "
+                      f"p99 {_at(quant, 0.99):.0f} ms ({quantiles[q]['n']} messages)")
+        for p in MARKED:
+            ax.plot([max(_at(quant, p), LATENCY_FLOOR_MS)], [p], "o", color=QOS_COLOR.get(q), ms=4)
+    for p in MARKED:
+        ax.axhline(p, color="#bbbbbb", lw=0.6, ls=":")
+        ax.text(1.0, p, f" p{p * 100:g}", transform=ax.get_yaxis_transform(), fontsize=7,
+                va="center", color="#666666")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("delivery latency, ms (log scale; first arrival of each message)")
+    ax.set_ylabel("fraction of messages delivered")
+    if quantiles:
+        ax.legend(fontsize=8, loc="lower right")
+    return _svg(plt, fig)
 
 
-def plot_gaps(spark, land, ledger, t0: float, bucket: int, n_buckets: int, path: str) -> int:
-    ev = lost_events(land, ledger).filter(F.col("ts").isNotNull())
-    cells = (ev.groupBy("device", F.floor((F.col("ts") - t0) / bucket).alias("b"))
-             .agg(F.sum("lost").alias("lost")))
-    top = (cells.groupBy("device").agg(F.sum("lost").alias("t"))
-           .orderBy(F.desc("t"), "device").limit(MAX_HEAT_DEVICES))
+def latency_table(quantiles: dict) -> list[dict]:
+    return [{"qos": q, "n": quantiles[q]["n"],
+             **{f"p{p * 100:g}": _at(quantiles[q]["q"], p) for p in (0.5, 0.9, 0.95, 0.99, 0.999)},
+             "max": _at(quantiles[q]["q"], 1.0)} for q in sorted(quantiles)]
+
+
+def problem_cells(spark, path: str, t0: float, bucket: float):
+    """Problems per (device, bucket, kind, QoS class) for the timeline, for the devices with most
+    problems: (rows, devices in order, devices left out)."""
+    df = spark.read.parquet(path).filter(F.col("ts").isNotNull())
+    cls = F.when(F.col("kind") != "lost", F.col("kind")).when(F.col("qos") == 0, F.lit("lost0")) \
+        .otherwise(F.lit("lost"))
+    cells = (df.groupBy("device", F.floor((F.col("ts") - t0) / bucket).alias("b"), cls.alias("cls"))
+             .agg(F.sum("count").alias("n")))
+    per_dev = cells.groupBy("device").agg(F.sum("n").alias("t"))
+    n_dev = per_dev.count()
+    top = per_dev.orderBy(F.desc("t"), "device").limit(MAX_TIMELINE_DEVICES)
     rows = cells.join(top.select("device"), "device").collect()
-    devices = sorted({r["device"] for r in rows})
-    plt, fig, ax = _figure()
-    total = sum(int(r["lost"]) for r in rows)
-    if devices:
-        nb = max(n_buckets, max(int(r["b"]) for r in rows) + 1)
-        grid = [[0] * nb for _ in devices]
-        index = {d: i for i, d in enumerate(devices)}
-        for r in rows:
-            grid[index[r["device"]]][max(int(r["b"]), 0)] += int(r["lost"])
-        im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="Reds",
-                       extent=(0, nb * bucket / 60.0, len(devices) - 0.5, -0.5))
-        ax.set_yticks(range(len(devices)))
-        ax.set_yticklabels(devices, fontsize=7)
-        fig.colorbar(im, ax=ax, label="lost messages")
-        ax.set_title(f"Lost messages per device and {bucket} s bucket ({total} shown)")
-    else:
-        ax.text(0.5, 0.5, "no losses detected", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title("Lost messages per device")
-    ax.set_xlabel(f"minutes since {_when(t0)} UTC")
-    _save(spark, plt, fig, path)
-    return total
+    devices = [r["device"] for r in top.collect()]
+    return rows, devices, max(n_dev - len(devices), 0)
+
+
+PROBLEM_MARK = {"lost": ("X", "#d62728", "lost, QoS ≥ 1"), "lost0": ("o", "#9a9a9a", "lost, QoS 0 (allowed)"),
+                "duplicated": ("^", "#1f77b4", "duplicated"), "reordered": ("D", "#ff7f0e", "reordered")}
+
+
+def plot_problems(cells, devices: list, axis: _Axis, bucket: float, spans: list[dict]) -> str:
+    """A row per device: a marker per bucket and kind of problem (its area grows with the count)."""
+    plt, fig, ax = _figure(height=max(2.5, 1.2 + 0.28 * len(devices)))
+    row = {d: i for i, d in enumerate(devices)}
+    offset = {"lost": -0.2, "lost0": -0.07, "duplicated": 0.07, "reordered": 0.2}
+    for cls, (marker, color, name) in PROBLEM_MARK.items():
+        pts = [(axis.x(axis.t0 + (int(r["b"]) + 0.5) * bucket), row[r["device"]] + offset[cls], int(r["n"]))
+               for r in cells if r["cls"] == cls]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color,
+                       s=[18 + 10 * math.sqrt(p[2]) for p in pts], label=name, zorder=3)
+    _overlay(ax, spans, axis)
+    ax.set_yticks(range(len(devices)))
+    ax.set_yticklabels(devices, fontsize=8)
+    ax.set_ylim(len(devices) - 0.5, -0.5)
+    ax.set_xlim(0, axis.x(axis.t1))
+    ax.set_xlabel(f"{axis.label} ({bucket:g} s buckets)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _svg(plt, fig)
 
 
 # --- html ------------------------------------------------------------------------------------------
 
-def _table(headers, rows) -> str:
-    h = "".join(f"<th>{html.escape(str(x))}</th>" for x in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in r) + "</tr>"
-                   for r in rows)
-    return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+def render_html(ctx: dict) -> str:
+    """The page from templates/report.html.j2 (autoescaped; the SVGs are inserted as markup)."""
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    env = Environment(loader=PackageLoader("ternlab.pipeline", "templates"),
+                      autoescape=select_autoescape(default=True, default_for_string=True),
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters["ms"] = _fmt_ms
+    env.filters["seqs"] = _seqs
+    env.filters["when"] = _when
+    return env.get_template("report.html.j2").render(**ctx)
 
 
-def render_html(summary: dict, devices: list[dict], bucket: int) -> str:
-    cols = ("expected", "received", "unique", "lost", "duplicated", "reordered")
-    lat = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
-    qrows = [[q, *[summary["per_qos"][q][c] for c in cols],
-              *[_fmt_ms(summary["per_qos"][q].get(c)) for c in lat]] for q in sorted(summary["per_qos"])]
-    qrows.append(["all", *[summary["totals"].get(c, 0) for c in cols],
-                  *[_fmt_ms(summary["totals"].get(c)) for c in lat]])
-    heads = ("QoS", *cols, "p50 ms", "p95 ms", "p99 ms")
-    drows = [[d["device"], d["qos"], *[d[c] for c in cols], *[_fmt_ms(d.get(c)) for c in lat]]
-             for d in devices]
-    ok = summary["verdict"]["ok"]
-    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in summary["verdict"]["reasons"])
-    note = f"<p class=note>{html.escape(summary['note'])}</p>" if summary.get("note") else ""
-    esc = html.escape
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Tern delivery report</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; margin: 1em 0; }}
-th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }}
-th {{ background: #f3f3f3; }}
-.pass {{ color: #176b2c; }} .fail {{ color: #b00020; }} .note {{ color: #666; }}
-img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }}
-</style></head><body>
-<h1>Tern delivery report</h1>
-<p>Landing: <code>{esc(str(summary['landing']))}</code>; ledger: <code>{esc(str(summary['ledger']))}</code>;
-expectation: {esc(summary['expected_from'])}; devices: {summary['devices']};
-quarantined payloads: {summary['quarantined']}; audited {esc(summary['generated_at'])}.</p>
-<h2 class="{'pass' if ok else 'fail'}">Verdict: {'PASS' if ok else 'FAIL'}</h2>
-<ul>{reasons}</ul>{note}
-<h2>Per QoS</h2>
-{_table(heads, qrows)}
-<h2>Delivery over time</h2>
-<img src="delivery.png" alt="messages received per {bucket} s bucket and QoS">
-<h2>Latency</h2>
-<img src="latency.png" alt="histogram of delivery latency">
-<h2>Gaps</h2>
-<img src="gaps.png" alt="lost messages per device and time bucket">
-<h2>Devices with most problems (up to {MAX_TABLE_DEVICES})</h2>
-{_table(("device", *heads), drows)}
-</body></html>
-"""
+def _problem_lists(summary: dict, spans: list[dict], t0: float) -> list[dict]:
+    """The audit's lists for the page: lost split into QoS >= 1 (the guarantee) and QoS 0 (allowed),
+    each row with the fault it followed."""
+    probs = summary.get("problems") or {}
+    out = []
+    for sid, kind, title, keep in (
+            ("lost-qos1", "lost", "Lost at QoS ≥ 1", lambda p: p["qos"] >= 1),
+            ("lost-qos0", "lost", "Lost at QoS 0 (allowed: QoS 0 is at most once)", lambda p: p["qos"] == 0),
+            ("duplicated", "duplicated", "Duplicated", None), ("reordered", "reordered", "Reordered", None)):
+        got = probs.get(kind) or {"rows": 0, "messages": 0, "listed": []}
+        rows = [dict(p, fault=fault_for(p, spans), dt=None if p["ts"] is None else p["ts"] - t0)
+                for p in got["listed"] if keep is None or keep(p)]
+        out.append({"id": sid, "kind": kind, "title": title, "rows": rows,
+                    "messages": sum(p["count"] for p in rows), "more": got["rows"] - len(got["listed"])})
+    return out
 
 
 def run_report(spark: SparkSession, audit_dir: str, out: str, landing: str | None = None,
-               ledger: str | None = None, bucket: int | None = None, console=None) -> dict:
-    """Write ``<out>/index.html`` and the PNGs; print the terminal summary; return what was written."""
+               bucket: float | None = None, faults: str | None = None, console=None) -> dict:
+    """Write ``<out>/index.html``; print the terminal summary; return what was written.
+
+    ``faults``: a run's ``faults.jsonl`` to draw (default: ``faults.jsonl`` beside the landing
+    directory, when there is one)."""
     summary = load_summary(spark, audit_dir)
     landing = landing or summary.get("landing")
-    ledger = ledger or summary.get("ledger")
     if not landing:
         raise PipelineError("no landing path: pass --landing")
+    problems_path = join(audit_dir, "problems")
+    if "problems" not in summary or not path_exists(spark, problems_path):
+        raise PipelineError(f"{audit_dir} has no problem list (an older audit): run tern audit again")
+    if bucket is not None and bucket <= 0:
+        raise PipelineError(f"--bucket must be a positive number of seconds, got {bucket}")
+    if faults is None:
+        beside = join(landing.rstrip("/").rsplit("/", 1)[0], "faults.jsonl") if "/" in landing else None
+        faults = beside if beside and path_exists(spark, beside) else None
+    spans = load_faults(spark, faults) if faults else []
     land = read_landing(spark, landing)
-    led = read_ledger(spark, ledger, summary.get("ledger_format") or "auto") if ledger else None
     t0, t1 = land.agg(F.min("recv_ts"), F.max("recv_ts")).first()
     if t0 is None:
         raise PipelineError(f"no landing rows under {landing}")
-    if bucket is not None and bucket <= 0:
-        raise PipelineError(f"--bucket must be a positive number of seconds, got {bucket}")
+    if spans:  # the faults before the first message (or after the last) belong on the axis too
+        t0 = min(t0, spans[0]["start"])
+        t1 = max(t1, *[s["end"] or s["start"] for s in spans])
     bucket = bucket or pick_bucket(t1 - t0)
     n_buckets = int((t1 - t0) // bucket) + 1
+    axis = _Axis(t0, t0 + n_buckets * bucket)
     score = F.col("lost") + F.col("duplicated") + F.col("reordered")
     devices = [r.asDict() for r in spark.read.parquet(join(audit_dir, "devices"))
-               .orderBy(F.desc(score), "device", "qos").limit(MAX_TABLE_DEVICES).collect()]
-    plot_delivery(spark, land, t0, bucket, join(out, "delivery.png"))
-    plot_latency(spark, land, join(out, "latency.png"))
-    plot_gaps(spark, land, led, t0, bucket, n_buckets, join(out, "gaps.png"))
-    write_bytes(spark, join(out, "index.html"), render_html(summary, devices, bucket).encode())
+               .filter(score > 0).orderBy(F.desc(score), "device", "qos")
+               .limit(MAX_TABLE_DEVICES).collect()]
+    quantiles = latency_quantiles(land)
+    cells, timeline_devices, left_out = problem_cells(spark, problems_path, t0, bucket)
+    plots = {
+        "delivery": plot_delivery(delivery_rows(land, t0, bucket), axis, bucket, n_buckets, spans),
+        "latency": plot_latency(quantiles) if quantiles else None,
+        "problems": plot_problems(cells, timeline_devices, axis, bucket, spans) if cells else None,
+    }
+    from markupsafe import Markup
+
+    ctx = {
+        "summary": summary, "ok": summary["verdict"]["ok"],
+        "qos_rows": [(q, summary["per_qos"][q]) for q in sorted(summary["per_qos"])],
+        "plots": {k: (Markup(v) if v else None) for k, v in plots.items()},
+        "latency": latency_table(quantiles), "bucket": bucket,
+        "lists": _problem_lists(summary, spans, t0), "problems_path": problems_path,
+        "timeline_left_out": left_out, "max_timeline": MAX_TIMELINE_DEVICES,
+        "devices": devices, "max_devices": MAX_TABLE_DEVICES,
+        "faults": [dict(s, dt=s["start"] - t0, length=None if s["end"] is None else s["end"] - s["start"])
+                   for s in spans], "faults_path": faults,
+    }
+    write_bytes(spark, join(out, "index.html"), render_html(ctx).encode())
     print_summary(summary, console)
-    return {"index": join(out, "index.html"), "plots": [join(out, p) for p in PLOTS],
-            "bucket_s": bucket}
+    return {"index": join(out, "index.html"), "bucket_s": bucket, "faults": len(spans),
+            "plots": sorted(k for k, v in plots.items() if v)}

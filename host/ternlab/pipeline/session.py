@@ -114,14 +114,86 @@ def spark_error_line(e: BaseException) -> str:
     return head
 
 
-def build_session(app_name: str = "tern", master: str | None = None, confs: dict | None = None):
+LOOPBACK = "127.0.0.1"
+
+
+def _conf_master() -> str | None:
+    """The master spark-submit would take when none is given: ``--master`` of PYSPARK_SUBMIT_ARGS,
+    else ``spark.master`` of spark-defaults.conf (SPARK_CONF_DIR, else SPARK_HOME/conf)."""
+    import shlex
+
+    args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    for i, a in enumerate(args):
+        if a == "--master" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--master="):
+            return a.split("=", 1)[1]
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        home = os.environ.get("SPARK_HOME")
+        if not home:
+            import pyspark
+
+            home = os.path.dirname(pyspark.__file__)
+        conf_dir = os.path.join(home, "conf")
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf")) as f:
+            for line in f:
+                parts = line.split(None, 1)
+                if len(parts) == 2 and parts[0] == "spark.master":
+                    return parts[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def is_local_master(master: str | None) -> bool:
+    """True when the job runs in this process's JVM (``local``, ``local[N]``, no master at all)."""
+    m = master or _conf_master() or "local[*]"
+    return m.startswith("local")
+
+
+def loopback_confs(master: str | None) -> dict[str, str]:
+    """For a local master, the driver binds to and announces 127.0.0.1 (nothing listens on the host's
+    network interfaces, and Spark does not warn that it picked eth0); for a cluster master nothing: the
+    executors must reach the driver, so ``spark.driver.host`` is the user's to set (docs/pipeline.md)."""
+    if not is_local_master(master):
+        return {}
+    return {"spark.driver.bindAddress": LOOPBACK, "spark.driver.host": LOOPBACK}
+
+
+def _launch_jvm(app_name: str, master: str | None, confs: dict, log_path: str) -> None:
+    """Start PySpark's JVM with its stdout and stderr going to ``log_path`` (appended) instead of this
+    process's terminal, where its lines would land inside a live view. The SparkSession built next
+    uses this JVM."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    conf = SparkConf().setAppName(app_name)
+    if master:
+        conf.setMaster(master)
+    for k, v in confs.items():
+        conf.set(k, v)
+    log = open(log_path, "ab")
+    try:
+        SparkContext._ensure_initialized(
+            gateway=launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log}))
+    finally:
+        log.close()  # the JVM holds its own descriptor
+
+
+def build_session(app_name: str = "tern", master: str | None = None, confs: dict | None = None,
+                  jvm_log: str | None = None):
     """Check Java, then get or create a SparkSession.
 
     Defaults: the master of ``spark-defaults.conf`` (or ``spark-submit --master``), else ``local[*]``;
     session time zone UTC (landing partitions and windows are UTC), no progress
-    bars on the console, log level WARN. ``confs`` are applied last, so they override the defaults. If a
-    session is already running in this process (tests, notebooks) it is returned as is.
+    bars on the console, log level WARN; with a local master the driver on 127.0.0.1
+    (``loopback_confs``). ``confs`` are applied last, so they override the defaults. ``jvm_log``: a
+    file for the JVM's own output (its warnings, log4j's console lines) when this call starts the JVM.
+    If a session is already running in this process (tests, notebooks) it is returned as is.
     """
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     check_master(master)
@@ -129,16 +201,31 @@ def build_session(app_name: str = "tern", master: str | None = None, confs: dict
     if active is not None:
         return active
     check_java()
-    b = SparkSession.builder.appName(app_name)
-    if master:  # else spark-defaults.conf or spark-submit --master decide, and local[*] without them
-        b = b.master(master)
+    # SPARK_LOCAL_IP, when set, is the user's choice and wins over the loopback defaults
+    local = not os.environ.get("SPARK_LOCAL_IP") and is_local_master(master)
     defaults = {
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
+        **(loopback_confs(master) if local else {}),
     }
-    for k, v in {**defaults, **(confs or {})}.items():
+    settings = {**defaults, **(confs or {})}
+    b = SparkSession.builder.appName(app_name)
+    if master:  # else spark-defaults.conf or spark-submit --master decide, and local[*] without them
+        b = b.master(master)
+    for k, v in settings.items():
         b = b.config(k, v)
-    spark = b.getOrCreate()
+    starting = SparkContext._gateway is None
+    if local and starting:
+        # the JVM works out its address when it starts, before any conf is read, and warns when the
+        # host name resolves to loopback but an interface (eth0) is picked instead; it inherits this
+        os.environ["SPARK_LOCAL_IP"] = LOOPBACK
+    try:
+        if jvm_log and starting:
+            _launch_jvm(app_name, master, settings, jvm_log)
+        spark = b.getOrCreate()
+    finally:
+        if local and starting:
+            os.environ.pop("SPARK_LOCAL_IP", None)
     spark.sparkContext.setLogLevel("WARN")
     return spark
 
