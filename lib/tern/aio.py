@@ -377,6 +377,10 @@ class Client(_Driver):
             left = t_ms - ticks_diff(ticks_ms(), start)
             while self._connack is None and gen == self._gen:
                 if left <= 0 or not await _wait(self._cev, left):
+                    if self._fallback(-1):  # no answer to MQTT 5 (amqtt): 3.1.1 with version=(5, 4)
+                        s.connection_lost()
+                        self._teardown()
+                        return await self._connect_once(timeout)
                     raise OSError("no CONNACK from %s:%d within %d ms" % (self.server, self.port, t_ms))
                 self._cev.clear()
                 left = t_ms - ticks_diff(ticks_ms(), start)

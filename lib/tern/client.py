@@ -159,7 +159,8 @@ class _Driver:
 
     def _fallback(self, reason):
         """After a refusal (reason -1: the broker closed the connection in
-        answer to an MQTT 5 CONNECT, as RabbitMQ 3.10 does): True when the
+        answer to an MQTT 5 CONNECT, as RabbitMQ 3.10 does, or never
+        answered it, as amqtt does when it carries properties): True when the
         next version of `version=(5, 4)` is to be tried now (the broker does
         not support this one, and nothing is stored pending in this one's
         encoding); remembered in the store's meta "version" (a durable
@@ -216,6 +217,8 @@ _EV_LOST = const(8)
 class Client(_Driver):
     """An MQTT client for MicroPython and CPython.
 
+    version: 3 (3.1), 4 (3.1.1) or 5; (5, 4): MQTT 5, or 3.1.1 with a broker
+    that turns MQTT 5 down (kept in the store's meta; see the README).
     store: where accepted messages live until acknowledged (default: RAM).
     ssl: True (verify the server with the system's CAs; CPython only), or an
     ssl.SSLContext. `tern.tls.context(ca=path)` makes one that verifies on
@@ -357,12 +360,14 @@ class Client(_Driver):
         self._poll.register(sock, select.POLLIN)
         s = self.session
         now = ticks_ms()
+        mute = False
         try:
             s.connect_packet(now)
             limit = int((timeout if timeout is not None else self.connect_timeout) * 1000)
             while self._connack is None:
                 left = limit - ticks_diff(ticks_ms(), now)
                 if left <= 0:
+                    mute = True
                     raise OSError("no CONNACK from %s:%d within %d ms" % (self.server, self.port, limit))
                 self._io(left if left < 100 else 100)
                 if self.sock is None and self._connack is None:
@@ -370,7 +375,7 @@ class Client(_Driver):
         except (OSError, MQTTError) as e:
             if not self._up:  # refused, or no CONNACK: connect() failed
                 self._drop()
-                if self._connack is None and self._fallback(-1 if _eof(e) else 0):
+                if self._connack is None and self._fallback(-1 if mute or _eof(e) else 0):
                     return self.connect(timeout)
                 raise
             # Accepted, then lost while reading what followed the CONNACK:

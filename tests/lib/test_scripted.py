@@ -696,3 +696,41 @@ def test_version_5_4_falls_back_when_the_broker_closes_on_mqtt5(scripted_addr):
         await a.disconnect()
 
     asyncio.run(main())
+
+
+SCRIPTS["test_version_5_4_does_not_fall_back_with_mqtt5_packets_stored"] = ([REFUSED], 5)
+
+
+def test_version_5_4_does_not_fall_back_with_mqtt5_packets_stored(scripted_addr):
+    # A message stored while offline is encoded as MQTT 5: sent to a 3.1.1 broker it would be malformed
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), rx_size=4096)
+    pid = c.publish("t", b"x", 1)
+    e = raises(ConnectError, c.connect)
+    assert e.permanent and "does not support MQTT 5" in str(e) and c.session.version == 5, e
+    assert c.session.pending() == [pid]
+
+
+SCRIPTS["test_version_5_4_falls_back_when_the_broker_never_answers_mqtt5"] = ([
+    [("recv", _connect_bytes(5)), ("quiet", 3)],  # amqtt, given a CONNECT with properties; ends when the client hangs up
+    [("recv", _connect_bytes(4)), ("send", E(CONNACK)), ("recv", E(DISCONNECT))],
+    [("recv", _connect_bytes(5)), ("quiet", 3)],
+    [("recv", _connect_bytes(4)), ("send", E(CONNACK)), ("recv", E(DISCONNECT))],
+], 4)
+
+
+def test_version_5_4_falls_back_when_the_broker_never_answers_mqtt5(scripted_addr):
+    import asyncio
+    from tern import aio
+
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), rx_size=4096,
+               connect_timeout=0.5)
+    assert c.connect() is False and c.session.version == 4
+    c.disconnect()
+
+    async def main():
+        a = aio.Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), rx_size=4096,
+                       connect_timeout=0.5)
+        assert await a.connect() is False and a.session.version == 4
+        await a.disconnect()
+
+    asyncio.run(main())
