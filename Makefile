@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tern-installed
 
-.PHONY: demo test test-fast bench bench-sweep setup debian size clean
+.PHONY: demo test test-fast bench bench-sweep setup debian size clean interop
 
 setup: $(STAMP) debian
 
@@ -48,5 +48,13 @@ bench: setup
 bench-sweep: bench
 	$(PY) tools/crash_sweep.py --write docs/benchmarks.md
 
+# make interop: Tern (library on CPython and MicroPython, tern pub/sub) against Mosquitto, RabbitMQ,
+# ejabberd, aedes and amqtt on 127.0.0.1, each feature beside a peer client; writes the matrix into
+# docs/interop.md (about 10 min). Installs its brokers and peers apart from the main venv
+# (tools/interop/setup.sh). Not part of `make test`.
+interop: setup
+	sh tools/interop/setup.sh
+	$(PY) -m ternlab.interop --write docs/interop.md
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-interop .pytest_cache build *.egg-info

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install the Debian packages of tools/debian-packages.txt whose program is missing (as root, with
 # `apt-get update` first); otherwise name exactly what to run. One list, so nothing the suite calls
-# can be installed by hand and forgotten.
+# can be installed by hand and forgotten. An argument names another list (tools/interop/debian-packages.txt).
 here=$(dirname "$0")
 missing=""
 while read -r pkg prog; do
@@ -11,7 +11,7 @@ while read -r pkg prog; do
     if command -v "$p" >/dev/null 2>&1; then found=1; break; fi
   done
   [ -n "$found" ] || missing="$missing $pkg"
-done < "$here/debian-packages.txt"
+done < "${1:-$here/debian-packages.txt}"
 [ -n "$missing" ] || exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing Debian packages:$missing" >&2

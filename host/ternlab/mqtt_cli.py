@@ -134,6 +134,13 @@ def reason_text(code, version=5):
     return "%s (reason 0x%02X)" % (_V5_REASONS.get(code, "unknown reason"), code)
 
 
+def _refusal(e, version):
+    """What a refused CONNECT's ConnectError says, as text."""
+    if e.reason == 1 and version == 5:  # the 3.1.1 code an MQTT 3.1.1-only broker answers MQTT 5 with
+        return "the broker does not support MQTT 5 (it answered with the MQTT 3.1.1 return code 1)"
+    return reason_text(e.reason, version)
+
+
 def _os_reason(e):
     if isinstance(e, ConnectionRefusedError):
         return "connection refused"
@@ -891,7 +898,7 @@ def _open(args, kw, reconnect, setup=None):
         try:
             c.connect()
         except ConnectError as e:
-            raise CLIError("connection to %s refused by the broker: %s" % (where, reason_text(e.reason, args.version)),
+            raise CLIError("connection to %s refused by the broker: %s" % (where, _refusal(e, args.version)),
                            _refused_code(e))
         except ssl.SSLCertVerificationError as e:
             raise CLIError("TLS: the certificate of %s failed verification: %s" % (where, e.verify_message or e.reason))
@@ -1132,6 +1139,9 @@ def _pub(args):
     client.disconnect(props=props.get("disconnect"))
     if refused:
         pid, reason = refused[0]
+        err = client.last_error
+        if reason == 0x82 and isinstance(err, MQTTError) and err.code == 0x82:
+            raise CLIError(str(err))  # a wrong acknowledgement: the broker broke the protocol (it says how)
         raise CLIError("the broker refused %d message(s): %s" % (len(refused), reason_text(reason)))
     return EXIT_OK
 
@@ -1440,7 +1450,7 @@ def _sub(args, say):
             refused = []
             for t in args.topics:
                 codes = client.subscribe(
-                    t, args.qos, sub_id=sprops.get(P.SUBSCRIPTION_IDENTIFIER),
+                    t, args.qos, sub_id=sprops.get(P.SUBSCRIPTION_IDENTIFIER) or 0,  # none unless asked, as mosquitto_sub
                     user_props=sprops.get(P.USER_PROPERTY))
                 if codes and codes[0] >= 0x80:
                     refused.append("subscription to %r refused by the broker: %s"
@@ -1470,7 +1480,7 @@ def _sub(args, say):
                     say("a message over the receive limit of %d bytes was dropped (%d so far)"
                         % (RX_SIZE, state["dropped"]))
         except ConnectError as e:  # a reconnect the broker refused for good
-            raise CLIError("connection refused by the broker: %s" % reason_text(e.reason, args.version),
+            raise CLIError("connection refused by the broker: %s" % _refusal(e, args.version),
                            _refused_code(e))
         except ValueError as e:
             raise CLIError(str(e))

@@ -9,6 +9,7 @@ A script is a list of connections; each connection a list of steps:
   ("close",)        drop the connection
   ("stall", s)      read nothing for s seconds (a broker whose socket fills up)
   ("quiet", s)      the client must send nothing for s seconds
+  ("eof",)          the client must close the connection (sending nothing more)
 After its last step a connection stays open until the client closes it.
 Mismatches are collected in `errors`; `complete` says every step was played.
 """
@@ -98,6 +99,17 @@ class ScriptedBroker:
                         if got is not None or buf:
                             self.errors.append(f"{where}: expected nothing for {step[1]} s, got "
                                                f"{_describe(got or bytes(buf), self.version)}")
+                            return
+                    elif step[0] == "eof":
+                        try:
+                            got = bytes(buf) or conn.recv(65536)
+                        except socket.timeout:
+                            got = None
+                        except OSError:  # reset: closed all the same
+                            got = b""
+                        if got != b"":
+                            self.errors.append(f"{where}: expected the client to close, got "
+                                               f"{'nothing' if got is None else _describe(got, self.version)}")
                             return
                     else:
                         got = self._read_packet(conn, buf)

@@ -62,7 +62,7 @@ import sys
 import asyncio
 
 from . import session as S
-from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, reply_args
+from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, reply_args, _CLOSED, _eof
 from .wire import MQTTError
 
 try:
@@ -284,14 +284,14 @@ class Client(_Driver):
                     if gen != self._gen:
                         return
                     if n == 0:
-                        raise OSError("connection closed by the broker")
+                        raise OSError(_CLOSED)
                     s.feed_n(n, ticks_ms())
                 else:
                     data = await r.read(room)
                     if gen != self._gen:
                         return
                     if not data:
-                        raise OSError("connection closed by the broker")
+                        raise OSError(_CLOSED)
                     s.feed(data, ticks_ms())
         except _CancelledError:
             raise
@@ -377,6 +377,10 @@ class Client(_Driver):
             left = t_ms - ticks_diff(ticks_ms(), start)
             while self._connack is None and gen == self._gen:
                 if left <= 0 or not await _wait(self._cev, left):
+                    if self._fallback(-1):  # no answer to MQTT 5 (amqtt): 3.1.1 with version=(5, 4)
+                        s.connection_lost()
+                        self._teardown()
+                        return await self._connect_once(timeout)
                     raise OSError("no CONNACK from %s:%d within %d ms" % (self.server, self.port, t_ms))
                 self._cev.clear()
                 left = t_ms - ticks_diff(ticks_ms(), start)
@@ -384,6 +388,10 @@ class Client(_Driver):
                 e = self.last_error
                 if e is not err and isinstance(e, MQTTError):
                     raise e  # the broker broke the protocol: as the blocking client, not an OSError
+                if e is not err and _eof(e) and self._fallback(-1):
+                    s.connection_lost()
+                    self._teardown()
+                    return await self._connect_once(timeout)
                 raise OSError("connection to %s:%d lost before CONNACK: %s" % (self.server, self.port, str(e).strip()))
         except BaseException:
             if gen == self._gen:
@@ -395,7 +403,9 @@ class Client(_Driver):
             if gen == self._gen:
                 s.connection_lost()
                 self._teardown()
-            raise ConnectError(p.reason)
+            if self._fallback(p.reason):
+                return await self._connect_once(timeout)
+            raise ConnectError(p.reason, s.version)
         # Accepted. A loss right after the CONNACK does not make connect()
         # fail (as in the blocking client): the supervisor reconnects.
         return s.session_present

@@ -61,11 +61,13 @@ class ConnectError(OSError):
     """The broker refused the connection; `reason` is its code, `permanent`
     says whether retrying can help."""
 
-    def __init__(self, reason):
+    def __init__(self, reason, version=4):
         # Names for the refusals a user most often has to act on: built here
         # rather than kept in a module-level dict, as a refusal is rare.
         w = {4: "bad user name or password", 5: "not authorized", 0x86: "bad user name or password",
              0x87: "not authorized", 0x8A: "banned", 0x8C: "bad authentication method"}.get(reason)
+        if reason == 1 or reason == 0x84:  # unacceptable / unsupported protocol version
+            w = "the broker does not support MQTT %s" % ("3.1.1" if version == 4 else "3.1" if version == 3 else "5")
         super().__init__("connection refused by the broker: reason 0x%02X%s" % (reason, " (%s)" % w if w else ""))
         self.reason = reason
         # Refusals a retry with the same settings cannot fix: protocol version
@@ -73,6 +75,14 @@ class ConnectError(OSError):
         # 0x8C), a CONNECT or will the server does not take (0x95, 0x99, 0x9A,
         # 0x9B). Bytes: less memory than a tuple.
         self.permanent = reason in b"\x01\x02\x04\x05\x84\x85\x86\x87\x8a\x8c\x95\x99\x9a\x9b"
+
+
+_CLOSED = "connection closed by the broker"
+
+
+def _eof(e):
+    # The broker closed the connection (an end of stream, not an error)
+    return isinstance(e, OSError) and e.args == (_CLOSED,)
 
 
 def server_disconnect(reason, p):
@@ -114,10 +124,21 @@ class _Driver:
         # A board gets 4 KiB; a host can afford packets up to 1 MiB (MQTT 3.1.1
         # has no way to tell the broker a smaller limit).
         opts.setdefault("rx_size", 4096 if MICROPYTHON else 1 << 20)
-        s = Session(client_id, version, clean, keepalive, store, **opts)
+        # version=(5, 4): MQTT 5, and 3.1.1 when the broker refuses 5 as
+        # unsupported (see _fallback).
+        vs = tuple(version) if isinstance(version, (tuple, list)) else (version,)
+        if not vs or list(vs) != sorted(set(vs), reverse=True):
+            raise ValueError("version: one protocol version, or several from the newest down, e.g. (5, 4)")
+        self._versions = vs
+        s = Session(client_id, vs[0], clean, keepalive, store, **opts)
         s.send = self._send
         s.on_event = self._on_event
         self.session = s
+        v = s.store.meta("version") if len(vs) > 1 else None
+        if v and int(v) in vs[1:]:
+            self._use(int(v))  # what this store's broker took last time
+        elif vs[0] == 3:
+            self._use(3)
         self.on_connect = None  # on_connect(session_present, reason)
         self.on_disconnect = None  # on_disconnect(error) when an established connection is lost
         self.on_published = None  # on_published(pid, reason)
@@ -125,6 +146,35 @@ class _Driver:
         self._attempt = 0
         self._up = False  # an accepted connection is open (the session may already know it is gone)
         self._up_since = 0
+
+    def _use(self, v):
+        s = self.session
+        if v != s.version:
+            s.set_version(v)
+        if v == 3 and not s.client_id and s._conn[0]:
+            # MQTT 3.1 needs 1-23 characters. Not for a persistent session
+            # (clean=False): one a restart could never resume; the broker
+            # refuses the empty id instead (identifier rejected).
+            import random
+
+            s.client_id = "tern_%08x" % random.getrandbits(32)
+
+    def _fallback(self, reason):
+        """After a refusal (reason -1: the broker closed the connection in
+        answer to an MQTT 5 CONNECT, as RabbitMQ 3.10 does, or never
+        answered it, as amqtt does when it carries properties): True when the
+        next version of `version=(5, 4)` is to be tried now (the broker does
+        not support this one, and nothing is stored pending in this one's
+        encoding); remembered in the store's meta "version" (a durable
+        store: across reboots too)."""
+        s = self.session
+        vs = self._versions
+        if not (reason == 1 or reason == 0x84 or reason < 0 and s.version == 5) or s.version == vs[-1] or s.pending():
+            return False
+        v = vs[vs.index(s.version) + 1]
+        self._use(v)
+        s.store.set_meta("version", str(v).encode())
+        return True
 
     def _tls_context(self):
         # ssl=True: the system's CAs, verification on (CPython only)
@@ -169,6 +219,8 @@ _EV_LOST = const(8)
 class Client(_Driver):
     """An MQTT client for MicroPython and CPython.
 
+    version: 3 (3.1), 4 (3.1.1) or 5; (5, 4): MQTT 5, or 3.1.1 with a broker
+    that turns MQTT 5 down (kept in the store's meta; see the README).
     store: where accepted messages live until acknowledged (default: RAM).
     ssl: True (verify the server with the system's CAs; CPython only), or an
     ssl.SSLContext. `tern.tls.context(ca=path)` makes one that verifies on
@@ -310,19 +362,23 @@ class Client(_Driver):
         self._poll.register(sock, select.POLLIN)
         s = self.session
         now = ticks_ms()
+        mute = False
         try:
             s.connect_packet(now)
             limit = int((timeout if timeout is not None else self.connect_timeout) * 1000)
             while self._connack is None:
                 left = limit - ticks_diff(ticks_ms(), now)
                 if left <= 0:
+                    mute = True
                     raise OSError("no CONNACK from %s:%d within %d ms" % (self.server, self.port, limit))
                 self._io(left if left < 100 else 100)
                 if self.sock is None and self._connack is None:
-                    raise OSError("connection closed by the broker")
+                    raise OSError(_CLOSED)
         except (OSError, MQTTError) as e:
             if not self._up:  # refused, or no CONNACK: connect() failed
                 self._drop()
+                if self._connack is None and self._fallback(-1 if mute or _eof(e) else 0):
+                    return self.connect(timeout)
                 raise
             # Accepted, then lost while reading what followed the CONNACK:
             # connect() succeeded; loop() deals with the loss.
@@ -330,7 +386,9 @@ class Client(_Driver):
         p = self._connack
         if p.reason:
             self._drop()
-            raise ConnectError(p.reason)
+            if self._fallback(p.reason):
+                return self.connect(timeout)
+            raise ConnectError(p.reason, s.version)
         return s.session_present
 
     def _io(self, ms):
@@ -362,7 +420,7 @@ class Client(_Driver):
             if n < 0:
                 break
             if n == 0:
-                raise OSError("connection closed by the broker")
+                raise OSError(_CLOSED)
             s.feed_n(n, ticks_ms())
             if self.sock is None or n < room:
                 break

@@ -227,6 +227,17 @@ class Session:
             self._push(pid, f)
         self.stats_recovered = self._n
 
+    def set_version(self, v):
+        """Speak MQTT 3.1.1 (4) or 3.1 (3) from the next CONNECT on, for a
+        driver falling back from MQTT 5: what only MQTT 5 has (CONNECT
+        properties, subscription options beyond QoS) is dropped; dispatch
+        goes by topic.
+        Stored packets keep the encoding they were stored with."""
+        self.version = v
+        self.connect_props = None
+        for s in self._subs:
+            s.opts &= 3
+
     # ------------------------------------------------------------- send ring
 
     def _push(self, pid, f):
@@ -488,7 +499,9 @@ class Session:
         """Register a subscription (and its handler) and send SUBSCRIBE when
         connected. Returns the SUBSCRIBE's packet id, or 0 if not connected
         (it is sent on connect). A filter subscribed again replaces the old
-        entry: its handler and its identifier.
+        entry: its handler and its identifier. Under MQTT 5 every
+        subscription gets an identifier (sub_id, or an automatic one no other
+        subscription holds; sub_id=0: none): the README's dispatch rules.
 
         What the server's last CONNACK said it lacks is refused here with
         ValueError, before anything is registered or sent: wildcards,
@@ -498,6 +511,7 @@ class Session:
         registered before the first CONNACK is sent as it is; a server that
         lacks the feature refuses it in SUBACK."""
         validate_filter(flt)
+        auto = False
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
         if retain_handling not in (0, 1, 2):
@@ -510,14 +524,23 @@ class Session:
             raise ValueError("the server does not support shared subscriptions (CONNACK: Shared Subscription Available = 0)")
         if not self.wildcard_ok and (43 in match or 35 in match):  # "+" or "#"
             raise ValueError("the server does not support wildcard subscriptions (CONNACK: Wildcard Subscription Available = 0)")
-        if sub_id is not None:
+        if sub_id:  # 0: none (the subscription is reached by copies without identifiers only)
             if not 0 < sub_id <= 268435455:
                 raise ValueError("subscription identifier must be 1..268435455")
             if not self.sid_ok:
                 raise ValueError("the server does not support subscription identifiers (CONNACK: Subscription Identifiers Available = 0)")
-        elif handler is not None and self.version == _V5 and self.sid_ok:
+            for s in self._subs:  # an automatic identifier is never shared with a chosen one
+                if s.sid == sub_id and s.auto and s.filter != flt:
+                    raise ValueError("subscription identifier %d is the automatic one of %r: give sub_id to all "
+                                     "overlapping subscriptions or to none" % (sub_id, s.filter))
+        elif sub_id is None and self.version == _V5 and self.sid_ok:
+            # Every subscription gets an identifier (see _on_publish): the
+            # next one no current subscription holds.
             sub_id = self._next_sid
-            self._next_sid += 1
+            while any(s.sid == sub_id for s in self._subs):
+                sub_id += 1
+            self._next_sid = sub_id + 1
+            auto = True
         opts = qos
         if self.version == _V5:  # the other options exist only in MQTT 5
             opts |= (4 if no_local else 0) | (8 if retain_as_published else 0) | retain_handling << 4
@@ -528,7 +551,7 @@ class Session:
         # $share), handler, sid, and user_props, sent again with every
         # resubscription.
         self._subs.append(Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
-                                 user_props=user_props, late=self.state != CONNECTED))
+                                 auto=auto, user_props=user_props, late=self.state != CONNECTED))
         if self.state != CONNECTED:
             return 0
         return self._ctrl(_SUBSCRIBE, (flt, opts), user_props, sub_id, now)
@@ -667,6 +690,14 @@ class Session:
                 self._on_ack(t, pid, reason, now)
                 return
         if t == _PINGRESP and body == 2 and b0 == 0xD0:
+            return
+        if t == _CONNACK and body == 4 and rx[pos + 3] == 1 and self.version == _V5 and self.state == _CONNECTING:
+            # An MQTT 3.1.1 broker refuses an MQTT 5 CONNECT with its own
+            # CONNACK, code 0x01 (unacceptable protocol version, 3.1.1
+            # section 3.1.2.2): not a valid MQTT 5 CONNACK, but what to tell
+            # the application (ConnectError: the broker does not support MQTT 5).
+            self.state = DISCONNECTED
+            self._event(EV_CONNACK, False, Packet(_CONNACK, reason=1))
             return
         p = pkt.decode(self._rxmv[pos:end], self.version, len(rx))
         if t == _CONNACK:
@@ -822,14 +853,16 @@ class Session:
             return
         i = self._find(pid)
         f = self._rflags[i] if i >= 0 else 0
-        if t > _PUBCOMP:
-            done = f & _CTRL  # else not ours (any more): nothing to update
-        elif i < 0 or f & _CTRL or not f & _SENT:
+        if i < 0 or not f & _SENT:
             # Unknown identifier: nothing pending changes (a late ack after a
             # reboot or a confused server). PUBREC still needs an answer.
             if t == _PUBREC:
                 self._ack(_PUBREL, pid, 0x92, now)
             return
+        if t > _PUBCOMP:
+            done = f & _CTRL and st.kind(pid) == t - 1
+        elif f & _CTRL:
+            done = False
         elif t == _PUBREC and f & _QOS2 and reason < 0x80:
             if not f & _MARKED:
                 st.mark(pid)
@@ -838,11 +871,10 @@ class Session:
             return
         else:
             # PUBACK of a QoS 1 message, PUBCOMP after PUBREC, or a PUBREC
-            # refusing a QoS 2 message. Other combinations (PUBACK for QoS 2,
-            # PUBCOMP before PUBREC) change nothing.
+            # refusing a QoS 2 message.
             done = not f & _QOS2 if t == _PUBACK else f & _QOS2 and (t == _PUBREC or f & _MARKED)
         if not done:
-            return
+            self._wrong_ack(t, pid, i, f, now)
         self._free(i)
         if t > _PUBCOMP:
             self._event(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, pid, reason)
@@ -850,6 +882,27 @@ class Session:
             self._inflight -= 1
             self._event(EV_PUBLISHED, pid, reason)
             self._pump(now)
+
+    def _wrong_ack(self, t, pid, i, f, now):
+        # An acknowledgement of the wrong type for what pid is (a PUBACK for
+        # QoS 2, a PUBREC for QoS 1, a PUBCOMP before PUBREC, a SUBACK for an
+        # UNSUBSCRIBE ...): a protocol violation, so the connection ends. A
+        # PUBLISH is given back failed (EV_PUBLISHED 0x82) rather than kept:
+        # sent again after the reconnect, it would meet the same answer every
+        # time (a broker that acknowledges QoS 2 as QoS 1 does so for good).
+        n = ("PUBACK", "PUBREC", "PUBREL", "PUBCOMP", "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK")
+        if f & _CTRL:
+            what = n[self.store.kind(pid) - _PUBACK]
+        else:
+            self._free(i)
+            self._inflight -= 1
+            self._event(EV_PUBLISHED, pid, _PROTOCOL_ERROR)
+            what = "QoS %d message" % (2 if f & _QOS2 else 1)
+        self._violation(_PROTOCOL_ERROR, "protocol violation: the broker answered %s %d with %s%s%s" % (
+            what, pid, n[t - _PUBACK],
+            " (it does not do QoS 2: it acknowledges it as QoS 1)" if t == _PUBACK and f & _QOS2 else
+            " before PUBREC" if t == _PUBCOMP and f & _QOS2 else "",
+            "" if f & _CTRL else "; the message is given back failed (0x82)"), now)
 
     def _answer(self, t, pid, now):
         # Acknowledge an inbound message that is not delivered, in its place
@@ -934,29 +987,54 @@ class Session:
                 st.in_add(pid)
             if d:  # its ack waits for the handler under way: slot taken now, in arrival order
                 self._held.append(pid << 4 | t)
-        # Dispatch to the handler of each matching subscription; with
-        # subscription identifiers, only those the message carries.
-        delivered = False
+        # Dispatch (the rules are in the README, "Which handlers a message
+        # reaches"). A copy carrying identifiers stands for the subscriptions
+        # holding them: each one's handler (on_message when it has none) runs
+        # once per identifier, which is the same whether the broker sends one
+        # copy with several identifiers or one copy per subscription; an
+        # identifier no subscription holds goes to on_message. A copy without
+        # identifiers stands for subscriptions without one (when the server
+        # takes identifiers): each matching one's handler runs once, and
+        # on_message once when one of them has no handler or none matches.
         n_ids = m.n_sub_ids
         ids = m.sub_ids
+        sids = v == _V5 and self.sid_ok
+        dflt = self.on_message
         self._depth = d + 1
         try:
-            for s in self._subs:
-                h = s.handler
-                if h is None:
-                    continue
-                if n_ids and s.sid:
-                    k = min(n_ids, len(ids))
-                    while k and ids[k - 1] != s.sid:
-                        k -= 1
-                    if not k:
+            if n_ids and sids:
+                k = n_ids if n_ids < len(ids) else len(ids)
+                for j in range(k):
+                    i = ids[j]
+                    rep = False
+                    for jj in range(j):
+                        if ids[jj] == i:
+                            rep = True  # a repeated identifier counts once
+                    if rep:
                         continue
-                    # identifiers may be shared: the filter must match too
-                if matches_bytes(s.match, m.tbuf, m.topic_start, m.topic_end):
-                    h(m)
-                    delivered = True
-            if not delivered and self.on_message:
-                self.on_message(m)
+                    hit = False
+                    for s in self._subs:  # identifiers may be shared: the filter must match too
+                        if s.sid == i and matches_bytes(s.match, m.tbuf, m.topic_start, m.topic_end):
+                            hit = True
+                            h = s.handler or dflt
+                            if h:
+                                h(m)
+                    if not hit and dflt:
+                        dflt(m)
+            else:
+                took = 0  # 1: a handler took it; 2: a subscription without a handler matched
+                for s in self._subs:
+                    if sids and s.sid:
+                        continue  # not this copy's: it would carry the identifier
+                    if matches_bytes(s.match, m.tbuf, m.topic_start, m.topic_end):
+                        h = s.handler
+                        if h:
+                            h(m)
+                            took |= 1
+                        else:
+                            took = 2
+                if took != 1 and dflt:
+                    dflt(m)
         finally:
             # Acknowledged even when a handler raised (the exception goes on
             # to the driver's caller): acknowledgements keep arrival order,

@@ -210,6 +210,18 @@ def test_refused_connection_is_permanent_for_bad_protocol(broker_addr):
     assert e.reason == 2 and e.permanent, e.reason
 
 
+def test_mqtt31_with_the_default_client_id_connects(broker_addr):
+    # MQTT 3.1 needs a client id of 1-23 characters: Client(version=3) with the default "" was refused
+    # (CONNACK 2, identifier rejected); it now makes one, as `tern pub -V 31` does
+    from tern.client import Client
+
+    c = Client(server=broker_addr[0], port=broker_addr[1], version=3)
+    assert 1 <= len(c.session.client_id) <= 23, c.session.client_id
+    c.connect()
+    assert c.connected
+    c.disconnect()
+
+
 def test_unreachable_broker_raises_oserror():
     from tern.client import Client
 

@@ -411,3 +411,326 @@ def test_a_publish_over_the_receive_buffer_is_skipped_and_acknowledged_on_mqtt_3
     c.loop(200)
     assert got == [b"ok", b"after"] and c.session.stats_dropped == 3, (got, c.session.stats_dropped)
     assert c.connected
+
+
+# ------------------------------------------------------------------------------------------------------
+# Conformance across brokers (issue 20): which handlers a message reaches, wrong acknowledgement types,
+# an MQTT 3.1.1 broker refusing MQTT 5. Each broker behaviour is played byte for byte.
+
+from tern.wire import UNSUBACK  # noqa: E402
+from tern.client import ConnectError  # noqa: E402
+from tern.store import MemoryStore  # noqa: E402
+
+# Filters of the dispatch tests, subscribed in this order; under MQTT 5 "a/#" is given sub_id=1 and the
+# others get automatic identifiers 2..6 (2 is not 1 again: automatic ids skip the chosen ones).
+FILTERS = ("a/#", "a/b", "h/#", "h/b", "$share/g/s/#", "s/x")
+
+
+def _copy(topic, ids, payload=b"m", v=5):
+    return E(PUBLISH, v, topic=topic, payload=payload, props={P.SUBSCRIPTION_IDENTIFIER: ids} if ids else None)
+
+
+def _subscribed(v):
+    steps = []
+    for k, f in enumerate(FILTERS):
+        props = {P.SUBSCRIPTION_IDENTIFIER: k + 1} if v == 5 else None
+        steps += [("recv", E(SUBSCRIBE, v, pid=k + 1, topics=[(f, 1)], props=props)),
+                  ("send", E(SUBACK, v, pid=k + 1, reasons=[1]))]
+    return steps
+
+
+# What both MQTT 5 broker behaviours must come to: a/b reaches X (a/#, id 1) and Y (a/b, id 2) once each;
+# h/b reaches H (h/#) and, for h/b's subscription without a handler, on_message D; the shared
+# subscription and s/x each once; a copy without identifiers (a subscription of an earlier session the
+# client does not know) only D, never H by topic; an identifier no subscription holds, D.
+DISPATCHED = [("X", "a/b", b"m"), ("Y", "a/b", b"m"), ("H", "h/b", b"m"), ("D", "h/b", b"m"), ("S", "s/x", b"m"),
+              ("T", "s/x", b"m"), ("D", "h/b", b"old"), ("D", "a/b", b"gone")]
+
+SCRIPTS["test_sub_ids_broker_sending_one_copy_per_subscription"] = ([  # Mosquitto, ejabberd
+    HELLO5 + _subscribed(5) + [("send", _copy("a/b", [1]) + _copy("a/b", [2]) + _copy("h/b", [3]) + _copy("h/b", [4])
+                                + _copy("s/x", [5]) + _copy("s/x", [6]) + _copy("h/b", None, b"old")
+                                + _copy("a/b", [9], b"gone"))],
+], 5)
+SCRIPTS["test_sub_ids_broker_sending_one_copy_with_every_identifier"] = ([  # one copy per message
+    HELLO5 + _subscribed(5) + [("send", _copy("a/b", [1, 2]) + _copy("h/b", [3, 4]) + _copy("s/x", [5, 6])
+                                + _copy("h/b", None, b"old") + _copy("a/b", [9], b"gone"))],
+], 5)
+SCRIPTS["test_sub_ids_mqtt3_dispatch_by_topic"] = ([
+    HELLO + _subscribed(4) + [("send", _copy("a/b", None, v=4) + _copy("h/b", None, v=4) + _copy("s/x", None, v=4))],
+], 4)
+
+
+def _dispatch(addr, v, n):
+    got = []
+
+    def h(name):
+        return lambda m: got.append((name, m.topic, bytes(m.payload)))
+
+    c = _client(addr, h("D"), version=v)
+    c.subscribe("a/#", 1, handler=h("X"), sub_id=1 if v == 5 else None)
+    c.subscribe("a/b", 1, handler=h("Y"))
+    if v == 5:  # a chosen identifier that is another filter's automatic one is refused, before anything is sent
+        e = raises(ValueError, c.subscribe, "z", 0, handler=h("Z"), sub_id=2)
+        assert "automatic" in str(e), e
+    c.subscribe("h/#", 1, handler=h("H"))
+    c.subscribe("h/b", 1)
+    c.subscribe("$share/g/s/#", 1, handler=h("S"))
+    c.subscribe("s/x", 1, handler=h("T"))
+    until([c], lambda: len(got) >= n, 5000, "the messages")
+    c.loop(300)
+    return got
+
+
+def test_sub_ids_broker_sending_one_copy_per_subscription(scripted_addr):
+    # The automatic identifier of a/b used to be 1 again (X, Y, X, Y), and the copy for h/b's subscription
+    # without a handler was matched by topic to h/# (H twice, D never)
+    got = _dispatch(scripted_addr, 5, len(DISPATCHED))
+    assert got == DISPATCHED, got
+
+
+def test_sub_ids_broker_sending_one_copy_with_every_identifier(scripted_addr):
+    # The same calls as with one copy per subscription (h/b's subscription without a handler used to have
+    # no identifier, so a one-copy broker's message never reached D)
+    got = _dispatch(scripted_addr, 5, len(DISPATCHED))
+    assert got == DISPATCHED, got
+
+
+def test_sub_ids_mqtt3_dispatch_by_topic(scripted_addr):
+    # No identifiers: a copy reaches every subscription whose filter matches, the shared one by its inner
+    # filter, and on_message once when a matching subscription has no handler (h/b: D used to be skipped
+    # because H took the message)
+    got = _dispatch(scripted_addr, 4, 6)
+    assert got == [("X", "a/b", b"m"), ("Y", "a/b", b"m"), ("H", "h/b", b"m"), ("D", "h/b", b"m"),
+                   ("S", "s/x", b"m"), ("T", "s/x", b"m")], got
+
+
+SCRIPTS["test_a_puback_answering_qos2_ends_the_connection_and_gives_the_message_back"] = ([
+    HELLO5 + [("recv", pub(1, qos=2, v=5)), ("send", E(PUBACK, 5, pid=1)), ("recv", E(DISCONNECT, 5, reason=0x82)),
+              ("eof",)],
+    HELLO5 + [("recv", pub(2, b"after", v=5)), ("send", E(PUBACK, 5, pid=2))],
+], 5)
+SCRIPTS["test_a_puback_answering_qos2_is_not_resent_to_a_persistent_session"] = ([
+    HELLO + [("recv", pub(1, qos=2)), ("send", E(PUBACK, pid=1)), ("eof",)],
+    RESUME + [("recv", pub(2, b"after")), ("send", E(PUBACK, pid=2))],  # no DUP resend of message 1 first
+], 4)
+
+
+def _given_back(addr, **kw):
+    # RabbitMQ 3.10 answers a QoS 2 PUBLISH with PUBACK. The message stayed in flight for ever (16 of them
+    # filled the window and nothing else was sent) and a persistent session resent it after every reconnect
+    told = []
+    c = _client(addr, **kw)
+    c.on_published = lambda pid, r: told.append((pid, r))
+    pid = c.publish("t", b"x", 2)
+    until([c], lambda: told, 5000, "the message given back")
+    assert told == [(pid, 0x82)], told
+    e = c.last_error
+    assert isinstance(e, MQTTError) and e.code == 0x82, e
+    assert "QoS 2 message 1 with PUBACK (it does not do QoS 2" in str(e), e
+    until([c], lambda: c.connected, 5000, "the reconnect")
+    c.wait_published(c.publish("t", b"after", 1), 5)
+    assert not c.session.pending() and told == [(pid, 0x82), (2, 0)], told
+
+
+def test_a_puback_answering_qos2_ends_the_connection_and_gives_the_message_back(scripted_addr):
+    _given_back(scripted_addr, version=5)
+
+
+def test_a_puback_answering_qos2_is_not_resent_to_a_persistent_session(scripted_addr):
+    _given_back(scripted_addr, clean=False)
+
+
+def _violated(v, ack, what):
+    return HELLO5 + [("recv", what), ("send", ack), ("recv", E(DISCONNECT, 5, reason=0x82)), ("eof",)]
+
+
+SCRIPTS["test_every_wrong_acknowledgement_type_ends_the_connection"] = ([
+    _violated(5, E(PUBREC, 5, pid=1), pub(1, v=5)),  # PUBREC for QoS 1
+    _violated(5, E(PUBCOMP, 5, pid=2), pub(2, v=5)),  # PUBCOMP for QoS 1
+    _violated(5, E(PUBCOMP, 5, pid=3), pub(3, qos=2, v=5)),  # PUBCOMP for QoS 2 before PUBREC (no PUBREL sent)
+    _violated(5, E(UNSUBACK, 5, pid=4, reasons=[0]),  # UNSUBACK for a SUBSCRIBE
+              E(SUBSCRIBE, 5, pid=4, topics=[("u", 1)], props={P.SUBSCRIPTION_IDENTIFIER: 1})),
+], 5)
+
+
+def test_every_wrong_acknowledgement_type_ends_the_connection(scripted_addr):
+    # They used to change nothing: the message stayed in flight for good (and a PUBREC for QoS 1 went
+    # unanswered). Unknown identifiers still change nothing (test_unexpected_acks_change_nothing).
+    told = []
+    c = _client(scripted_addr, version=5, reconnect=False)
+    c.on_published = lambda pid, r: told.append((pid, r))
+    for qos, words in ((1, "QoS 1 message 1 with PUBREC;"), (1, "QoS 1 message 2 with PUBCOMP;"),
+                       (2, "QoS 2 message 3 with PUBCOMP before PUBREC;")):
+        if not c.connected:
+            c.connect()
+        pid = c.publish("t", b"x", qos)
+        until([c], lambda: not c.connected, 5000, "the disconnect")
+        e = c.last_error
+        assert told[-1] == (pid, 0x82) and isinstance(e, MQTTError) and e.code == 0x82, (told, e)
+        assert words in str(e) and "given back failed" in str(e), e
+        assert not c.session.pending()
+    c.connect()
+    raises(OSError, c.subscribe, "u", 1, timeout=1)
+    e = c.last_error
+    assert isinstance(e, MQTTError) and "SUBSCRIBE 4 with UNSUBACK" in str(e), e
+    assert len(told) == 3
+
+
+V311_REFUSAL = bytes((0x20, 2, 0, 1))  # CONNACK, 3.1.1 return code 1: unacceptable protocol version
+REFUSED = [("recv_type", CONNECT), ("send", V311_REFUSAL)]
+
+
+def _connect_bytes(v):
+    return encode(Packet(CONNECT, version=v, client_id="scripted", props={P.MAXIMUM_PACKET_SIZE: 4096} if v == 5 else None))
+
+
+SCRIPTS["test_an_mqtt3_broker_refusing_mqtt5_is_a_permanent_refusal"] = ([REFUSED, REFUSED], 5)
+SCRIPTS["test_version_5_4_falls_back_to_3_1_1_and_remembers_it"] = ([
+    [("recv", _connect_bytes(5)), ("send", V311_REFUSAL)],
+    [("recv", _connect_bytes(4)), ("send", E(CONNACK)), ("recv", E(SUBSCRIBE, pid=1, topics=[("f", 1)])),
+     ("send", E(SUBACK, pid=1, reasons=[1]) + pub(0, b"in", qos=0, topic="f")), ("close",)],
+    [("recv", _connect_bytes(4)), ("send", E(CONNACK)), ("recv", E(SUBSCRIBE, pid=2, topics=[("f", 1)])),
+     ("send", E(SUBACK, pid=2, reasons=[1]))],
+], 4)
+SCRIPTS["test_aio_mqtt5_refusal_and_fallback"] = ([
+    REFUSED,
+    [("recv", _connect_bytes(5)), ("send", V311_REFUSAL)],
+    [("recv", _connect_bytes(4)), ("send", E(CONNACK)), ("recv", E(DISCONNECT))],
+], 4)
+
+
+def test_an_mqtt3_broker_refusing_mqtt5_is_a_permanent_refusal(scripted_addr):
+    # aedes, RabbitMQ and amqtt answer an MQTT 5 CONNECT with the 3.1.1 CONNACK code 1. It used to be
+    # "protocol error: reason code 0x01 not allowed here", an MQTTError, and loop() retried for ever
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=5, backoff_min=0.02)
+    e = raises(ConnectError, c.connect)
+    assert e.reason == 1 and e.permanent and "the broker does not support MQTT 5" in str(e), e
+    start = ticks_ms()
+    e = raises(ConnectError, c.loop, 3000)  # the second connection: refused for good, loop() stops retrying
+    assert e.permanent and not c.reconnect and not c.loop(200), e
+    assert ticks_diff(ticks_ms(), start) < 2500
+
+
+def test_version_5_4_falls_back_to_3_1_1_and_remembers_it(scripted_addr):
+    store = MemoryStore()
+    got = []
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), store=store,
+               rx_size=4096, backoff_min=0.02, backoff_max=0.05)
+    c.subscribe("f", 1, handler=lambda m: got.append(bytes(m.payload)), no_local=True)  # offline: sent on connect
+    assert c.connect() is False and c.session.version == 4  # refused as MQTT 5, then accepted as 3.1.1
+    until([c], lambda: got == [b"in"], 5000, "the message")
+    ups = []
+    c.on_connect = lambda present, reason: ups.append(reason)
+    until([c], lambda: ups, 5000, "the reconnect, as 3.1.1 straight away")
+    assert store.meta("version") == b"4"
+    # a client started later on the same store starts with what the broker took
+    assert Client("again", version=(5, 4), store=store).session.version == 4
+    assert raises(ValueError, Client, version=(4, 5))
+
+
+def test_aio_mqtt5_refusal_and_fallback(scripted_addr):
+    import asyncio
+    from tern import aio
+
+    async def main():
+        a = aio.Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=5)
+        e = None
+        try:
+            await a.connect()
+        except ConnectError as x:
+            e = x
+        assert e is not None and e.permanent and "the broker does not support MQTT 5" in str(e), e
+        b = aio.Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), rx_size=4096)
+        assert await b.connect() is False and b.session.version == 4
+        await b.disconnect()
+
+    asyncio.run(main())
+
+
+SCRIPTS["test_aio_puback_answering_qos2_fails_the_wait"] = ([
+    HELLO5 + [("recv", pub(1, qos=2, v=5)), ("send", E(PUBACK, 5, pid=1)), ("recv", E(DISCONNECT, 5, reason=0x82)),
+              ("eof",)],
+], 5)
+
+
+def test_aio_puback_answering_qos2_fails_the_wait(scripted_addr):
+    # publish(wait_ack=True) used to time out (and the message stayed in flight)
+    import asyncio
+    from tern import aio
+
+    async def main():
+        a = aio.Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=5, reconnect=False)
+        await a.connect()
+        e = None
+        try:
+            await a.publish("t", b"x", 2, wait_ack=True, timeout=5)
+        except MQTTError as x:
+            e = x
+        assert e is not None and e.code == 0x82, e
+        assert not a.session.pending() and "with PUBACK" in str(a.last_error), a.last_error
+        a.close()
+
+    asyncio.run(main())
+
+
+SCRIPTS["test_version_5_4_falls_back_when_the_broker_closes_on_mqtt5"] = ([
+    [("recv", _connect_bytes(5)), ("close",)],  # RabbitMQ 3.10: its 3.1.1 parser fails on the properties
+    [("recv", _connect_bytes(4)), ("send", E(CONNACK)), ("recv", E(DISCONNECT))],
+    [("recv", _connect_bytes(5)), ("close",)],
+    [("recv", _connect_bytes(4)), ("send", E(CONNACK)), ("recv", E(DISCONNECT))],
+], 4)
+
+
+def test_version_5_4_falls_back_when_the_broker_closes_on_mqtt5(scripted_addr):
+    # Without a fallback the client sees "connection closed by the broker" and retries MQTT 5 for ever
+    import asyncio
+    from tern import aio
+
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), rx_size=4096)
+    assert c.connect() is False and c.session.version == 4
+    c.disconnect()
+
+    async def main():
+        a = aio.Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), rx_size=4096)
+        assert await a.connect() is False and a.session.version == 4
+        await a.disconnect()
+
+    asyncio.run(main())
+
+
+SCRIPTS["test_version_5_4_does_not_fall_back_with_mqtt5_packets_stored"] = ([REFUSED], 5)
+
+
+def test_version_5_4_does_not_fall_back_with_mqtt5_packets_stored(scripted_addr):
+    # A message stored while offline is encoded as MQTT 5: sent to a 3.1.1 broker it would be malformed
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), rx_size=4096)
+    pid = c.publish("t", b"x", 1)
+    e = raises(ConnectError, c.connect)
+    assert e.permanent and "does not support MQTT 5" in str(e) and c.session.version == 5, e
+    assert c.session.pending() == [pid]
+
+
+SCRIPTS["test_version_5_4_falls_back_when_the_broker_never_answers_mqtt5"] = ([
+    [("recv", _connect_bytes(5)), ("quiet", 3)],  # amqtt, given a CONNECT with properties; ends when the client hangs up
+    [("recv", _connect_bytes(4)), ("send", E(CONNACK)), ("recv", E(DISCONNECT))],
+    [("recv", _connect_bytes(5)), ("quiet", 3)],
+    [("recv", _connect_bytes(4)), ("send", E(CONNACK)), ("recv", E(DISCONNECT))],
+], 4)
+
+
+def test_version_5_4_falls_back_when_the_broker_never_answers_mqtt5(scripted_addr):
+    import asyncio
+    from tern import aio
+
+    c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), rx_size=4096,
+               connect_timeout=0.5)
+    assert c.connect() is False and c.session.version == 4
+    c.disconnect()
+
+    async def main():
+        a = aio.Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), rx_size=4096,
+                       connect_timeout=0.5)
+        assert await a.connect() is False and a.session.version == 4
+        await a.disconnect()
+
+    asyncio.run(main())
