@@ -57,6 +57,19 @@ else:
             return 0
 
 
+def nodelay(sock):
+    """Turn Nagle's algorithm off: with it on, a small packet waits for the
+    peer's ACK of the one before, and a broker delays that ACK by up to 40 ms
+    when it has nothing to send back (a QoS 0 message after any other).
+    IPPROTO_TCP (6) and TCP_NODELAY (1) have these values on Linux, lwIP and
+    BSD sockets alike; MicroPython's unix port lacks the names, not the option.
+    A stack that does not know it (a modem's UART stream) keeps its default."""
+    try:
+        sock.setsockopt(getattr(socket, "IPPROTO_TCP", 6), getattr(socket, "TCP_NODELAY", 1), 1)
+    except (OSError, AttributeError):
+        pass
+
+
 class ConnectError(OSError):
     """The broker refused the connection; `reason` is its code, `permanent`
     says whether retrying can help."""
@@ -112,6 +125,8 @@ class _Driver:
         # A board gets 4 KiB; a host can afford packets up to 1 MiB (MQTT 3.1.1
         # has no way to tell the broker a smaller limit).
         opts.setdefault("rx_size", 4096 if MICROPYTHON else 1 << 20)
+        # and a transmit buffer that holds a whole typical packet: each leaves in one write
+        opts.setdefault("tx_size", 512 if MICROPYTHON else 1 << 16)
         s = Session(client_id, version, clean, keepalive, store, **opts)
         s.send = self._send
         s.on_event = self._on_event
@@ -284,6 +299,7 @@ class Client(_Driver):
             try:
                 sock.settimeout(self.connect_timeout)
                 sock.connect(ai[-1])
+                nodelay(sock)
                 break
             except OSError as e:  # try the next address (IPv6 first, broker on IPv4 ...)
                 sock.close()

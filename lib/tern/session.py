@@ -179,6 +179,7 @@ class Session:
         self._rpos = -1  # where feed_n reads next; -1: no feed under way
         self._rxmv = memoryview(self.rx)
         self._tx = bytearray(tx_size)
+        self._txmv = memoryview(self._tx)  # a slice store into a view allocates nothing on MicroPython
         self._msg = Message()
         self._depth = 0  # message handlers under way: >0 while a handler's blocking call reads on
         self._held = []  # acks of messages read under a handler: they leave after its own (arrival order)
@@ -433,6 +434,13 @@ class Session:
                         blk = self._P.encode(pp, _PUBLISH)
                     pblock = blk
             n = pkt.publish_header_into(tx, topic, 0, retain, False, 0, plen, self.version, pblock)
+            if n + plen <= len(tx):
+                # One write per packet: a header and a payload written apart
+                # leave as two segments, and where Nagle's algorithm is on the
+                # second waits for the peer's (delayed) ACK of the first.
+                self._txmv[n : n + plen] = payload
+                n += plen
+                plen = 0
             try:
                 self.send(tx, 0, n)
                 if plen:
