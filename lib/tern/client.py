@@ -61,9 +61,10 @@ def nodelay(sock):
     """Turn Nagle's algorithm off: with it on, a small packet waits for the
     peer's ACK of the one before, and a broker delays that ACK by up to 40 ms
     when it has nothing to send back (a QoS 0 message after any other).
-    IPPROTO_TCP (6) and TCP_NODELAY (1) have these values on Linux, lwIP and
-    BSD sockets alike; MicroPython's unix port lacks the names, not the option.
-    A stack that does not know it (a modem's UART stream) keeps its default."""
+    Boards' socket modules name the option (lwIP's value differs from
+    Linux's); MicroPython's unix port lacks the names, not the option, and
+    gets the values of Linux and BSD (6, 1). A socket that does not take it
+    keeps its default."""
     try:
         sock.setsockopt(getattr(socket, "IPPROTO_TCP", 6), getattr(socket, "TCP_NODELAY", 1), 1)
     except (OSError, AttributeError):
@@ -350,6 +351,7 @@ class Client(_Driver):
     def _io(self, ms):
         """Wait up to ms for data, feed it to the session. False: nothing came."""
         s = self.session
+        s.flush()  # inside a handler's blocking call: what the feed under way queued goes out before we wait
         if s.rx_len:  # whole frames may wait there, behind a handler that raised
             s.feed_n(0, ticks_ms())
         sock = self.sock

@@ -180,6 +180,7 @@ class Session:
         self._rxmv = memoryview(self.rx)
         self._tx = bytearray(tx_size)
         self._txmv = memoryview(self._tx)  # a slice store into a view allocates nothing on MicroPython
+        self._txn = 0  # bytes of packets queued at the start of _tx while a feed is under way (see flush)
         self._msg = Message()
         self._depth = 0  # message handlers under way: >0 while a handler's blocking call reads on
         self._held = []  # acks of messages read under a handler: they leave after its own (arrival order)
@@ -283,8 +284,38 @@ class Session:
 
     # ------------------------------------------------------------------ output
 
+    # While a feed is under way (_rpos >= 0), what the acknowledgements of
+    # our own messages trigger (PUBREL, and the messages an acknowledgement
+    # lets out of the window) is queued in _tx, one packet behind the other,
+    # and handed over in one write when the feed ends: one write per read of
+    # acknowledgements rather than one per packet. Whatever else is sent
+    # (an acknowledgement of an inbound message, publish, CONNECT, PINGREQ)
+    # flushes the queue first, so order is kept.
+
+    def flush(self):
+        """Hand over the packets queued during a feed. feed_n does it when it
+        ends; a driver that waits for input inside a feed (a handler's
+        blocking call) does it before it waits."""
+        n = self._txn
+        if n:
+            self._txn = 0
+            self.send(self._tx, 0, n)
+
     def _ack(self, ptype, pid, reason, now):
-        self.send(self._tx, 0, pkt.ack_into(self._tx, ptype, pid, reason, self.version))
+        # A PUBREL (our QoS 2 flow) waits with the rest of what the read
+        # released; the acknowledgement of an inbound message leaves at once:
+        # the broker may be holding its next messages until it comes (a full
+        # window), and QoS 0 ones would then overtake them.
+        q = ptype == _PUBREL and self._rpos >= 0
+        k = self._txn
+        if not q or k + 5 > len(self._tx):
+            self.flush()
+            k = 0
+        k += pkt.ack_into(self._tx, ptype, pid, reason, self.version, k)
+        if q:
+            self._txn = k
+        else:
+            self.send(self._tx, 0, k)
         self._last_tx = now
 
     def _packet(self, p, now):
@@ -292,6 +323,7 @@ class Session:
         mx = self.server.get(_P_MAX_PACKET, 268435460)
         if len(b) > mx:
             raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (len(b), mx))
+        self.flush()
         self.send(b, 0, len(b))
         self._last_tx = now
 
@@ -312,6 +344,7 @@ class Session:
         # Unread bytes belong to the old connection; under a feed (a handler
         # that reconnected) what it has read stays, for the handlers under way.
         self.rx_len = self._rpos if self._rpos > 0 else 0
+        self._txn = 0
         self.state = _CONNECTING
         self._ping_sent = -1
         self._reauth = False
@@ -333,9 +366,21 @@ class Session:
         limit = self._limit
         tx = self._tx
         flags = self._rflags
-        i = self._head
-        for _ in range(self._n):
-            pid = self._ring[i]
+        ring = self._ring
+        cap = len(flags)
+        # Packets leave in ring order and the pump stops at the first that may
+        # not, so the unsent ones are the ring's tail: walk back to where it
+        # starts instead of over every message in flight.
+        i = (self._head + self._n) % cap
+        tail = 0
+        while tail < self._n:
+            j = (i or cap) - 1
+            if ring[j] and flags[j] & _SENT:
+                break
+            i = j
+            tail += 1
+        for _ in range(tail):
+            pid = ring[i]
             f = flags[i]
             if pid and not f & _SENT:
                 if not f & _CTRL:
@@ -346,21 +391,32 @@ class Session:
                     self._ack(_PUBREL, pid, 0, now)
                 else:
                     size = st.size(pid)
+                    k = self._txn
+                    q = self._rpos >= 0 and size <= len(tx)  # queued (see flush)
+                    if k and (not q or k + size > len(tx)):
+                        self.flush()
+                        k = 0
                     off = 0
                     while off < size:
-                        n = st.read(pid, off, tx)
+                        at = k + off if q else 0
+                        n = st.read(pid, off, self._txmv[at:] if at else tx)
                         if not n:
                             raise OSError("store returned a short record for packet %d" % pid)
                         if off == 0 and f & _EVER and not f & _CTRL:
-                            tx[0] |= 8  # DUP
-                        self.send(tx, 0, n)
+                            tx[at] |= 8  # DUP
                         off += n
+                        if not q:
+                            self.send(tx, 0, n)
+                    if q:
+                        self._txn = k + size
                     self._last_tx = now
                 flags[i] = f | _SENT | _EVER
                 self._unsent -= 1
                 if not self._unsent:
                     return
-            i = (i + 1) % len(flags)
+            i += 1
+            if i == cap:
+                i = 0
 
     # ---------------------------------------------------------------- publish
 
@@ -375,6 +431,7 @@ class Session:
         """
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
+        self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
         if isinstance(topic, str):
             # Devices publish to a handful of topics: validate and encode each
             # once, so a str topic costs no allocation on the steady path.
@@ -647,6 +704,8 @@ class Session:
                 if left:
                     rx[base : base + left] = self._rxmv[pos:end]
                 self.rx_len = base + left
+            if top:
+                self.flush()
 
     def rx_space(self):
         """How many bytes the driver may write at rx[rx_len:]."""
@@ -945,6 +1004,7 @@ class Session:
         delivered = False
         n_ids = m.n_sub_ids
         ids = m.sub_ids
+        self.flush()  # what the read queued leaves before application code runs
         self._depth = d + 1
         try:
             for s in self._subs:
@@ -1026,6 +1086,7 @@ class Session:
             return limit - waited
         idle = ticks_diff(now, self._last_tx)
         if idle >= ka:
+            self.flush()
             self.send(pkt.PINGREQ_BYTES, 0, 2)
             self._last_tx = self._ping_sent = now
             return ka
@@ -1041,6 +1102,7 @@ class Session:
     def connection_lost(self):
         """The transport is gone: nothing is lost, everything pending waits."""
         self.state = DISCONNECTED
+        self._txn = 0  # queued for a connection that is gone
         self.rx_len = self._rpos if self._rpos > 0 else 0  # as in connect_packet
         self._inflight = 0
         self._ping_sent = -1

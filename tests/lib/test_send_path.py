@@ -14,16 +14,24 @@ from check import MICROPYTHON
 from tern import pkt
 from tern.codec import Packet, encode
 from tern.session import Session
-from tern.wire import CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, SUBACK, UNSUBACK
+from tern.wire import CONNACK, PUBLISH, PUBACK, PUBCOMP, PUBREC, PUBREL, SUBACK, UNSUBACK
 
 MP_TIMEOUT = 120
 
 
 def _whole(sent):
-    # Every send() call handed over exactly one whole packet.
+    # Every send() call handed over whole packets; returns their types, one list a send.
+    out = []
     for b in sent:
-        assert pkt.frame_size(b, 0, len(b), 1 << 28) == len(b), "a send() of %d bytes is not one packet: %s" % (
-            len(b), bytes(b[:8]))
+        pos = 0
+        types = []
+        while pos < len(b):
+            n = pkt.frame_size(b, pos, len(b), 1 << 28)
+            assert 0 < n <= len(b) - pos, "a send() of %d bytes ends inside a packet: %s" % (len(b), bytes(b[:8]))
+            types.append(b[pos] >> 4)
+            pos += n
+        out.append(types)
+    return out
 
 
 def test_each_packet_is_one_send():
@@ -55,9 +63,8 @@ def test_each_packet_is_one_send():
         s.unsubscribe("in/#", 0)
         feed(Packet(UNSUBACK, pid=s._last_pid, reasons=[0]))
         s.disconnect(0)
-        _whole(sent)
-        types = [b[0] >> 4 for b in sent]
-        assert types == [1, 8, 3, 3, 3, 3, 6, 4, 5, 7, 12, 10, 14], (v, types)
+        types = _whole(sent)
+        assert types == [[1], [8], [3], [3], [3], [3], [6], [4], [5], [7], [12], [10], [14]], (v, types)
         # A payload larger than the buffer: the header, then the payload as given (still in order).
         s2 = Session("big", v, tx_size=128)
         out = []
@@ -68,6 +75,53 @@ def test_each_packet_is_one_send():
         s2.feed_n(len(b), 0)
         s2.publish(b"t/x", b"f" * (129 - hlen), 0, False, 0)
         assert len(out) == 3 and len(out[1]) == hlen and out[2] == b"f" * (129 - hlen), [len(x) for x in out]
+
+
+def test_what_one_read_triggers_leaves_in_one_write():
+    # Acknowledgements that arrive in one read: the PUBRELs they call for and
+    # the messages they let out of the window leave together, in one write,
+    # in the order of their triggers. Acks of inbound messages leave at once.
+    for v in (4, 5):
+        s = Session("batch", v, window=4, tx_size=512)
+        sent = []
+        s.send = lambda buf, off, n: sent.append(bytes(buf[off : off + n]))
+        s.subscribe("in/#", 2, 0)
+        s.connect_packet(0)
+
+        def feed(*ps):
+            b = b"".join(encode(p, v) for p in ps)
+            s.rx[s.rx_len : s.rx_len + len(b)] = b
+            s.feed_n(len(b), 0)
+
+        feed(Packet(CONNACK), Packet(SUBACK, pid=1, reasons=[2]))
+        pids = [s.publish(b"t/x", b"p" * 40, 1 + i % 2, False, 0) for i in range(8)]
+        del sent[:]
+        # 4 in flight (QoS 1, 2, 1, 2): PUBACK, PUBREC, PUBACK, PUBREC in one read
+        feed(*[Packet(PUBACK if i % 2 == 0 else PUBREC, pid=pids[i]) for i in range(4)])
+        assert _whole(sent) == [[3, 6, 3, 6]], (v, _whole(sent))  # PUBLISH 5, PUBREL 2, PUBLISH 6, PUBREL 4
+        del sent[:]
+        feed(Packet(PUBCOMP, pid=pids[1]), Packet(PUBCOMP, pid=pids[3]))  # two PUBCOMPs: messages 7 and 8 leave at once
+        assert _whole(sent) == [[3, 3]], (v, _whole(sent))
+        del sent[:]
+        feed(Packet(PUBLISH, topic="in/a", payload=b"x", qos=1, pid=7),
+             Packet(PUBLISH, topic="in/a", payload=b"y", qos=2, pid=8), Packet(PUBREL, pid=8))
+        assert _whole(sent) == [[4], [5], [7]], (v, _whole(sent))  # acks of inbound messages leave at once
+        # a packet that does not fit behind those queued goes in a write of its own, in order
+        del sent[:]
+        s2 = Session("full", v, window=8, tx_size=64)
+        s2.send = lambda buf, off, n: sent.append(bytes(buf[off : off + n]))
+        s2.connect_packet(0)
+        b = encode(Packet(CONNACK), v)
+        s2.rx[: len(b)] = b
+        s2.feed_n(len(b), 0)
+        big = [s2.publish(b"t/x", b"q" * 40, 1, False, 0) for _ in range(16)][:8]  # 8 in flight, 8 queued
+        del sent[:]
+        # 8 PUBACKs release PUBLISHes 9 to 16 of 49 bytes: one at a time fits the 64-byte buffer
+        b = b"".join(encode(Packet(PUBACK, pid=p), v) for p in big)
+        s2.rx[: len(b)] = b
+        s2.feed_n(len(b), 0)
+        assert _whole(sent) == [[3]] * 8, (v, _whole(sent))
+        assert s2.pending() == list(range(9, 17)), s2.pending()
 
 
 # --------------------------------------------------- at a socket, both drivers
