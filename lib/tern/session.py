@@ -369,17 +369,16 @@ class Session:
         ring = self._ring
         cap = len(flags)
         # Packets leave in ring order and the pump stops at the first that may
-        # not, so the unsent ones are the ring's tail: walk back to where it
-        # starts instead of over every message in flight.
-        i = (self._head + self._n) % cap
-        tail = 0
-        while tail < self._n:
-            j = (i or cap) - 1
-            if ring[j] and flags[j] & _SENT:
-                break
-            i = j
-            tail += 1
-        for _ in range(tail):
+        # not, and only sent ones are released on a live connection: the
+        # unsent ones are the last _unsent slots. Start there when the slot
+        # before them is a sent message (the steady state), else (released
+        # slots among unsent ones, after a CONNACK) from the head.
+        d = self._n - self._unsent
+        i = (self._head + d - 1) % cap
+        if d <= 0 or not (ring[i] and flags[i] & _SENT):
+            d = 0
+        i = (self._head + d) % cap
+        for _ in range(self._n - d):
             pid = ring[i]
             f = flags[i]
             if pid and not f & _SENT:
