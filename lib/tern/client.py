@@ -253,13 +253,15 @@ class Client(_Driver):
         if sock is None:
             raise OSError("not connected")
         end = off + n
-        deadline = ticks_add(ticks_ms(), int(self.connect_timeout * 1000))
+        deadline = None  # taken when the socket first pushes back: a write that goes through reads no clock
         while off < end:
             k = _write(sock, buf, off, end - off)
             if k:
                 off += k
                 continue
-            if ticks_diff(deadline, ticks_ms()) <= 0:
+            if deadline is None:
+                deadline = ticks_add(ticks_ms(), int(self.connect_timeout * 1000))
+            elif ticks_diff(deadline, ticks_ms()) <= 0:
                 raise OSError("send timed out")
             p = self._poll  # the connection's own, for writing a moment: no poll object per wait
             p.modify(sock, select.POLLOUT)
