@@ -269,7 +269,7 @@ class Tern:
         return r
 
     def publish(self, topic, payload, qos, retain=False):
-        pid = self.c.publish(topic, payload, qos, retain, timeout=T)
+        pid = self.c.publish(topic, payload, qos=qos, retain=retain, timeout=T)
         if qos:
             self.c.wait_published(pid, T)
             if self.c.last_error is not None and not self.c.connected:

@@ -62,7 +62,7 @@ import sys
 import asyncio
 
 from . import session as S
-from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, reply_args, _CLOSED, _eof
+from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, reply_args, _CLOSED, _eof, nodelay
 from .wire import MQTTError
 
 try:
@@ -113,6 +113,7 @@ if MICROPYTHON:
             except OSError as e:
                 if e.errno != EINPROGRESS:
                     raise
+            nodelay(s)  # CPython's asyncio sets it on every TCP transport
             if ssl:
                 s = ssl.wrap_socket(s, server_hostname=server_hostname, do_handshake_on_connect=False)
                 s.setblocking(False)

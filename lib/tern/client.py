@@ -57,6 +57,20 @@ else:
             return 0
 
 
+def nodelay(sock):
+    """Turn Nagle's algorithm off: with it on, a small packet waits for the
+    peer's ACK of the one before, and a broker delays that ACK by up to 40 ms
+    when it has nothing to send back (a QoS 0 message after any other).
+    Boards' socket modules name the option (lwIP's value differs from
+    Linux's); MicroPython's unix port lacks the names, not the option, and
+    gets the values of Linux and BSD (6, 1). A socket that does not take it
+    keeps its default."""
+    try:
+        sock.setsockopt(getattr(socket, "IPPROTO_TCP", 6), getattr(socket, "TCP_NODELAY", 1), 1)
+    except (OSError, AttributeError):
+        pass
+
+
 class ConnectError(OSError):
     """The broker refused the connection; `reason` is its code, `permanent`
     says whether retrying can help."""
@@ -124,6 +138,8 @@ class _Driver:
         # A board gets 4 KiB; a host can afford packets up to 1 MiB (MQTT 3.1.1
         # has no way to tell the broker a smaller limit).
         opts.setdefault("rx_size", 4096 if MICROPYTHON else 1 << 20)
+        # and a transmit buffer that holds a whole typical packet: each leaves in one write
+        opts.setdefault("tx_size", 512 if MICROPYTHON else 1 << 16)
         # version=(5, 4): MQTT 5, and 3.1.1 when the broker refuses 5 as
         # unsupported (see _fallback).
         vs = tuple(version) if isinstance(version, (tuple, list)) else (version,)
@@ -291,13 +307,15 @@ class Client(_Driver):
         if sock is None:
             raise OSError("not connected")
         end = off + n
-        deadline = ticks_add(ticks_ms(), int(self.connect_timeout * 1000))
+        deadline = None  # taken when the socket first pushes back: a write that goes through reads no clock
         while off < end:
             k = _write(sock, buf, off, end - off)
             if k:
                 off += k
                 continue
-            if ticks_diff(deadline, ticks_ms()) <= 0:
+            if deadline is None:
+                deadline = ticks_add(ticks_ms(), int(self.connect_timeout * 1000))
+            elif ticks_diff(deadline, ticks_ms()) <= 0:
                 raise OSError("send timed out")
             p = self._poll  # the connection's own, for writing a moment: no poll object per wait
             p.modify(sock, select.POLLOUT)
@@ -338,6 +356,7 @@ class Client(_Driver):
             try:
                 sock.settimeout(self.connect_timeout)
                 sock.connect(ai[-1])
+                nodelay(sock)
                 break
             except OSError as e:  # try the next address (IPv6 first, broker on IPv4 ...)
                 sock.close()
@@ -394,6 +413,7 @@ class Client(_Driver):
     def _io(self, ms):
         """Wait up to ms for data, feed it to the session. False: nothing came."""
         s = self.session
+        s.flush()  # inside a handler's blocking call: what the feed under way queued goes out before we wait
         if s.rx_len:  # whole frames may wait there, behind a handler that raised
             s.feed_n(0, ticks_ms())
         sock = self.sock

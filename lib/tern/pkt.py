@@ -152,19 +152,19 @@ def publish_header_into(buf, topic, qos, retain, dup, pid, payload_len, version,
     return p
 
 
-def ack_into(buf, ptype, pid, reason, version):
-    """PUBACK, PUBREC, PUBREL or PUBCOMP into buf; returns its length.
+def ack_into(buf, ptype, pid, reason, version, at=0):
+    """PUBACK, PUBREC, PUBREL or PUBCOMP into buf at `at`; returns its length.
     The reason code is sent only in MQTT 5 and only when it is not 0."""
     check("packet type", ptype, _PUBACK, _PUBCOMP)
     check("packet id", pid, 1, 65535)
     check("reason code", reason, 0, 255)
-    buf[0] = ptype << 4 | (2 if ptype == _PUBREL else 0)
-    put_u16(buf, 2, pid)
+    buf[at] = ptype << 4 | (2 if ptype == _PUBREL else 0)
+    put_u16(buf, at + 2, pid)
     if version == _V5 and reason:
-        buf[1] = 3
-        buf[4] = reason
+        buf[at + 1] = 3
+        buf[at + 4] = reason
         return 5
-    buf[1] = 2
+    buf[at + 1] = 2
     return 4
 
 

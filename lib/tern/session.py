@@ -179,6 +179,8 @@ class Session:
         self._rpos = -1  # where feed_n reads next; -1: no feed under way
         self._rxmv = memoryview(self.rx)
         self._tx = bytearray(tx_size)
+        self._txmv = memoryview(self._tx)  # a slice store into a view allocates nothing on MicroPython
+        self._txn = 0  # bytes of packets queued at the start of _tx while a feed is under way (see flush)
         self._msg = Message()
         self._depth = 0  # message handlers under way: >0 while a handler's blocking call reads on
         self._held = []  # acks of messages read under a handler: they leave after its own (arrival order)
@@ -293,8 +295,38 @@ class Session:
 
     # ------------------------------------------------------------------ output
 
+    # While a feed is under way (_rpos >= 0), what the acknowledgements of
+    # our own messages trigger (PUBREL, and the messages an acknowledgement
+    # lets out of the window) is queued in _tx, one packet behind the other,
+    # and handed over in one write when the feed ends: one write per read of
+    # acknowledgements rather than one per packet. Whatever else is sent
+    # (an acknowledgement of an inbound message, publish, CONNECT, PINGREQ)
+    # flushes the queue first, so order is kept.
+
+    def flush(self):
+        """Hand over the packets queued during a feed. feed_n does it when it
+        ends; a driver that waits for input inside a feed (a handler's
+        blocking call) does it before it waits."""
+        n = self._txn
+        if n:
+            self._txn = 0
+            self.send(self._tx, 0, n)
+
     def _ack(self, ptype, pid, reason, now):
-        self.send(self._tx, 0, pkt.ack_into(self._tx, ptype, pid, reason, self.version))
+        # A PUBREL (our QoS 2 flow) waits with the rest of what the read
+        # released; the acknowledgement of an inbound message leaves at once:
+        # the broker may be holding its next messages until it comes (a full
+        # window), and QoS 0 ones would then overtake them.
+        q = ptype == _PUBREL and self._rpos >= 0
+        k = self._txn
+        if not q or k + 5 > len(self._tx):
+            self.flush()
+            k = 0
+        k += pkt.ack_into(self._tx, ptype, pid, reason, self.version, k)
+        if q:
+            self._txn = k
+        else:
+            self.send(self._tx, 0, k)
         self._last_tx = now
 
     def _packet(self, p, now):
@@ -302,6 +334,7 @@ class Session:
         mx = self.server.get(_P_MAX_PACKET, 268435460)
         if len(b) > mx:
             raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (len(b), mx))
+        self.flush()
         self.send(b, 0, len(b))
         self._last_tx = now
 
@@ -322,6 +355,7 @@ class Session:
         # Unread bytes belong to the old connection; under a feed (a handler
         # that reconnected) what it has read stays, for the handlers under way.
         self.rx_len = self._rpos if self._rpos > 0 else 0
+        self._txn = 0
         self.state = _CONNECTING
         self._ping_sent = -1
         self._reauth = False
@@ -343,9 +377,20 @@ class Session:
         limit = self._limit
         tx = self._tx
         flags = self._rflags
-        i = self._head
-        for _ in range(self._n):
-            pid = self._ring[i]
+        ring = self._ring
+        cap = len(flags)
+        # Packets leave in ring order and the pump stops at the first that may
+        # not, and only sent ones are released on a live connection: the
+        # unsent ones are the last _unsent slots. Start there when the slot
+        # before them is a sent message (the steady state), else (released
+        # slots among unsent ones, after a CONNACK) from the head.
+        d = self._n - self._unsent
+        i = (self._head + d - 1) % cap
+        if d <= 0 or not (ring[i] and flags[i] & _SENT):
+            d = 0
+        i = (self._head + d) % cap
+        for _ in range(self._n - d):
+            pid = ring[i]
             f = flags[i]
             if pid and not f & _SENT:
                 if not f & _CTRL:
@@ -356,21 +401,32 @@ class Session:
                     self._ack(_PUBREL, pid, 0, now)
                 else:
                     size = st.size(pid)
+                    k = self._txn
+                    q = self._rpos >= 0 and size <= len(tx)  # queued (see flush)
+                    if k and (not q or k + size > len(tx)):
+                        self.flush()
+                        k = 0
                     off = 0
                     while off < size:
-                        n = st.read(pid, off, tx)
+                        at = k + off if q else 0
+                        n = st.read(pid, off, self._txmv[at:] if at else tx)
                         if not n:
                             raise OSError("store returned a short record for packet %d" % pid)
                         if off == 0 and f & _EVER and not f & _CTRL:
-                            tx[0] |= 8  # DUP
-                        self.send(tx, 0, n)
+                            tx[at] |= 8  # DUP
                         off += n
+                        if not q:
+                            self.send(tx, 0, n)
+                    if q:
+                        self._txn = k + size
                     self._last_tx = now
                 flags[i] = f | _SENT | _EVER
                 self._unsent -= 1
                 if not self._unsent:
                     return
-            i = (i + 1) % len(flags)
+            i += 1
+            if i == cap:
+                i = 0
 
     # ---------------------------------------------------------------- publish
 
@@ -385,6 +441,7 @@ class Session:
         """
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
+        self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
         if isinstance(topic, str):
             # Devices publish to a handful of topics: validate and encode each
             # once, so a str topic costs no allocation on the steady path.
@@ -444,6 +501,13 @@ class Session:
                         blk = self._P.encode(pp, _PUBLISH)
                     pblock = blk
             n = pkt.publish_header_into(tx, topic, 0, retain, False, 0, plen, self.version, pblock)
+            if n + plen <= len(tx):
+                # One write per packet: a header and a payload written apart
+                # leave as two segments, and where Nagle's algorithm is on the
+                # second waits for the peer's (delayed) ACK of the first.
+                self._txmv[n : n + plen] = payload
+                n += plen
+                plen = 0
             try:
                 self.send(tx, 0, n)
                 if plen:
@@ -664,6 +728,8 @@ class Session:
                 if left:
                     rx[base : base + left] = self._rxmv[pos:end]
                 self.rx_len = base + left
+            if top:
+                self.flush()
 
     def rx_space(self):
         """How many bytes the driver may write at rx[rx_len:]."""
@@ -1000,6 +1066,7 @@ class Session:
         ids = m.sub_ids
         sids = v == _V5 and self.sid_ok
         dflt = self.on_message
+        self.flush()  # what the read queued leaves before application code runs
         self._depth = d + 1
         try:
             if n_ids and sids:
@@ -1098,6 +1165,7 @@ class Session:
             return limit - waited
         idle = ticks_diff(now, self._last_tx)
         if idle >= ka:
+            self.flush()
             self.send(pkt.PINGREQ_BYTES, 0, 2)
             self._last_tx = self._ping_sent = now
             return ka
@@ -1113,6 +1181,7 @@ class Session:
     def connection_lost(self):
         """The transport is gone: nothing is lost, everything pending waits."""
         self.state = DISCONNECTED
+        self._txn = 0  # queued for a connection that is gone
         self.rx_len = self._rpos if self._rpos > 0 else 0  # as in connect_packet
         self._inflight = 0
         self._ping_sent = -1

@@ -36,7 +36,7 @@ def main():
         st = FileStore(path, fs=fs, group_commit=True, verbose=False)
     c = Client("killed", server="127.0.0.1", port=9, store=st, reconnect=False)  # offline: never connects
     for i in range(n):
-        print("ACC %d" % c.publish("tern/killed", b"reading %d" % i, 1))
+        print("ACC %d" % c.publish("tern/killed", b"reading %d" % i, qos=1))
     os.system("kill -9 $PPID")  # the shell's parent is this process
     print("NOT KILLED")
 

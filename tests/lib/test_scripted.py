@@ -521,14 +521,14 @@ def _given_back(addr, **kw):
     told = []
     c = _client(addr, **kw)
     c.on_published = lambda pid, r: told.append((pid, r))
-    pid = c.publish("t", b"x", 2)
+    pid = c.publish("t", b"x", qos=2)
     until([c], lambda: told, 5000, "the message given back")
     assert told == [(pid, 0x82)], told
     e = c.last_error
     assert isinstance(e, MQTTError) and e.code == 0x82, e
     assert "QoS 2 message 1 with PUBACK (it does not do QoS 2" in str(e), e
     until([c], lambda: c.connected, 5000, "the reconnect")
-    c.wait_published(c.publish("t", b"after", 1), 5)
+    c.wait_published(c.publish("t", b"after", qos=1), 5)
     assert not c.session.pending() and told == [(pid, 0x82), (2, 0)], told
 
 
@@ -563,7 +563,7 @@ def test_every_wrong_acknowledgement_type_ends_the_connection(scripted_addr):
                        (2, "QoS 2 message 3 with PUBCOMP before PUBREC;")):
         if not c.connected:
             c.connect()
-        pid = c.publish("t", b"x", qos)
+        pid = c.publish("t", b"x", qos=qos)
         until([c], lambda: not c.connected, 5000, "the disconnect")
         e = c.last_error
         assert told[-1] == (pid, 0x82) and isinstance(e, MQTTError) and e.code == 0x82, (told, e)
@@ -663,7 +663,7 @@ def test_aio_puback_answering_qos2_fails_the_wait(scripted_addr):
         await a.connect()
         e = None
         try:
-            await a.publish("t", b"x", 2, wait_ack=True, timeout=5)
+            await a.publish("t", b"x", qos=2, wait_ack=True, timeout=5)
         except MQTTError as x:
             e = x
         assert e is not None and e.code == 0x82, e
@@ -704,7 +704,7 @@ SCRIPTS["test_version_5_4_does_not_fall_back_with_mqtt5_packets_stored"] = ([REF
 def test_version_5_4_does_not_fall_back_with_mqtt5_packets_stored(scripted_addr):
     # A message stored while offline is encoded as MQTT 5: sent to a 3.1.1 broker it would be malformed
     c = Client("scripted", server=scripted_addr[0], port=scripted_addr[1], version=(5, 4), rx_size=4096)
-    pid = c.publish("t", b"x", 1)
+    pid = c.publish("t", b"x", qos=1)
     e = raises(ConnectError, c.connect)
     assert e.permanent and "does not support MQTT 5" in str(e) and c.session.version == 5, e
     assert c.session.pending() == [pid]

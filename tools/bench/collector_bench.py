@@ -82,7 +82,7 @@ def publish(port: int, n: int) -> None:
     for i in range(n):
         dev = f"dev-{i % 20:02d}"
         c.publish(f"tern/{dev}/telemetry", make_payload(dev, 1, i // 20, 1, time.time(),
-                                                   {"temp": 21.5, "hum": 40.0}), 1)
+                                                   {"temp": 21.5, "hum": 40.0}), qos=1)
     c.wait_all(120)
     c.disconnect()
 

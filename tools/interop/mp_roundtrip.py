@@ -12,7 +12,7 @@ try:
     c.connect()
     c.subscribe(base + "/#", 2, handler=lambda m: got.append((bytes(m.payload), m.qos)), timeout=5)
     for q in (0, 1, 2):
-        pid = c.publish(base + "/%d" % q, b"q%d" % q, q)
+        pid = c.publish(base + "/%d" % q, b"q%d" % q, qos=q)
         if q:
             c.wait_published(pid, 5)
     start = ticks_ms()
