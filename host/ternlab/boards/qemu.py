@@ -1,0 +1,464 @@
+"""QemuBoard: an emulated microcontroller -- MicroPython's own firmware for an Arm Cortex-M3
+(the `qemu` port, board MPS2_AN385) with Tern and the telemetry app frozen in, run by
+qemu-system-arm.
+
+It is an EmulatedBoard (same Board interface, same power, cut and flash methods) whose device is
+QEMU instead of the unix port:
+
+- the firmware is `ternlab.firmware.build(profile)` (built once per content, heap from the profile);
+- UART0 is the REPL: QEMU's stdio, relayed by a thread to the board's pty (`board.port`, stable
+  across power cycles), so mpremote speaks to it as to a board on USB serial; every line goes to
+  the console log;
+- UART1 is the link UART: QEMU listens on a loopback TCP port (`board.link_port`), and a bridge
+  thread connects it to `link(host, port)` (the broker, or a chaos proxy in front of it). Like a
+  modem in transparent mode, the bridge dials when the board sends and the far end is not
+  connected; when the far end hangs up, the board only sees silence;
+- the NOR flash is the C model in the firmware (tools/firmware/cmodules/qboard): native memory,
+  written through to flash.img (+ .wear) in the board's workdir by ARM semihosting, the torn
+  write and cut.json at the N-th flash operation, after which QEMU exits with status 80 (power cut);
+- machine.reset() (emuboard.reset()) ends QEMU with status 0: the relay boots it again.
+
+The board's workdir holds flash.img, board.json (what the firmware reads at boot: profile, id,
+cut_at, seed, reset cause), cut.json, romfs.img, console.log and qemu.log (QEMU's own messages).
+"""
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import tty
+
+from . import BoardError, device_profile
+from .emulated import EmulatedBoard
+
+_UP = b"\x00TERN:UP\x00"
+_BACKLOG = 64 * 1024
+EXIT_POWER_CUT = 80  # tools/firmware/cmodules/qboard/qboard.c
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Relay(threading.Thread):
+    """Runs QEMU and relays its REPL UART to the board's pty; what EmulatedBoard expects of its
+    supervisor (spawn, kill, freeze, state, booted/boot_failed/off events, cut_deadline)."""
+
+    def __init__(self, board):
+        super().__init__(name="qemuboard-%s" % board.id, daemon=True)
+        self.b = board
+        self.log = board.log
+        self.m_out, self.s_out = os.openpty()
+        tty.setraw(self.s_out)
+        os.set_blocking(self.m_out, False)
+        self.port = os.ttyname(self.s_out)
+        self.wake_r, self.wake_w = os.pipe()
+        self.lock = threading.RLock()
+        self.proc = None
+        self.q_in = self.q_out = None  # QEMU's stdin (we write) and stdout (we read)
+        self.state = "off"
+        self.expect = None
+        self.cut_deadline = None
+        self.cut_note = ""
+        self.booted = threading.Event()
+        self.boot_failed = threading.Event()
+        self.off = threading.Event()
+        self.off.set()
+        self.backlog = bytearray()
+        self.acc = b""
+        self.pending_in = bytearray()
+        self.running = True
+        self.cause = "pwron"
+        self.frozen = False
+        self.link_port = None
+
+    # -- QEMU ------------------------------------------------------------------------
+    def spawn(self, mode="friendly", cut_at=0, seed=1, cause="pwron"):
+        b = self.b
+        cfg = {"profile": device_profile(b.profile), "id": b.id, "cause": cause, "cut_at": cut_at, "seed": seed}
+        if b.romfs_size():
+            cfg["romfs"] = b.romfs_image.name
+        try:
+            os.remove(b.workdir / "cut.json")
+        except FileNotFoundError:
+            pass
+        (b.workdir / "board.json").write_text(json.dumps(cfg))
+        self.link_port = _free_port()
+        argv = [shutil.which("qemu-system-arm") or "qemu-system-arm", "-machine", "mps2-an385", "-nographic",
+                "-monitor", "none", "-semihosting-config", "enable=on,target=native",
+                "-chardev", "stdio,id=repl,signal=off", "-serial", "chardev:repl",
+                "-chardev", "socket,id=link,host=127.0.0.1,port=%d,server=on,wait=off" % self.link_port,
+                "-serial", "chardev:link", "-kernel", str(b.elf)]
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        with open(b.workdir / "qemu.log", "ab") as err:
+            self.proc = subprocess.Popen(argv, stdin=in_r, stdout=out_w, stderr=err, cwd=str(b.workdir),
+                                         close_fds=True, start_new_session=True)
+        os.close(in_r)
+        os.close(out_w)
+        os.set_blocking(in_w, False)
+        os.set_blocking(out_r, False)
+        self.q_in, self.q_out = in_w, out_r
+        self.acc = b""
+        self.pending_in.clear()
+        self.state = "booting"
+        self.cause = cause
+        self.frozen = False
+        self.booted.clear()
+        self.boot_failed.clear()
+        self.off.clear()
+        b._bridge.reset(self.link_port)
+        self._wake()
+
+    def kill(self, why, sig=signal.SIGKILL):
+        with self.lock:
+            p = self.proc
+            if p is None or p.poll() is not None:
+                return False
+            self.expect = why
+            if self.frozen:
+                os.kill(p.pid, signal.SIGCONT)
+            p.send_signal(sig)
+            return True
+
+    def freeze(self, on=True):
+        with self.lock:
+            p = self.proc
+            if p is None or p.poll() is not None:
+                return False
+            os.kill(p.pid, signal.SIGSTOP if on else signal.SIGCONT)
+            self.frozen = on
+            return True
+
+    def _wake(self):
+        if self.running:
+            os.write(self.wake_w, b"x")
+
+    # -- relay -------------------------------------------------------------------------
+    def run(self):
+        while self.running:
+            try:
+                self._step()
+            except Exception as e:  # never let the relay die silently: the board would hang
+                if self.running:
+                    self.log.event("relay error: %s: %s" % (e.__class__.__name__, e))
+                    time.sleep(0.05)
+
+    def _step(self):
+        with self.lock:
+            q_out = self.q_out
+        rl = [self.m_out, self.wake_r] + ([q_out] if q_out is not None else [])
+        wl = [self.m_out] if self.backlog else []
+        timeout = 0.2
+        if self.cut_deadline is not None:
+            timeout = max(0.0, min(timeout, self.cut_deadline - time.monotonic()))
+        try:
+            r, _, _ = select.select(rl, wl, [], timeout)
+        except (OSError, ValueError):
+            time.sleep(0.05)
+            return
+        if self.wake_r in r:
+            os.read(self.wake_r, 4096)
+        if q_out is not None and q_out in r:
+            self._read_device(q_out)
+        if self.m_out in r:
+            self._read_host()
+        if self.backlog:
+            self._flush()
+        if self.cut_deadline is not None and time.monotonic() >= self.cut_deadline:
+            self.cut_deadline = None
+            self.kill("random-cut")
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is not None:
+                self._ended()
+
+    def _read_device(self, fd):
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            return  # QEMU closed its stdout: it is ending (the exit is handled in _step)
+        data = self.acc + data
+        i = data.find(_UP)
+        if i >= 0:  # printed by every boot (soft reboots too)
+            data = data[:i] + data[i + len(_UP):]
+        if i >= 0 and self.state == "booting":
+            self.state = "on"
+            self.booted.set()
+            if self.pending_in:
+                self._to_device(bytes(self.pending_in))
+                self.pending_in.clear()
+        # keep a possible start of the sentinel for the next read
+        keep = 0
+        for k in range(min(len(_UP) - 1, len(data)), 0, -1):
+            if _UP.startswith(data[-k:]):
+                keep = k
+                break
+        self.acc = data[len(data) - keep:] if keep else b""
+        data = data[: len(data) - keep]
+        if data:
+            self.log.feed(data)
+            self.backlog += data
+            if len(self.backlog) > _BACKLOG:
+                del self.backlog[: len(self.backlog) - _BACKLOG]
+
+    def _flush(self):
+        try:
+            n = os.write(self.m_out, self.backlog)
+            del self.backlog[:n]
+        except BlockingIOError:
+            pass
+
+    def _read_host(self):
+        try:
+            data = os.read(self.m_out, 65536)
+        except OSError:
+            return
+        if not data:
+            return
+        self.log.host_wrote(data)
+        with self.lock:
+            if self.state == "booting":  # the boot is not interruptible: held until the board is up
+                self.pending_in += data
+            elif self.state == "on":
+                self._to_device(data)
+
+    def _to_device(self, data):
+        # QEMU takes the bytes as the UART does (one at a time as the firmware reads them): write in full
+        while data:
+            try:
+                n = os.write(self.q_in, data)
+                data = data[n:]
+            except BlockingIOError:
+                select.select([], [self.q_in], [], 0.05)
+            except OSError:
+                return  # QEMU is gone
+
+    def _ended(self):
+        p, self.proc = self.proc, None
+        rc = p.returncode
+        # what QEMU printed last
+        while True:
+            try:
+                data = os.read(self.q_out, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            self.acc += data
+        if self.acc:
+            self.log.feed(self.acc.replace(_UP, b""))
+            self.acc = b""
+        for fd in (self.q_in, self.q_out):
+            os.close(fd)
+        self.q_in = self.q_out = None
+        why, self.expect = self.expect, None
+        was, self.state = self.state, "off"
+        self.frozen = False
+        b = self.b
+        # a restart spawns before it logs: a host waiting for the line finds the board booting, not off
+        if why == "cycle":
+            self.spawn("friendly", *b._next_boot())
+            self.log.event("power cycle")
+        elif why == "off":
+            self.log.event("power off")
+        elif why == "random-cut":
+            self.log.event("power cut %s" % self.cut_note)
+        elif rc == EXIT_POWER_CUT:
+            cut = b.last_cut() or {}
+            self.log.event("power cut at flash operation %s (%s)" % (cut.get("op"), " ".join(map(str, cut.get("torn") or ()))))
+        elif rc == 0 and was == "on":
+            self.spawn("friendly", *b._next_boot(), cause="hard")
+            self.log.event("reset (machine.reset)")
+        else:
+            self.log.event("%s (QEMU exit status %s; see qemu.log)" % ("failed to boot" if was == "booting" else "crashed", rc))
+            if was == "booting":
+                self.boot_failed.set()
+        if self.state == "off":
+            self.off.set()
+
+    def stop(self):
+        if not self.running:
+            return
+        self.kill("off")
+        p = self.proc
+        if p is not None:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        end = time.monotonic() + 2
+        while self.proc is not None and time.monotonic() < end:  # let the relay take the exit
+            time.sleep(0.02)
+        self.running = False
+        self._wake()
+        self.join(timeout=5)
+        for fd in (self.m_out, self.s_out, self.wake_r, self.wake_w, self.q_in, self.q_out):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+class _Bridge(threading.Thread):
+    """The link UART's far end: QEMU's socket on one side, `target` (host, port) on the other,
+    dialled when the board sends and the far end is not connected (a modem in transparent mode).
+    A far end that hangs up is dropped; the board is not told (a serial line has no end)."""
+
+    def __init__(self, board):
+        super().__init__(name="qemulink-%s" % board.id, daemon=True)
+        self.log = board.log
+        self.target = None
+        self.qport = None
+        self.q = self.far = None
+        self.lock = threading.Lock()
+        self.running = True
+        self.dials = 0
+        self.wake_r, self.wake_w = os.pipe()
+
+    def reset(self, qport):
+        """QEMU (re)started with its link socket on qport."""
+        with self.lock:
+            self._close_q()
+            self._close_far()
+            self.qport = qport
+        os.write(self.wake_w, b"x")
+
+    def _close_q(self):
+        if self.q is not None:
+            self.q.close()
+            self.q = None
+
+    def _close_far(self):
+        if self.far is not None:
+            self.far.close()
+            self.far = None
+
+    def run(self):
+        while self.running:
+            try:
+                self._step()
+            except Exception as e:
+                self.log.event("link bridge error: %s: %s" % (e.__class__.__name__, e))
+                time.sleep(0.1)
+
+    def _step(self):
+        with self.lock:
+            if self.q is None and self.qport is not None:
+                try:
+                    self.q = socket.create_connection(("127.0.0.1", self.qport), timeout=1)
+                    self.q.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError:
+                    self.q = None
+            q, far = self.q, self.far
+        rl = [self.wake_r] + [s for s in (q, far) if s is not None]
+        r, _, _ = select.select(rl, [], [], 0.1 if q is None else 0.5)
+        if self.wake_r in r:
+            os.read(self.wake_r, 4096)
+        if q is not None and q in r:
+            data = self._recv(q)
+            if data is None:
+                with self.lock:
+                    if self.q is q:
+                        self._close_q()  # QEMU ended
+                return
+            with self.lock:
+                if self.far is None and self.target is not None:
+                    try:
+                        self.far = socket.create_connection(self.target, timeout=2)
+                        self.far.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        self.dials += 1
+                    except OSError as e:
+                        self.log.event("link: cannot reach %s:%d: %s" % (self.target[0], self.target[1], e))
+                far = self.far
+            if far is not None:
+                try:
+                    far.sendall(data)
+                except OSError:
+                    with self.lock:
+                        self._close_far()
+        if far is not None and far in r:
+            data = self._recv(far)
+            if data is None:
+                with self.lock:
+                    if self.far is far:
+                        self._close_far()
+                return
+            if q is not None:
+                try:
+                    q.sendall(data)
+                except OSError:
+                    pass
+
+    @staticmethod
+    def _recv(s):
+        try:
+            data = s.recv(65536)
+        except OSError:
+            return None
+        return data or None
+
+    def stop(self):
+        if not self.running:
+            return
+        self.running = False
+        os.write(self.wake_w, b"x")
+        self.join(timeout=3)
+        with self.lock:
+            self._close_q()
+            self._close_far()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+
+
+class QemuBoard(EmulatedBoard):
+    """A qemu-m3 board: QemuBoard(profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None,
+    power=True, cut_at=0, seed=1, link=None). link: (host, port) the link UART reaches (the broker,
+    or a chaos proxy); `link()` changes it. The firmware is built (or taken from the cache) first."""
+
+    def __init__(self, profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None, power=True, cut_at=0,
+                 seed=1, link=None):
+        from .. import firmware
+        from . import load_profile
+
+        prof = profile if isinstance(profile, dict) else load_profile(profile)
+        if prof.get("kind") != "qemu-m3":
+            raise ValueError("profile %r is not a qemu-m3 board's" % prof["name"])
+        try:
+            self.elf = firmware.build(prof, log=lambda s: None)
+        except firmware.BuildError as e:
+            raise BoardError("%s: no firmware: %s" % (prof["name"], e)) from None
+        self._link = tuple(link) if link else None
+        super().__init__(prof, workdir=workdir, board_id=board_id, echo=echo, power=power, cut_at=cut_at, seed=seed)
+
+    def _supervisor(self):
+        self._bridge = _Bridge(self)
+        self._bridge.target = self._link
+        self._bridge.start()
+        return _Relay(self)
+
+    def link(self, host, port=None):
+        """Connect the link UART's far end to (host, port) from the next byte the board sends."""
+        if port is None:
+            host, port = host
+        with self._bridge.lock:
+            self._bridge.target = (host, int(port))
+            self._bridge._close_far()
+
+    @property
+    def link_dials(self):
+        """How often the bridge dialled the far end (a new TCP connection to the broker)."""
+        return self._bridge.dials
+
+    def close(self):
+        self._bridge.stop()
+        super().close()
