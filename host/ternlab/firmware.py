@@ -16,8 +16,8 @@ the cache has none for the same content. Steps:
    needs one).
 
 Images are cached under build/firmware (or $TERN_FIRMWARE_CACHE) by a hash of everything that goes
-into them: the source, the patches, the C module, the manifest and every file under lib/,
-firmware/ and boards/qemu/, and the heap size. A lock file makes concurrent builds (pytest workers,
+into them: the source, the patches, the C module, the manifest, every file under lib/, firmware/
+and boards/qemu/, this recipe and the heap size. A lock file makes concurrent builds (pytest workers,
 make) wait for each other instead of racing.
 """
 
@@ -74,7 +74,7 @@ def source_key() -> str:
 
 
 def image_key(heap_bytes: int) -> str:
-    return _hash(list(_files(PATCHES, CMODULES, DEVICE, MANIFEST, ROOT / "lib", ROOT / "firmware")),
+    return _hash(list(_files(Path(__file__), PATCHES, CMODULES, DEVICE, MANIFEST, ROOT / "lib", ROOT / "firmware")),
                  "%s heap=%d" % (source_key(), heap_bytes))
 
 
@@ -153,7 +153,15 @@ def build(profile="qemu-m3-esp32", log=print, force=False) -> Path:
         os.replace(tmp, elf)
         shutil.rmtree(obj, ignore_errors=True)
         log("built %s" % elf)
+        _prune(cache, mp.parent)
         return elf
+
+
+def _prune(cache, src, keep=6):
+    # the newest few images stay (one per profile, and the last edit's); older sources go
+    imgs = sorted(cache.glob("img-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for p in imgs[keep:] + [d for d in cache.glob("src-*") if d != src]:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def qemu_profiles():

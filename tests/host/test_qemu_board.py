@@ -113,13 +113,23 @@ def test_pubsub_over_the_link_uart_through_the_chaos_proxy(qb, chaos):
         "for i in range(3):\n c.publish('q/echo', b'r%d' % i, 1)\n"
         "c.wait_all(10)\n"
         "while len(got) < 3:\n c.loop(100)\n"
-        "print(got)\nc.disconnect()\n", timeout=30)
+        "print(got)\n", timeout=30)
     lines = out.strip().splitlines()
     assert lines[0] == "False"
     assert lines[1] == "[('q/echo', b'r0', 1), ('q/echo', b'r1', 1), ('q/echo', b'r2', 1)]"
+    # the far end hangs up: the bridge says so on the carrier line, the client reads end of stream and
+    # reconnects over the same UART (a new dial)
+    chaos.cut_now()
+    out = qb.exec(
+        "lost = []\nc.on_disconnect = lost.append\nc.backoff_min = 0.05\n"
+        "while not lost or not c.connected:\n c.loop(50)\n"
+        "c.wait_published(c.publish('q/echo', b'after', 1), 10)\n"
+        "while len(got) < 4:\n c.loop(100)\n"
+        "print(lost[0], got[-1])\nc.disconnect()\n", timeout=30)
+    assert out.strip() == "connection closed by the broker ('q/echo', b'after', 1)", out
     kinds = [p.type for p in chaos.packets(direction="c2b")]
-    assert kinds.count("PUBLISH") == 3 and kinds[0] == "CONNECT" and kinds[-1] == "DISCONNECT", kinds
-    assert qb.link_dials == 1
+    assert kinds.count("PUBLISH") == 4 and kinds.count("CONNECT") == 2 and kinds[-1] == "DISCONNECT", kinds
+    assert qb.link_dials == 2
 
 
 def test_board_json_is_what_the_firmware_boots_from(qb):

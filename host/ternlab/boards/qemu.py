@@ -9,10 +9,11 @@ QEMU instead of the unix port:
 - UART0 is the REPL: QEMU's stdio, relayed by a thread to the board's pty (`board.port`, stable
   across power cycles), so mpremote speaks to it as to a board on USB serial; every line goes to
   the console log;
-- UART1 is the link UART: QEMU listens on a loopback TCP port (`board.link_port`), and a bridge
-  thread connects it to `link(host, port)` (the broker, or a chaos proxy in front of it). Like a
-  modem in transparent mode, the bridge dials when the board sends and the far end is not
-  connected; when the far end hangs up, the board only sees silence;
+- UART1 is the link UART: QEMU listens on a loopback TCP port, and a bridge thread connects it to
+  `link(host, port)` (the broker, or a chaos proxy in front of it). Like a modem in transparent
+  mode, the bridge dials when the board sends CONNECT and the far end is not connected, and when the far
+  end hangs up (or cannot be reached) it says so on UART2, the carrier line (a modem's DCD): the
+  firmware's link stream then reads end of stream, as a socket does when its peer closes;
 - the NOR flash is the C model in the firmware (tools/firmware/cmodules/qboard): native memory,
   written through to flash.img (+ .wear) in the board's workdir by ARM semihosting, the torn
   write and cut.json at the N-th flash operation, after which QEMU exits with status 80 (power cut);
@@ -90,12 +91,14 @@ class _Relay(threading.Thread):
         except FileNotFoundError:
             pass
         (b.workdir / "board.json").write_text(json.dumps(cfg))
-        self.link_port = _free_port()
+        self.link_port, dcd_port = _free_port(), _free_port()
         argv = [shutil.which("qemu-system-arm") or "qemu-system-arm", "-machine", "mps2-an385", "-nographic",
                 "-monitor", "none", "-semihosting-config", "enable=on,target=native",
                 "-chardev", "stdio,id=repl,signal=off", "-serial", "chardev:repl",
                 "-chardev", "socket,id=link,host=127.0.0.1,port=%d,server=on,wait=off" % self.link_port,
-                "-serial", "chardev:link", "-kernel", str(b.elf)]
+                "-serial", "chardev:link",
+                "-chardev", "socket,id=dcd,host=127.0.0.1,port=%d,server=on,wait=off" % dcd_port,
+                "-serial", "chardev:dcd", "-kernel", str(b.elf)]
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         with open(b.workdir / "qemu.log", "ab") as err:
@@ -114,7 +117,7 @@ class _Relay(threading.Thread):
         self.booted.clear()
         self.boot_failed.clear()
         self.off.clear()
-        b._bridge.reset(self.link_port)
+        b._bridge.reset(self.link_port, dcd_port)
         self._wake()
 
     def kill(self, why, sig=signal.SIGKILL):
@@ -311,37 +314,45 @@ class _Relay(threading.Thread):
 
 class _Bridge(threading.Thread):
     """The link UART's far end: QEMU's socket on one side, `target` (host, port) on the other,
-    dialled when the board sends and the far end is not connected (a modem in transparent mode).
-    A far end that hangs up is dropped; the board is not told (a serial line has no end)."""
+    dialled when the board starts an MQTT connection (sends CONNECT) and the far end is not
+    connected (a modem in transparent mode).
+    A far end that hangs up, or cannot be reached, is reported on the carrier line (one byte on
+    QEMU's UART2 socket): the board's link stream then reads end of stream."""
 
     def __init__(self, board):
         super().__init__(name="qemulink-%s" % board.id, daemon=True)
         self.log = board.log
         self.target = None
-        self.qport = None
-        self.q = self.far = None
+        self.qport = self.dport = None
+        self.q = self.far = self.dcd = None
         self.lock = threading.Lock()
         self.running = True
         self.dials = 0
         self.wake_r, self.wake_w = os.pipe()
 
-    def reset(self, qport):
-        """QEMU (re)started with its link socket on qport."""
+    def reset(self, qport, dport):
+        """QEMU (re)started with its link socket on qport and its carrier line on dport."""
         with self.lock:
             self._close_q()
             self._close_far()
-            self.qport = qport
+            self.qport, self.dport = qport, dport
         os.write(self.wake_w, b"x")
 
     def _close_q(self):
-        if self.q is not None:
-            self.q.close()
-            self.q = None
+        for s in (self.q, self.dcd):
+            if s is not None:
+                s.close()
+        self.q = self.dcd = None
 
-    def _close_far(self):
+    def _close_far(self, hangup=False):
         if self.far is not None:
             self.far.close()
             self.far = None
+        if hangup and self.dcd is not None:
+            try:
+                self.dcd.sendall(b"\x00")
+            except OSError:
+                pass
 
     def run(self):
         while self.running:
@@ -357,8 +368,9 @@ class _Bridge(threading.Thread):
                 try:
                     self.q = socket.create_connection(("127.0.0.1", self.qport), timeout=1)
                     self.q.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self.dcd = socket.create_connection(("127.0.0.1", self.dport), timeout=1)
                 except OSError:
-                    self.q = None
+                    self._close_q()
             q, far = self.q, self.far
         rl = [self.wake_r] + [s for s in (q, far) if s is not None]
         r, _, _ = select.select(rl, [], [], 0.1 if q is None else 0.5)
@@ -372,26 +384,29 @@ class _Bridge(threading.Thread):
                         self._close_q()  # QEMU ended
                 return
             with self.lock:
-                if self.far is None and self.target is not None:
+                # dial for a new MQTT connection (a CONNECT packet); anything else with no far end is
+                # dropped, as a modem without carrier drops it (acknowledgements after a hang-up, say)
+                if self.far is None and self.target is not None and data[0] == 0x10:
                     try:
                         self.far = socket.create_connection(self.target, timeout=2)
                         self.far.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         self.dials += 1
                     except OSError as e:
                         self.log.event("link: cannot reach %s:%d: %s" % (self.target[0], self.target[1], e))
+                        self._close_far(hangup=True)  # NO CARRIER
                 far = self.far
             if far is not None:
                 try:
                     far.sendall(data)
                 except OSError:
                     with self.lock:
-                        self._close_far()
+                        self._close_far(hangup=True)
         if far is not None and far in r:
             data = self._recv(far)
             if data is None:
                 with self.lock:
                     if self.far is far:
-                        self._close_far()
+                        self._close_far(hangup=True)
                 return
             if q is not None:
                 try:
@@ -452,7 +467,7 @@ class QemuBoard(EmulatedBoard):
             host, port = host
         with self._bridge.lock:
             self._bridge.target = (host, int(port))
-            self._bridge._close_far()
+            self._bridge._close_far(hangup=self._bridge.far is not None)
 
     @property
     def link_dials(self):

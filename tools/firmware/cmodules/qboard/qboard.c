@@ -10,7 +10,9 @@
 // cut.json and ends QEMU with exit status 80: the host sees the board lose power.
 // Flash(start, count) is a partition of it with MicroPython's extended block protocol.
 //
-// UART(): the link UART (UART1) as a non-blocking stream (read/readinto/write, select.poll).
+// UART(): the link UART (UART1) as a non-blocking stream (read/readinto/write, select.poll). UART2
+// is its carrier line (a modem's DCD): when the host's bridge says the far end hung up, a read that
+// finds nothing more returns end of stream (0), as a socket does when its peer closes.
 
 #include <string.h>
 #include <stdio.h>
@@ -388,6 +390,9 @@ static MP_DEFINE_CONST_OBJ_TYPE(qb_flash_type, MP_QSTR_Flash, MP_TYPE_FLAG_NONE,
 // ---------------------------------------------------------------- UART(): the link UART (UART1)
 extern int uart1_rx_chr(void);
 extern size_t uart1_rx_any(void);
+extern int uart1_hung_up(void);
+extern int uart1_carrier_lost(void);
+extern void uart1_carrier_up(void);
 extern void uart1_tx_strn(const char *buf, size_t len);
 
 typedef struct {
@@ -412,6 +417,9 @@ static mp_uint_t qb_uart_read(mp_obj_t self, void *buf, mp_uint_t size, int *err
         b[n++] = c;
     }
     if (n == 0 && size) {
+        if (uart1_hung_up()) {
+            return 0;  // end of stream: the far end hung up (the carrier line)
+        }
         *err = MP_EAGAIN;
         return MP_STREAM_ERROR;
     }
@@ -419,6 +427,9 @@ static mp_uint_t qb_uart_read(mp_obj_t self, void *buf, mp_uint_t size, int *err
 }
 
 static mp_uint_t qb_uart_write(mp_obj_t self, const void *buf, mp_uint_t size, int *err) {
+    if (size && ((const uint8_t *)buf)[0] == 0x10) {
+        uart1_carrier_up();  // a CONNECT: the bridge dials for it, so a hang-up not read yet is over
+    }
     uart1_tx_strn(buf, size);
     return size;
 }
@@ -426,7 +437,7 @@ static mp_uint_t qb_uart_write(mp_obj_t self, const void *buf, mp_uint_t size, i
 static mp_uint_t qb_uart_ioctl(mp_obj_t self, mp_uint_t request, uintptr_t arg, int *err) {
     if (request == MP_STREAM_POLL) {
         mp_uint_t r = arg & MP_STREAM_POLL_WR;
-        if ((arg & MP_STREAM_POLL_RD) && uart1_rx_any()) {
+        if ((arg & MP_STREAM_POLL_RD) && (uart1_rx_any() || uart1_carrier_lost())) {
             r |= MP_STREAM_POLL_RD;
         }
         return r;
