@@ -9,7 +9,8 @@ QEMU instead of the unix port:
 - UART0 is the REPL: QEMU's stdio, relayed by a thread to the board's pty (`board.port`, stable
   across power cycles), so mpremote speaks to it as to a board on USB serial; every line goes to
   the console log;
-- UART1 is the link UART: QEMU listens on a loopback TCP port, and a bridge thread connects it to
+- UART1 is the link UART: QEMU listens on a loopback TCP port (and waits for the bridge before the
+  board starts, so nothing the board sends is lost), and a bridge thread connects it to
   `link(host, port)` (the broker, or a chaos proxy in front of it). Like a modem in transparent
   mode, the bridge dials when the board sends CONNECT and the far end is not connected, and when the far
   end hangs up (or cannot be reached) it says so on UART2, the carrier line (a modem's DCD): the
@@ -95,9 +96,9 @@ class _Relay(threading.Thread):
         argv = [shutil.which("qemu-system-arm") or "qemu-system-arm", "-machine", "mps2-an385", "-nographic",
                 "-monitor", "none", "-semihosting-config", "enable=on,target=native",
                 "-chardev", "stdio,id=repl,signal=off", "-serial", "chardev:repl",
-                "-chardev", "socket,id=link,host=127.0.0.1,port=%d,server=on,wait=off" % self.link_port,
+                "-chardev", "socket,id=link,host=127.0.0.1,port=%d,server=on,wait=on" % self.link_port,
                 "-serial", "chardev:link",
-                "-chardev", "socket,id=dcd,host=127.0.0.1,port=%d,server=on,wait=off" % dcd_port,
+                "-chardev", "socket,id=dcd,host=127.0.0.1,port=%d,server=on,wait=on" % dcd_port,
                 "-serial", "chardev:dcd", "-kernel", str(b.elf)]
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
