@@ -137,3 +137,32 @@ def test_board_json_is_what_the_firmware_boots_from(qb):
     assert cfg["id"] == "qemu-1" and cfg["profile"]["name"] == "qemu-m3-esp32"
     assert qb.eval("__import__('emuboard').unique_id()") == b"qemu-1"
     assert qb.eval("__import__('emuboard').PROFILE['heap_bytes']") == 110000
+
+
+def test_closing_the_link_stream_hangs_up_and_drops_what_the_old_connection_left(qb, chaos):
+    # close() on the board's link stream drops the line (DTR on the control UART): the bridge hangs up
+    # the far end, and bytes of that connection still on their way to the board are discarded, as a
+    # closed socket discards what it did not read; the next CONNECT dials a new connection.
+    qb.link(chaos.address)
+    out = qb.exec(
+        "import emuboard\nfrom tern.client import Client\n"
+        "u = emuboard.uart()\n"
+        "c = Client('qemu-dtr', version=4, stream=u)\nc.connect()\n"
+        "c.subscribe('q/fill', 0)\n"
+        "print(u.any())\n", timeout=30)
+    assert out.strip() == "0"
+    from tern.client import Client
+
+    host = Client("host-fill", server=chaos.address[0], port=chaos.address[1])
+    host.connect()
+    for i in range(20):  # 20 x 400 bytes towards the board, which does not read them
+        host.publish("q/fill", b"f" * 400, 0)
+    host.disconnect()
+    out = qb.exec("import time\ntime.sleep_ms(300)\nprint(u.any() > 0)\nu.close()\ntime.sleep_ms(300)\n"
+                  "print(u.any(), u.read(4096))\n", timeout=30)
+    assert out.split() == ["True", "0", "None"], out  # nothing of the dropped connection is read
+    closed = [e for e in chaos.events if e.kind == "closed"]
+    assert closed and closed[0].detail["reason"] == "client closed", closed
+    out = qb.exec("c.connect()\nc.subscribe('q/x', 1)\nprint(c.connected)\nc.disconnect()\n", timeout=30)
+    assert out.strip() == "True"
+    assert qb.link_dials == 2

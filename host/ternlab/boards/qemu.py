@@ -14,7 +14,8 @@ QEMU instead of the unix port:
   `link(host, port)` (the broker, or a chaos proxy in front of it). Like a modem in transparent
   mode, the bridge dials when the board sends CONNECT and the far end is not connected, and when the far
   end hangs up (or cannot be reached) it says so on UART2, the carrier line (a modem's DCD): the
-  firmware's link stream then reads end of stream, as a socket does when its peer closes;
+  firmware's link stream then reads end of stream, as a socket does when its peer closes; closing
+  the stream on the board drops the line the other way (DTR) and the bridge hangs up;
 - the NOR flash is the C model in the firmware (tools/firmware/cmodules/qboard): native memory,
   written through to flash.img (+ .wear) in the board's workdir by ARM semihosting, the torn
   write and cut.json at the N-th flash operation, after which QEMU exits with status 80 (power cut);
@@ -318,7 +319,8 @@ class _Bridge(threading.Thread):
     dialled when the board starts an MQTT connection (sends CONNECT) and the far end is not
     connected (a modem in transparent mode).
     A far end that hangs up, or cannot be reached, is reported on the carrier line (one byte on
-    QEMU's UART2 socket): the board's link stream then reads end of stream."""
+    QEMU's UART2 socket): the board's link stream then reads end of stream. A byte from the board on
+    that line (its link stream was closed: a modem's DTR dropped) hangs up the far end."""
 
     def __init__(self, board):
         super().__init__(name="qemulink-%s" % board.id, daemon=True)
@@ -329,6 +331,7 @@ class _Bridge(threading.Thread):
         self.lock = threading.Lock()
         self.running = True
         self.dials = 0
+        self.sent = 0
         self.wake_r, self.wake_w = os.pipe()
 
     def reset(self, qport, dport):
@@ -337,6 +340,7 @@ class _Bridge(threading.Thread):
             self._close_q()
             self._close_far()
             self.qport, self.dport = qport, dport
+            self.sent = 0  # bytes put on the board's link UART since it booted
         os.write(self.wake_w, b"x")
 
     def _close_q(self):
@@ -370,13 +374,19 @@ class _Bridge(threading.Thread):
                     self.q = socket.create_connection(("127.0.0.1", self.qport), timeout=1)
                     self.q.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     self.dcd = socket.create_connection(("127.0.0.1", self.dport), timeout=1)
+                    self.q.settimeout(None)  # QEMU takes the link's bytes at the board's pace
+                    self.dcd.settimeout(None)
                 except OSError:
                     self._close_q()
-            q, far = self.q, self.far
-        rl = [self.wake_r] + [s for s in (q, far) if s is not None]
+            q, far, dcd = self.q, self.far, self.dcd
+        rl = [self.wake_r] + [s for s in (q, far, dcd) if s is not None]
         r, _, _ = select.select(rl, [], [], 0.1 if q is None else 0.5)
         if self.wake_r in r:
             os.read(self.wake_r, 4096)
+        if dcd is not None and dcd in r:  # the board dropped the line (its stream was closed): hang up
+            if self._recv(dcd) is not None:
+                self._dtr_dropped(q, dcd)
+                return
         if q is not None and q in r:
             data = self._recv(q)
             if data is None:
@@ -412,8 +422,30 @@ class _Bridge(threading.Thread):
             if q is not None:
                 try:
                     q.sendall(data)
+                    self.sent += len(data)
                 except OSError:
                     pass
+
+    def _dtr_dropped(self, q, dcd):
+        # what the board sent before it hung up goes out first, then the far end is closed, and the
+        # board is told how many bytes the link carried in all: the rest of those (still on their
+        # way through QEMU) it discards, as a closed socket discards what it did not read
+        with self.lock:
+            q.setblocking(False)
+            try:
+                while self.far is not None:
+                    data = q.recv(65536)
+                    if not data:
+                        break
+                    self.far.sendall(data)
+            except OSError:
+                pass
+            q.setblocking(True)
+            self._close_far()
+            try:
+                dcd.sendall(b"\x01" + (self.sent & 0xFFFFFFFF).to_bytes(4, "little"))
+            except OSError:
+                pass
 
     @staticmethod
     def _recv(s):

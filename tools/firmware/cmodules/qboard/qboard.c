@@ -12,7 +12,8 @@
 //
 // UART(): the link UART (UART1) as a non-blocking stream (read/readinto/write, select.poll). UART2
 // is its carrier line (a modem's DCD): when the host's bridge says the far end hung up, a read that
-// finds nothing more returns end of stream (0), as a socket does when its peer closes.
+// finds nothing more returns end of stream (0), as a socket does when its peer closes; close() drops
+// the line the other way (a modem's DTR: one byte out on UART2), and the bridge hangs up the far end.
 
 #include <string.h>
 #include <stdio.h>
@@ -393,6 +394,7 @@ extern size_t uart1_rx_any(void);
 extern int uart1_hung_up(void);
 extern int uart1_carrier_lost(void);
 extern void uart1_carrier_up(void);
+extern void uart1_hang_up(void);
 extern void uart1_tx_strn(const char *buf, size_t len);
 
 typedef struct {
@@ -442,7 +444,11 @@ static mp_uint_t qb_uart_ioctl(mp_obj_t self, mp_uint_t request, uintptr_t arg, 
         }
         return r;
     }
-    if (request == MP_STREAM_CLOSE || request == MP_STREAM_FLUSH) {
+    if (request == MP_STREAM_CLOSE) {
+        uart1_hang_up();  // the line is dropped (DTR): the bridge hangs up the far end; the UART stays usable
+        return 0;
+    }
+    if (request == MP_STREAM_FLUSH) {
         return 0;
     }
     *err = MP_EINVAL;
@@ -459,6 +465,7 @@ static const mp_rom_map_elem_t qb_uart_locals_table[] = {
     { MP_ROM_QSTR(MP_QSTR_readinto), MP_ROM_PTR(&mp_stream_readinto_obj) },
     { MP_ROM_QSTR(MP_QSTR_write), MP_ROM_PTR(&mp_stream_write_obj) },
     { MP_ROM_QSTR(MP_QSTR_any), MP_ROM_PTR(&qb_uart_any_obj) },
+    { MP_ROM_QSTR(MP_QSTR_close), MP_ROM_PTR(&mp_stream_close_obj) },
 };
 static MP_DEFINE_CONST_DICT(qb_uart_locals, qb_uart_locals_table);
 
