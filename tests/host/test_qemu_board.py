@@ -32,6 +32,18 @@ def test_profiles_and_firmware_cache(tmp_path):
         EmulatedBoard("qemu-m3-tight", workdir=tmp_path / "x")
 
 
+def test_tern_firmware_build_command():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tern = str(Path(sys.executable).with_name("tern"))
+    r = subprocess.run([tern, "firmware", "build", "--board", "qemu-m3-tight"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "qemu-m3-tight: %s" % firmware.build("qemu-m3-tight"), r
+    r = subprocess.run([tern, "firmware", "build", "--board", "tight"], capture_output=True, text=True)
+    assert r.returncode == 1 and "profile tight is not a qemu-m3 board" in r.stderr, r
+
+
 def test_frozen_tern_on_a_32_bit_cortex_m3(qb):
     out = qb.exec("import sys, gc, os\nimport tern.client, tern.flashstore, telemetry\n"
                   "print(sys.platform, sys.maxsize, sys.implementation._machine, os.listdir('/'))\n"
