@@ -332,6 +332,7 @@ class _Bridge(threading.Thread):
         self.running = True
         self.dials = 0
         self.sent = 0
+        self.rem, self.hdr = 0, bytearray()
         self.wake_r, self.wake_w = os.pipe()
 
     def reset(self, qport, dport):
@@ -341,6 +342,7 @@ class _Bridge(threading.Thread):
             self._close_far()
             self.qport, self.dport = qport, dport
             self.sent = 0  # bytes put on the board's link UART since it booted
+            self.rem, self.hdr = 0, bytearray()  # MQTT framing of what the board sends
         os.write(self.wake_w, b"x")
 
     def _close_q(self):
@@ -354,6 +356,7 @@ class _Bridge(threading.Thread):
             self.far.close()
             self.far = None
         if hangup and self.dcd is not None:
+            self.log.event("link: far end hung up")
             try:
                 self.dcd.sendall(b"\x00")
             except OSError:
@@ -395,23 +398,8 @@ class _Bridge(threading.Thread):
                         self._close_q()  # QEMU ended
                 return
             with self.lock:
-                # dial for a new MQTT connection (a CONNECT packet); anything else with no far end is
-                # dropped, as a modem without carrier drops it (acknowledgements after a hang-up, say)
-                if self.far is None and self.target is not None and data[0] == 0x10:
-                    try:
-                        self.far = socket.create_connection(self.target, timeout=2)
-                        self.far.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        self.dials += 1
-                    except OSError as e:
-                        self.log.event("link: cannot reach %s:%d: %s" % (self.target[0], self.target[1], e))
-                        self._close_far(hangup=True)  # NO CARRIER
+                self._from_board(data, self._starts(data))
                 far = self.far
-            if far is not None:
-                try:
-                    far.sendall(data)
-                except OSError:
-                    with self.lock:
-                        self._close_far(hangup=True)
         if far is not None and far in r:
             data = self._recv(far)
             if data is None:
@@ -426,26 +414,80 @@ class _Bridge(threading.Thread):
                 except OSError:
                     pass
 
-    def _dtr_dropped(self, q, dcd):
-        # what the board sent before it hung up goes out first, then the far end is closed, and the
-        # board is told how many bytes the link carried in all: the rest of those (still on their
-        # way through QEMU) it discards, as a closed socket discards what it did not read
-        with self.lock:
-            q.setblocking(False)
+    def _starts(self, data):
+        # Where MQTT packets start in data (the board's bytes are a sequence of whole packets; the
+        # framing carries over from chunk to chunk): what lets a CONNECT be told from the tail of
+        # the last connection's packets, which QEMU may still be passing on after a hang-up.
+        starts = []
+        i, n = 0, len(data)
+        while i < n:
+            if self.rem:
+                k = min(self.rem, n - i)
+                self.rem -= k
+                i += k
+                continue
+            if not self.hdr:
+                starts.append(i)
+            self.hdr.append(data[i])
+            i += 1
+            if len(self.hdr) >= 2 and not self.hdr[-1] & 0x80:
+                self.rem = sum((b & 0x7F) << (7 * j) for j, b in enumerate(self.hdr[1:]))
+                self.hdr = bytearray()
+            elif len(self.hdr) > 5:  # not MQTT framing: start again from the next byte
+                self.hdr = bytearray()
+        return starts
+
+    def _from_board(self, data, starts):
+        # With the far end up, everything goes; with none, a CONNECT at a packet start dials and
+        # goes from there, anything before it is dropped, as a modem without carrier drops it.
+        if self.far is None:
+            at = next((k for k in starts if data[k] == 0x10), None)
+            if at is None or self.target is None:
+                return
+            data = data[at:]
             try:
-                while self.far is not None:
+                self.far = socket.create_connection(self.target, timeout=2)
+                self.far.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.dials += 1
+                self.log.event("link: dialled %s:%d" % self.target)
+            except OSError as e:
+                self.log.event("link: cannot reach %s:%d: %s" % (self.target[0], self.target[1], e))
+                self._close_far(hangup=True)  # NO CARRIER
+                return
+        try:
+            self.far.sendall(data)
+        except OSError:
+            self._close_far(hangup=True)
+
+    def _dtr_dropped(self, q, dcd):
+        # What the board sent before it hung up goes out first (QEMU may pass the link's last bytes
+        # on after the control line's: read until the link is quiet, up to a new CONNECT), then the
+        # far end is closed, and the board is told how many bytes the link carried in all: the rest
+        # of those (still on their way through QEMU) it discards, as a closed socket discards what
+        # it did not read. A CONNECT read meanwhile dials a new connection after that.
+        with self.lock:
+            held = None
+            try:
+                while held is None and select.select([q], [], [], 0.05)[0]:
                     data = q.recv(65536)
                     if not data:
                         break
-                    self.far.sendall(data)
+                    starts = self._starts(data)
+                    at = next((k for k in starts if data[k] == 0x10), None)
+                    if at is not None:
+                        data, held = data[:at], (data[at:], [k - at for k in starts if k >= at])
+                    if data and self.far is not None:
+                        self.far.sendall(data)
             except OSError:
                 pass
-            q.setblocking(True)
             self._close_far()
+            self.log.event("link: the board dropped the line (%d bytes sent to it in all)" % self.sent)
             try:
                 dcd.sendall(b"\x01" + (self.sent & 0xFFFFFFFF).to_bytes(4, "little"))
             except OSError:
                 pass
+            if held is not None:
+                self._from_board(*held)
 
     @staticmethod
     def _recv(s):
