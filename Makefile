@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tern-installed
 
-.PHONY: demo test test-fast bench bench-sweep setup debian size clean interop
+.PHONY: demo test test-fast bench bench-sweep setup debian firmware size clean interop
 
 setup: $(STAMP) debian
 
@@ -29,7 +29,12 @@ debian:
 demo: setup
 	$(VENV)/bin/tern demo $(DEMO_ARGS)
 
-test: setup
+# make firmware: the qemu-m3 board's firmware images (MicroPython's qemu port with Tern frozen in), one
+# per qemu-m3 profile, built into build/firmware unless the cache has one for the same content.
+firmware: setup
+	$(VENV)/bin/tern firmware build --board qemu-m3
+
+test: setup firmware
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 size: setup

@@ -129,6 +129,15 @@ def open_store(prof):
     return FileStore("outbox"), "file"
 
 
+def link(prof):
+    """The byte stream MQTT goes over when the board reaches the network through a serial link
+    (profile "network": "uart", a modem in transparent mode; the qemu board's link UART), else None:
+    TCP through the board's own IP stack."""
+    if prof.get("network") == "uart" and emuboard:
+        return emuboard.uart()
+    return None
+
+
 def epoch():
     """Seconds since 1970 when the board knows the time, else None (no clock set yet)."""
     from time import time, gmtime

@@ -75,7 +75,7 @@ class App:
             max_pending=cfg["max_pending"], rx_size=cfg["rx_size"], tx_size=cfg["tx_size"],
             session_expiry=cfg["session_expiry"] if v == 5 else None,
             username=cfg["user"], password=cfg["password"], will_topic=cfg["status_topic"],
-            will_payload=json.dumps({"d": dev, "online": False}), will_qos=1, will_retain=True)
+            will_payload=json.dumps({"d": dev, "online": False}), will_qos=1, will_retain=True, stream=hal.link(prof))
         # The boot counter: durable before anything of this boot is published.
         b = store.meta("boot")
         self.boot = 0 if b is None else int(b) + 1

@@ -7,6 +7,7 @@ missing=""
 while read -r pkg prog; do
   case "$pkg" in ''|'#'*) continue ;; esac
   found=""
+  case "$prog" in /*) [ -e "$prog" ] && found=1 ;; esac  # a package with no program: a file it installs
   for p in "$prog" "/usr/sbin/$prog" "/usr/bin/$prog" "/usr/local/sbin/$prog"; do
     if command -v "$p" >/dev/null 2>&1; then found=1; break; fi
   done

@@ -6,7 +6,7 @@ Registered through the ``pytest11`` entry point (name ``tern``), so any project 
   persistence, workdir under the test's tmp_path); ``broker_addr`` -- its ``[host, port]``;
 - ``chaos`` -- an MQTT-aware ``ChaosProxy`` in front of that broker (seed 1);
 - ``board`` -- the board the test drives: an ``EmulatedBoard`` of ``--board-profile`` (default
-  ``unix-emulated``), or, with ``--board-port /dev/ttyUSB0``, the real board on that port
+  ``unix-emulated``; a ``QemuBoard`` for the ``qemu-m3-*`` profiles), or, with ``--board-port /dev/ttyUSB0``, the real board on that port
   (``SerialBoard``) -- the same test body runs on both;
 - ``fleet`` -- a factory: ``fleet(boards=2, duration=10, faults=[...], seed=0)`` (or a ``Scenario``)
   returns a ``ternlab.fleet.Fleet`` with its own broker, stopped at teardown;
@@ -191,6 +191,10 @@ def board(request, tmp_path):
         from ternlab.boards.serial import SerialBoard
 
         b = SerialBoard(port, profile=name, log_path=tmp_path / "board-console.log")
+    elif _load_profile(config).get("kind") == "qemu-m3":
+        from ternlab.boards.qemu import QemuBoard
+
+        b = QemuBoard(name, workdir=tmp_path / "board")
     else:
         from ternlab.boards.emulated import EmulatedBoard
 

@@ -1,14 +1,14 @@
 """The blocking (or polled) client: a socket, a clock and a Session.
 
 It only moves bytes and time between the socket and the session; the protocol
-lives in the session. Runs unchanged on MicroPython and CPython; the few
-places the two differ (reading into a buffer, TLS, the clock) are the small
-functions at the top.
+lives in the session. The transport is a TCP socket, or any byte stream given
+as `stream=` (a UART to a cellular or LoRa modem in transparent mode, say).
+Runs unchanged on MicroPython and CPython; the few places the two differ
+(reading into a buffer, TLS, the clock) are the small functions at the top.
 """
 
 import sys
 import select
-import socket
 
 from .session import Session
 from .wire import MQTTError, const
@@ -56,6 +56,24 @@ else:
         except _AGAIN:
             return 0
 
+    class _Stream:
+        # A file-like stream (readinto/write, fileno for poll: pyserial, a pipe) seen as a socket.
+        def __init__(self, f):
+            self.f = f
+            self.fileno = f.fileno
+
+        def recv_into(self, buf, n):
+            r = self.f.readinto(memoryview(buf)[:n])
+            if r is None:
+                raise BlockingIOError
+            return r
+
+        def send(self, data):
+            r = self.f.write(data)
+            if r is None:
+                raise BlockingIOError
+            return r
+
 
 def nodelay(sock):
     """Turn Nagle's algorithm off: with it on, a small packet waits for the
@@ -65,6 +83,8 @@ def nodelay(sock):
     Linux's); MicroPython's unix port lacks the names, not the option, and
     gets the values of Linux and BSD (6, 1). A socket that does not take it
     keeps its default."""
+    import socket  # here, not at the top: a board that talks over a UART has none
+
     try:
         sock.setsockopt(getattr(socket, "IPPROTO_TCP", 6), getattr(socket, "TCP_NODELAY", 1), 1)
     except (OSError, AttributeError):
@@ -246,14 +266,18 @@ class Client(_Driver):
     close() or disconnect() until connect() is called again.
     Set handlers (on_message, subscribe(handler=...)) before connect():
     a persistent session's queued messages can arrive with the CONNACK.
+    stream: use this open byte stream instead of a TCP connection (non-blocking
+    readinto/write, pollable: a machine.UART to a modem in transparent mode);
+    each connect() sends CONNECT over it, and it is never closed by the client.
     """
 
     def __init__(self, client_id="", server="127.0.0.1", port=None, version=4, keepalive=60,
                  clean=True, store=None, ssl=None, server_hostname=None, reconnect=True,
-                 backoff_min=0.25, backoff_max=30, connect_timeout=10, healthy_after=10, **opts):
+                 backoff_min=0.25, backoff_max=30, connect_timeout=10, healthy_after=10, stream=None, **opts):
         _Driver.__init__(self, client_id, server, port, version, keepalive, clean, store, ssl, server_hostname,
                          reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, opts)
         self.sock = None
+        self.stream = stream
         self._next_try = ticks_ms()  # not 0: half a period on, 0 is in the future
         self._replies = {}  # pid -> SUBACK/UNSUBACK reason codes, while a call waits for them
         self._closed = False  # close() or disconnect(): no reconnect until connect()
@@ -288,6 +312,7 @@ class Client(_Driver):
         sock = self.sock
         if sock is not None:
             self.sock = None
+        if sock is not None and self.stream is None:  # the application's stream stays open
             try:
                 sock.close()
             except OSError:
@@ -350,32 +375,10 @@ class Client(_Driver):
         self._drop()
         self._closed = False
         self._connack = None
-        err = None
-        for ai in socket.getaddrinfo(self.server, self.port, 0, socket.SOCK_STREAM):
-            sock = socket.socket(ai[0], socket.SOCK_STREAM)
-            try:
-                sock.settimeout(self.connect_timeout)
-                sock.connect(ai[-1])
-                nodelay(sock)
-                break
-            except OSError as e:  # try the next address (IPv6 first, broker on IPv4 ...)
-                sock.close()
-                err = e
+        if self.stream is None:
+            sock = self._dial()
         else:
-            raise err or OSError("%s does not resolve" % self.server)
-        try:
-            if self.ssl:
-                ctx = self._tls_context()  # a bad ssl argument stays a ValueError
-                try:
-                    sock = ctx.wrap_socket(sock, server_hostname=self.server_hostname)
-                except OSError:  # CPython's SSLCertVerificationError is a ValueError too: kept as it is
-                    raise
-                except ValueError as e:  # MicroPython's mbedtls: the server failed verification
-                    raise OSError("TLS: " + str(e).strip())  # like CPython's SSLError: retried with backoff
-            sock.setblocking(False)
-        except BaseException:
-            sock.close()
-            raise
+            sock = self.stream if MICROPYTHON else _Stream(self.stream)
         self.sock = sock
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
@@ -409,6 +412,38 @@ class Client(_Driver):
                 return self.connect(timeout)
             raise ConnectError(p.reason, s.version)
         return s.session_present
+
+    def _dial(self):
+        # A TCP connection to server:port (TLS when asked), non-blocking.
+        import socket
+
+        err = None
+        for ai in socket.getaddrinfo(self.server, self.port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(ai[0], socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.connect_timeout)
+                sock.connect(ai[-1])
+                nodelay(sock)
+                break
+            except OSError as e:  # try the next address (IPv6 first, broker on IPv4 ...)
+                sock.close()
+                err = e
+        else:
+            raise err or OSError("%s does not resolve" % self.server)
+        try:
+            if self.ssl:
+                ctx = self._tls_context()  # a bad ssl argument stays a ValueError
+                try:
+                    sock = ctx.wrap_socket(sock, server_hostname=self.server_hostname)
+                except OSError:  # CPython's SSLCertVerificationError is a ValueError too: kept as it is
+                    raise
+                except ValueError as e:  # MicroPython's mbedtls: the server failed verification
+                    raise OSError("TLS: " + str(e).strip())  # like CPython's SSLError: retried with backoff
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     def _io(self, ms):
         """Wait up to ms for data, feed it to the session. False: nothing came."""

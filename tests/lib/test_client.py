@@ -284,3 +284,31 @@ def test_subscriptions_changed_offline_reach_a_broker_that_kept_the_session(brok
         assert b == [("os/%d/b" % v, b"new", 1, False)] and not a and not other, (a, b, other)
         pub.disconnect()
         c.disconnect()
+
+
+def _stream_to(addr):
+    # An open byte stream to the broker, as a modem in transparent mode hands one over: on
+    # MicroPython a socket is such a stream (readinto/write); on CPython its file object.
+    import socket
+    import sys
+
+    s = socket.socket()
+    s.connect(socket.getaddrinfo(addr[0], addr[1])[0][-1])
+    s.setblocking(False)
+    return s, (s if sys.implementation.name == "micropython" else s.makefile("rwb", buffering=0))
+
+
+def test_any_stream_is_a_transport_and_stays_open(broker_addr):
+    for v in (4, 5):
+        sock, stream = _stream_to(broker_addr)
+        got = []
+        c = Client("stream-%d-%d" % (v, ticks_ms() % 100000), version=v, stream=stream)
+        assert not c.connect()
+        assert c.subscribe("st/%d/#" % v, 1, handler=collect(got)) == [1]
+        c.wait_published(c.publish("st/%d/a" % v, b"over a stream", 1), 5)
+        until([c], lambda: got, what="the message back over the stream")
+        assert got == [("st/%d/a" % v, b"over a stream", 1, False)], got
+        c.disconnect()
+        assert c.sock is None
+        stream.write(b"")  # the client never closes the application's stream
+        sock.close()

@@ -64,7 +64,7 @@ def _config(broker, n):
 
 def run_profile(profile, broker, mpy, n, boots, workdir):
     """One profile's figures, or raises RuntimeError if the app cannot run on it."""
-    board = _board(profile, workdir, mpy)
+    board = _board(profile, workdir, mpy, link=broker.address)
     try:
         install(board, _config(broker, n), romfs=mpy if profile.get("romfs") else None)
         board.power_cycle()
@@ -98,9 +98,14 @@ def run_profile(profile, broker, mpy, n, boots, workdir):
         board.close()
 
 
-def _board(prof, workdir, mpy):
+def _board(prof, workdir, mpy, link=None):
     # A profile with a ROMFS partition runs the .mpy files in place from it (deployed by install());
-    # any other loads them from the host path onto its heap, as from a board's filesystem.
+    # any other loads them from the host path onto its heap, as from a board's filesystem. A qemu-m3
+    # board runs them frozen in its firmware (tools/bench/qemu_bench.py), MQTT over its link UART.
+    if prof.get("kind") == "qemu-m3":
+        from ternlab.boards.qemu import QemuBoard
+
+        return QemuBoard(prof, workdir=workdir, board_id="bench-1", link=link)
     return EmulatedBoard(prof, workdir=workdir, board_id="bench-1", host_paths=[] if prof.get("romfs") else [str(mpy)])
 
 
@@ -113,7 +118,7 @@ def _first_pub(board, mark):
 
 def _runs(prof, heap, broker, mpy, workdir, n):
     prof = dict(prof, heap_bytes=heap)
-    board = _board(prof, Path(workdir) / f"heap-{heap}", mpy)
+    board = _board(prof, Path(workdir) / f"heap-{heap}", mpy, link=broker.address)
     try:
         install(board, _config(broker, n), romfs=mpy if prof.get("romfs") else None)
         board.power_cycle()

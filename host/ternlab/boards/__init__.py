@@ -6,7 +6,9 @@ power cycle, and its profile. Everything goes through MicroPython's raw REPL
 on a serial port (mpremote's SerialTransport), so the same test body drives
 
 - `EmulatedBoard` (ternlab.boards.emulated): the MicroPython unix port on a
-  pseudo-terminal, with emulated NOR flash and power cuts, and
+  pseudo-terminal, with emulated NOR flash and power cuts,
+- `QemuBoard` (ternlab.boards.qemu): MicroPython's own firmware for an Arm
+  Cortex-M3 with Tern frozen in, under qemu-system-arm (profiles qemu-m3-*), and
 - `SerialBoard` (ternlab.boards.serial): a real board on a serial port.
 
 Board profiles live in `boards/<name>/profile.json` at the top of the project
@@ -373,6 +375,10 @@ def __getattr__(name):
         from .emulated import EmulatedBoard
 
         return EmulatedBoard
+    if name == "QemuBoard":
+        from .qemu import QemuBoard
+
+        return QemuBoard
     if name == "SerialBoard":
         from .serial import SerialBoard
 

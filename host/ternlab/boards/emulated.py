@@ -608,6 +608,8 @@ class EmulatedBoard(Board):
         prof = profile if isinstance(profile, dict) else load_profile(profile)
         if not prof.get("emulated"):
             raise ValueError("profile %r is a real board's: use SerialBoard" % prof["name"])
+        if prof.get("kind") == "qemu-m3" and type(self) is EmulatedBoard:
+            raise ValueError("profile %r is a qemu-m3 board's: use QemuBoard (ternlab.boards.qemu)" % prof["name"])
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tern-board-")).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -630,10 +632,14 @@ class EmulatedBoard(Board):
             create_image(self.image, blocks, fl["block_size"])
         super().__init__(prof, ConsoleLog(str(self.workdir / "console.log"), echo))
         self._boot_args = (0, 1)
-        self._sup = _Supervisor(self)
+        self._sup = self._supervisor()
         self._sup.start()
         if power:
             self.power_on(cut_at=cut_at, seed=seed)
+
+    def _supervisor(self):
+        """The thread that runs the device and relays its port (QemuBoard runs QEMU instead)."""
+        return _Supervisor(self)
 
     # -- Board ---------------------------------------------------------------
     @property

@@ -1,0 +1,5 @@
+# The qemu-m3 board's boot (frozen; run by the firmware before boot.py and main.py).
+import emuboard
+
+emuboard.boot()
+del emuboard

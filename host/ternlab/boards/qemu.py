@@ -1,0 +1,554 @@
+"""QemuBoard: an emulated microcontroller -- MicroPython's own firmware for an Arm Cortex-M3
+(the `qemu` port, board MPS2_AN385) with Tern and the telemetry app frozen in, run by
+qemu-system-arm.
+
+It is an EmulatedBoard (same Board interface, same power, cut and flash methods) whose device is
+QEMU instead of the unix port:
+
+- the firmware is `ternlab.firmware.build(profile)` (built once per content, heap from the profile);
+- UART0 is the REPL: QEMU's stdio, relayed by a thread to the board's pty (`board.port`, stable
+  across power cycles), so mpremote speaks to it as to a board on USB serial; every line goes to
+  the console log;
+- UART1 is the link UART: QEMU listens on a loopback TCP port (and waits for the bridge before the
+  board starts, so nothing the board sends is lost), and a bridge thread connects it to
+  `link(host, port)` (the broker, or a chaos proxy in front of it). Like a modem in transparent
+  mode, the bridge dials when the board sends CONNECT and the far end is not connected, and when the far
+  end hangs up (or cannot be reached) it says so on UART2, the carrier line (a modem's DCD): the
+  firmware's link stream then reads end of stream, as a socket does when its peer closes; closing
+  the stream on the board drops the line the other way (DTR) and the bridge hangs up;
+- the NOR flash is the C model in the firmware (tools/firmware/cmodules/qboard): native memory,
+  written through to flash.img (+ .wear) in the board's workdir by ARM semihosting, the torn
+  write and cut.json at the N-th flash operation, after which QEMU exits with status 80 (power cut);
+- machine.reset() (emuboard.reset()) ends QEMU with status 0: the relay boots it again.
+
+The board's workdir holds flash.img, board.json (what the firmware reads at boot: profile, id,
+cut_at, seed, reset cause), cut.json, romfs.img, console.log and qemu.log (QEMU's own messages).
+"""
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import tty
+
+from . import BoardError, device_profile
+from .emulated import EmulatedBoard
+
+_UP = b"\x00TERN:UP\x00"
+_BACKLOG = 64 * 1024
+EXIT_POWER_CUT = 80  # tools/firmware/cmodules/qboard/qboard.c
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Relay(threading.Thread):
+    """Runs QEMU and relays its REPL UART to the board's pty; what EmulatedBoard expects of its
+    supervisor (spawn, kill, freeze, state, booted/boot_failed/off events, cut_deadline)."""
+
+    def __init__(self, board):
+        super().__init__(name="qemuboard-%s" % board.id, daemon=True)
+        self.b = board
+        self.log = board.log
+        self.m_out, self.s_out = os.openpty()
+        tty.setraw(self.s_out)
+        os.set_blocking(self.m_out, False)
+        self.port = os.ttyname(self.s_out)
+        self.wake_r, self.wake_w = os.pipe()
+        self.lock = threading.RLock()
+        self.proc = None
+        self.q_in = self.q_out = None  # QEMU's stdin (we write) and stdout (we read)
+        self.state = "off"
+        self.expect = None
+        self.cut_deadline = None
+        self.cut_note = ""
+        self.booted = threading.Event()
+        self.boot_failed = threading.Event()
+        self.off = threading.Event()
+        self.off.set()
+        self.backlog = bytearray()
+        self.acc = b""
+        self.pending_in = bytearray()
+        self.running = True
+        self.cause = "pwron"
+        self.frozen = False
+        self.link_port = None
+
+    # -- QEMU ------------------------------------------------------------------------
+    def spawn(self, mode="friendly", cut_at=0, seed=1, cause="pwron"):
+        b = self.b
+        cfg = {"profile": device_profile(b.profile), "id": b.id, "cause": cause, "cut_at": cut_at, "seed": seed}
+        if b.romfs_size():
+            cfg["romfs"] = b.romfs_image.name
+        try:
+            os.remove(b.workdir / "cut.json")
+        except FileNotFoundError:
+            pass
+        (b.workdir / "board.json").write_text(json.dumps(cfg))
+        self.link_port, dcd_port = _free_port(), _free_port()
+        argv = [shutil.which("qemu-system-arm") or "qemu-system-arm", "-machine", "mps2-an385", "-nographic",
+                "-monitor", "none", "-semihosting-config", "enable=on,target=native",
+                "-chardev", "stdio,id=repl,signal=off", "-serial", "chardev:repl",
+                "-chardev", "socket,id=link,host=127.0.0.1,port=%d,server=on,wait=on" % self.link_port,
+                "-serial", "chardev:link",
+                "-chardev", "socket,id=dcd,host=127.0.0.1,port=%d,server=on,wait=on" % dcd_port,
+                "-serial", "chardev:dcd", "-kernel", str(b.elf)]
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        with open(b.workdir / "qemu.log", "ab") as err:
+            self.proc = subprocess.Popen(argv, stdin=in_r, stdout=out_w, stderr=err, cwd=str(b.workdir),
+                                         close_fds=True, start_new_session=True)
+        os.close(in_r)
+        os.close(out_w)
+        os.set_blocking(in_w, False)
+        os.set_blocking(out_r, False)
+        self.q_in, self.q_out = in_w, out_r
+        self.acc = b""
+        self.pending_in.clear()
+        self.state = "booting"
+        self.cause = cause
+        self.frozen = False
+        self.booted.clear()
+        self.boot_failed.clear()
+        self.off.clear()
+        b._bridge.reset(self.link_port, dcd_port)
+        self._wake()
+
+    def kill(self, why, sig=signal.SIGKILL):
+        with self.lock:
+            p = self.proc
+            if p is None or p.poll() is not None:
+                return False
+            self.expect = why
+            if self.frozen:
+                os.kill(p.pid, signal.SIGCONT)
+            p.send_signal(sig)
+            return True
+
+    def freeze(self, on=True):
+        with self.lock:
+            p = self.proc
+            if p is None or p.poll() is not None:
+                return False
+            os.kill(p.pid, signal.SIGSTOP if on else signal.SIGCONT)
+            self.frozen = on
+            return True
+
+    def _wake(self):
+        if self.running:
+            os.write(self.wake_w, b"x")
+
+    # -- relay -------------------------------------------------------------------------
+    def run(self):
+        while self.running:
+            try:
+                self._step()
+            except Exception as e:  # never let the relay die silently: the board would hang
+                if self.running:
+                    self.log.event("relay error: %s: %s" % (e.__class__.__name__, e))
+                    time.sleep(0.05)
+
+    def _step(self):
+        with self.lock:
+            q_out = self.q_out
+        rl = [self.m_out, self.wake_r] + ([q_out] if q_out is not None else [])
+        wl = [self.m_out] if self.backlog else []
+        timeout = 0.2
+        if self.cut_deadline is not None:
+            timeout = max(0.0, min(timeout, self.cut_deadline - time.monotonic()))
+        try:
+            r, _, _ = select.select(rl, wl, [], timeout)
+        except (OSError, ValueError):
+            time.sleep(0.05)
+            return
+        if self.wake_r in r:
+            os.read(self.wake_r, 4096)
+        if q_out is not None and q_out in r:
+            self._read_device(q_out)
+        if self.m_out in r:
+            self._read_host()
+        if self.backlog:
+            self._flush()
+        if self.cut_deadline is not None and time.monotonic() >= self.cut_deadline:
+            self.cut_deadline = None
+            self.kill("random-cut")
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is not None:
+                self._ended()
+
+    def _read_device(self, fd):
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            return  # QEMU closed its stdout: it is ending (the exit is handled in _step)
+        data = self.acc + data
+        i = data.find(_UP)
+        if i >= 0:  # printed by every boot (soft reboots too)
+            data = data[:i] + data[i + len(_UP):]
+        if i >= 0 and self.state == "booting":
+            self.state = "on"
+            self.booted.set()
+            if self.pending_in:
+                self._to_device(bytes(self.pending_in))
+                self.pending_in.clear()
+        # keep a possible start of the sentinel for the next read
+        keep = 0
+        for k in range(min(len(_UP) - 1, len(data)), 0, -1):
+            if _UP.startswith(data[-k:]):
+                keep = k
+                break
+        self.acc = data[len(data) - keep:] if keep else b""
+        data = data[: len(data) - keep]
+        if data:
+            self.log.feed(data)
+            self.backlog += data
+            if len(self.backlog) > _BACKLOG:
+                del self.backlog[: len(self.backlog) - _BACKLOG]
+
+    def _flush(self):
+        try:
+            n = os.write(self.m_out, self.backlog)
+            del self.backlog[:n]
+        except BlockingIOError:
+            pass
+
+    def _read_host(self):
+        try:
+            data = os.read(self.m_out, 65536)
+        except OSError:
+            return
+        if not data:
+            return
+        self.log.host_wrote(data)
+        with self.lock:
+            if self.state == "booting":  # the boot is not interruptible: held until the board is up
+                self.pending_in += data
+            elif self.state == "on":
+                self._to_device(data)
+
+    def _to_device(self, data):
+        # QEMU takes the bytes as the UART does (one at a time as the firmware reads them): write in full
+        while data:
+            try:
+                n = os.write(self.q_in, data)
+                data = data[n:]
+            except BlockingIOError:
+                select.select([], [self.q_in], [], 0.05)
+            except OSError:
+                return  # QEMU is gone
+
+    def _ended(self):
+        p, self.proc = self.proc, None
+        rc = p.returncode
+        # what QEMU printed last
+        while True:
+            try:
+                data = os.read(self.q_out, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            self.acc += data
+        if self.acc:
+            self.log.feed(self.acc.replace(_UP, b""))
+            self.acc = b""
+        for fd in (self.q_in, self.q_out):
+            os.close(fd)
+        self.q_in = self.q_out = None
+        why, self.expect = self.expect, None
+        was, self.state = self.state, "off"
+        self.frozen = False
+        b = self.b
+        # a restart spawns before it logs: a host waiting for the line finds the board booting, not off
+        if why == "cycle":
+            self.spawn("friendly", *b._next_boot())
+            self.log.event("power cycle")
+        elif why == "off":
+            self.log.event("power off")
+        elif why == "random-cut":
+            self.log.event("power cut %s" % self.cut_note)
+        elif rc == EXIT_POWER_CUT:
+            cut = b.last_cut() or {}
+            self.log.event("power cut at flash operation %s (%s)" % (cut.get("op"), " ".join(map(str, cut.get("torn") or ()))))
+        elif rc == 0 and was == "on":
+            self.spawn("friendly", *b._next_boot(), cause="hard")
+            self.log.event("reset (machine.reset)")
+        else:
+            self.log.event("%s (QEMU exit status %s; see qemu.log)" % ("failed to boot" if was == "booting" else "crashed", rc))
+            if was == "booting":
+                self.boot_failed.set()
+        if self.state == "off":
+            self.off.set()
+
+    def stop(self):
+        if not self.running:
+            return
+        self.kill("off")
+        p = self.proc
+        if p is not None:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        end = time.monotonic() + 2
+        while self.proc is not None and time.monotonic() < end:  # let the relay take the exit
+            time.sleep(0.02)
+        self.running = False
+        self._wake()
+        self.join(timeout=5)
+        for fd in (self.m_out, self.s_out, self.wake_r, self.wake_w, self.q_in, self.q_out):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+class _Bridge(threading.Thread):
+    """The link UART's far end: QEMU's socket on one side, `target` (host, port) on the other,
+    dialled when the board starts an MQTT connection (sends CONNECT) and the far end is not
+    connected (a modem in transparent mode).
+    A far end that hangs up, or cannot be reached, is reported on the carrier line (one byte on
+    QEMU's UART2 socket): the board's link stream then reads end of stream. A byte from the board on
+    that line (its link stream was closed: a modem's DTR dropped) hangs up the far end."""
+
+    def __init__(self, board):
+        super().__init__(name="qemulink-%s" % board.id, daemon=True)
+        self.log = board.log
+        self.target = None
+        self.qport = self.dport = None
+        self.q = self.far = self.dcd = None
+        self.lock = threading.Lock()
+        self.running = True
+        self.dials = 0
+        self.sent = 0
+        self.rem, self.hdr = 0, bytearray()
+        self.wake_r, self.wake_w = os.pipe()
+
+    def reset(self, qport, dport):
+        """QEMU (re)started with its link socket on qport and its carrier line on dport."""
+        with self.lock:
+            self._close_q()
+            self._close_far()
+            self.qport, self.dport = qport, dport
+            self.sent = 0  # bytes put on the board's link UART since it booted
+            self.rem, self.hdr = 0, bytearray()  # MQTT framing of what the board sends
+        os.write(self.wake_w, b"x")
+
+    def _close_q(self):
+        for s in (self.q, self.dcd):
+            if s is not None:
+                s.close()
+        self.q = self.dcd = None
+
+    def _close_far(self, hangup=False):
+        if self.far is not None:
+            self.far.close()
+            self.far = None
+        if hangup and self.dcd is not None:
+            self.log.event("link: far end hung up")
+            try:
+                self.dcd.sendall(b"\x00")
+            except OSError:
+                pass
+
+    def run(self):
+        while self.running:
+            try:
+                self._step()
+            except Exception as e:
+                self.log.event("link bridge error: %s: %s" % (e.__class__.__name__, e))
+                time.sleep(0.1)
+
+    def _step(self):
+        with self.lock:
+            if self.q is None and self.qport is not None:
+                try:
+                    self.q = socket.create_connection(("127.0.0.1", self.qport), timeout=1)
+                    self.q.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self.dcd = socket.create_connection(("127.0.0.1", self.dport), timeout=1)
+                    self.q.settimeout(None)  # QEMU takes the link's bytes at the board's pace
+                    self.dcd.settimeout(None)
+                except OSError:
+                    self._close_q()
+            q, far, dcd = self.q, self.far, self.dcd
+        rl = [self.wake_r] + [s for s in (q, far, dcd) if s is not None]
+        r, _, _ = select.select(rl, [], [], 0.1 if q is None else 0.5)
+        if self.wake_r in r:
+            os.read(self.wake_r, 4096)
+        if dcd is not None and dcd in r:  # the board dropped the line (its stream was closed): hang up
+            if self._recv(dcd) is not None:
+                self._dtr_dropped(q, dcd)
+                return
+        if q is not None and q in r:
+            data = self._recv(q)
+            if data is None:
+                with self.lock:
+                    if self.q is q:
+                        self._close_q()  # QEMU ended
+                return
+            with self.lock:
+                self._from_board(data, self._starts(data))
+                far = self.far
+        if far is not None and far in r:
+            data = self._recv(far)
+            if data is None:
+                with self.lock:
+                    if self.far is far:
+                        self._close_far(hangup=True)
+                return
+            if q is not None:
+                try:
+                    q.sendall(data)
+                    self.sent += len(data)
+                except OSError:
+                    pass
+
+    def _starts(self, data):
+        # Where MQTT packets start in data (the board's bytes are a sequence of whole packets; the
+        # framing carries over from chunk to chunk): what lets a CONNECT be told from the tail of
+        # the last connection's packets, which QEMU may still be passing on after a hang-up.
+        starts = []
+        i, n = 0, len(data)
+        while i < n:
+            if self.rem:
+                k = min(self.rem, n - i)
+                self.rem -= k
+                i += k
+                continue
+            if not self.hdr:
+                starts.append(i)
+            self.hdr.append(data[i])
+            i += 1
+            if len(self.hdr) >= 2 and not self.hdr[-1] & 0x80:
+                self.rem = sum((b & 0x7F) << (7 * j) for j, b in enumerate(self.hdr[1:]))
+                self.hdr = bytearray()
+            elif len(self.hdr) > 5:  # not MQTT framing: start again from the next byte
+                self.hdr = bytearray()
+        return starts
+
+    def _from_board(self, data, starts):
+        # With the far end up, everything goes; with none, a CONNECT at a packet start dials and
+        # goes from there, anything before it is dropped, as a modem without carrier drops it.
+        if self.far is None:
+            at = next((k for k in starts if data[k] == 0x10), None)
+            if at is None or self.target is None:
+                return
+            data = data[at:]
+            try:
+                self.far = socket.create_connection(self.target, timeout=2)
+                self.far.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.dials += 1
+                self.log.event("link: dialled %s:%d" % self.target)
+            except OSError as e:
+                self.log.event("link: cannot reach %s:%d: %s" % (self.target[0], self.target[1], e))
+                self._close_far(hangup=True)  # NO CARRIER
+                return
+        try:
+            self.far.sendall(data)
+        except OSError:
+            self._close_far(hangup=True)
+
+    def _dtr_dropped(self, q, dcd):
+        # What the board sent before it hung up goes out first (QEMU may pass the link's last bytes
+        # on after the control line's: read until the link is quiet, up to a new CONNECT), then the
+        # far end is closed, and the board is told how many bytes the link carried in all: the rest
+        # of those (still on their way through QEMU) it discards, as a closed socket discards what
+        # it did not read. A CONNECT read meanwhile dials a new connection after that.
+        with self.lock:
+            held = None
+            try:
+                while held is None and select.select([q], [], [], 0.05)[0]:
+                    data = q.recv(65536)
+                    if not data:
+                        break
+                    starts = self._starts(data)
+                    at = next((k for k in starts if data[k] == 0x10), None)
+                    if at is not None:
+                        data, held = data[:at], (data[at:], [k - at for k in starts if k >= at])
+                    if data and self.far is not None:
+                        self.far.sendall(data)
+            except OSError:
+                pass
+            self._close_far()
+            self.log.event("link: the board dropped the line (%d bytes sent to it in all)" % self.sent)
+            try:
+                dcd.sendall(b"\x01" + (self.sent & 0xFFFFFFFF).to_bytes(4, "little"))
+            except OSError:
+                pass
+            if held is not None:
+                self._from_board(*held)
+
+    @staticmethod
+    def _recv(s):
+        try:
+            data = s.recv(65536)
+        except OSError:
+            return None
+        return data or None
+
+    def stop(self):
+        if not self.running:
+            return
+        self.running = False
+        os.write(self.wake_w, b"x")
+        self.join(timeout=3)
+        with self.lock:
+            self._close_q()
+            self._close_far()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+
+
+class QemuBoard(EmulatedBoard):
+    """A qemu-m3 board: QemuBoard(profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None,
+    power=True, cut_at=0, seed=1, link=None). link: (host, port) the link UART reaches (the broker,
+    or a chaos proxy); `link()` changes it. The firmware is built (or taken from the cache) first."""
+
+    def __init__(self, profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None, power=True, cut_at=0,
+                 seed=1, link=None):
+        from .. import firmware
+        from . import load_profile
+
+        prof = profile if isinstance(profile, dict) else load_profile(profile)
+        if prof.get("kind") != "qemu-m3":
+            raise ValueError("profile %r is not a qemu-m3 board's" % prof["name"])
+        try:
+            self.elf = firmware.build(prof, log=lambda s: None)
+        except firmware.BuildError as e:
+            raise BoardError("%s: no firmware: %s" % (prof["name"], e)) from None
+        self._link = tuple(link) if link else None
+        super().__init__(prof, workdir=workdir, board_id=board_id, echo=echo, power=power, cut_at=cut_at, seed=seed)
+
+    def _supervisor(self):
+        self._bridge = _Bridge(self)
+        self._bridge.target = self._link
+        self._bridge.start()
+        return _Relay(self)
+
+    def link(self, host, port=None):
+        """Connect the link UART's far end to (host, port) from the next byte the board sends."""
+        if port is None:
+            host, port = host
+        with self._bridge.lock:
+            self._bridge.target = (host, int(port))
+            self._bridge._close_far(hangup=self._bridge.far is not None)
+
+    @property
+    def link_dials(self):
+        """How often the bridge dialled the far end (a new TCP connection to the broker)."""
+        return self._bridge.dials
+
+    def close(self):
+        self._bridge.stop()
+        super().close()

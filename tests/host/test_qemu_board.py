@@ -1,0 +1,180 @@
+"""QemuBoard: MicroPython's own firmware for an Arm Cortex-M3 (the qemu port, MPS2-AN385) with Tern
+frozen in, under qemu-system-arm. Everything here drives the real firmware through its REPL UART,
+as mpremote drives a board; MQTT goes over its link UART to a real Mosquitto through the chaos proxy.
+"""
+
+import json
+
+import pytest
+
+from ternlab import firmware
+from ternlab.boards import BoardError, DeviceError, load_profile
+from ternlab.boards.emulated import EmulatedBoard
+from ternlab.boards.qemu import QemuBoard
+
+
+@pytest.fixture
+def qb(tmp_path):
+    b = QemuBoard("qemu-m3-esp32", workdir=tmp_path / "board", board_id="qemu-1")
+    yield b
+    b.close()
+
+
+def test_profiles_and_firmware_cache(tmp_path):
+    heaps = {n: load_profile(n)["heap_bytes"] for n in firmware.qemu_profiles()}
+    assert heaps == {"qemu-m3-esp32": 110000, "qemu-m3-rp2": 194560, "qemu-m3-tight": 32768}
+    elf = firmware.build("qemu-m3-tight")
+    assert elf.is_file() and firmware.build("qemu-m3-tight") == elf  # from the cache: same content, same image
+    assert elf != firmware.build("qemu-m3-esp32")  # the heap is part of the image
+    with pytest.raises(firmware.BuildError, match="not a qemu-m3 board"):
+        firmware.build("unix-emulated")
+    with pytest.raises(ValueError, match="use QemuBoard"):
+        EmulatedBoard("qemu-m3-tight", workdir=tmp_path / "x")
+
+
+def test_tern_firmware_build_command():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tern = str(Path(sys.executable).with_name("tern"))
+    r = subprocess.run([tern, "firmware", "build", "--board", "qemu-m3-tight"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "qemu-m3-tight: %s" % firmware.build("qemu-m3-tight"), r
+    r = subprocess.run([tern, "firmware", "build", "--board", "tight"], capture_output=True, text=True)
+    assert r.returncode == 1 and "profile tight is not a qemu-m3 board" in r.stderr, r
+
+
+def test_frozen_tern_on_a_32_bit_cortex_m3(qb):
+    out = qb.exec("import sys, gc, os\nimport tern.client, tern.flashstore, telemetry\n"
+                  "print(sys.platform, sys.maxsize, sys.implementation._machine, os.listdir('/'))\n"
+                  "gc.collect(); print(gc.mem_free() + gc.mem_alloc())")
+    first, heap = out.strip().splitlines()
+    assert first.startswith("qemu 2147483647 ") and "Cortex-M3" in first and first.endswith("[]"), first
+    assert 100000 < int(heap) <= 110000  # the profile's heap, less the collector's own tables
+    assert qb.eval("tern.client.__file__") == "tern/client.py"  # frozen: the filesystem is empty
+
+
+def test_files_survive_a_power_cycle_and_the_reset_cause_says_why(qb):
+    qb.write_file("data.bin", bytes(range(256)) * 40)
+    assert qb.eval("__import__('emuboard').reset_cause()") == 1  # PWRON
+    qb.power_cycle()
+    assert qb.read_file("data.bin") == bytes(range(256)) * 40
+    qb.soft_reset()
+    assert qb.eval("__import__('emuboard').reset_cause()") == 5  # SOFT
+    qb.exec_nowait("import emuboard\nemuboard.reset()")  # machine.reset(): QEMU ends, the host boots it again
+    qb.wait_for(r"reset \(machine.reset\)", kind="event")
+    qb._wait_booted(10)
+    assert qb.eval("__import__('emuboard').reset_cause()") == 2 and qb.reset_cause == "hard"
+
+
+def test_ctrl_c_stops_running_code(qb):
+    qb.exec_nowait("while True:\n pass")
+    assert qb.eval("6 * 7") == 42  # mpremote's Ctrl-C reached the busy loop (KeyboardInterrupt)
+    with pytest.raises(DeviceError, match="ZeroDivisionError"):
+        qb.exec("1/0")
+
+
+def test_nor_flash_program_clears_bits_only_and_erase_sets_ff(qb):
+    out = qb.exec(
+        "import emuboard\np = emuboard.partition('outbox')\nb = bytearray(16)\n"
+        "p.ioctl(6, 1)\np.readblocks(1, b, 100)\nprint(bytes(b) == b'\\xff' * 16)\n"
+        "p.writeblocks(1, b'\\xf0' * 16, 100)\np.writeblocks(1, b'\\x30' * 16, 100)\n"
+        "p.readblocks(1, b, 100)\nprint(bytes(b).hex())\n"
+        "try:\n p.writeblocks(1, b'\\x0f', 100)\nexcept ValueError as e:\n print(e)\n"
+        "print(p.ioctl(4, 0), p.ioctl(5, 0))\n")
+    lines = out.strip().splitlines()
+    assert lines[0] == "True" and lines[1] == "30" * 16
+    assert lines[2].startswith("NOR: program would set bits") and "0x30" in lines[2], lines[2]
+    assert lines[3] == "32 4096"
+    w = qb.flash_counters()  # written through to the host's image and wear file
+    assert w["partitions"]["outbox"]["erases"] == 1
+    part = qb.read_partition("outbox")
+    assert part[4096 + 100 : 4096 + 116] == b"\x30" * 16
+
+
+def test_power_cut_at_the_nth_flash_operation_tears_it_and_the_flash_keeps_it(qb):
+    qb.exec("import emuboard\np = emuboard.partition('outbox')\np.ioctl(6, 0)\np.ioctl(6, 1)")
+    qb.arm_cut(2, seed=3)
+    qb.exec_nowait("p.writeblocks(0, b'\\x00' * 64, 0)\np.writeblocks(1, b'\\x00' * 512, 0)\nprint('not reached')")
+    qb.wait_off(10)
+    cut = qb.last_cut()
+    assert cut["nth"] == 2 and cut["torn"][0] in ("program-prefix", "program-bits"), cut
+    assert "not reached" not in qb.console_text()
+    part = qb.read_partition("outbox")
+    assert part[:64] == b"\x00" * 64  # the first program landed
+    torn = part[4096 : 4096 + 512]
+    assert torn != b"\x00" * 512 or cut["torn"][0] == "program-bits"  # the second is torn
+    with pytest.raises(BoardError, match="powered off"):
+        qb.exec("print(1)")
+    qb.power_on()
+    assert qb.eval("__import__('emuboard').reset_cause()") == 1
+    b = qb.exec("import emuboard\nb = bytearray(64)\nemuboard.partition('outbox').readblocks(0, b)\nprint(bytes(b) == bytes(64))")
+    assert b.strip() == "True"
+
+
+def test_pubsub_over_the_link_uart_through_the_chaos_proxy(qb, chaos):
+    # MQTT over a serial line: the board's client uses the link UART as its stream; the host bridges
+    # it to a TCP connection through the chaos proxy to Mosquitto.
+    qb.link(chaos.address)
+    out = qb.exec(
+        "import emuboard\nfrom tern.client import Client\n"
+        "got = []\n"
+        "c = Client('qemu-ps', version=5, stream=emuboard.uart())\n"
+        "c.subscribe('q/echo', 1, handler=lambda m: got.append((m.topic, bytes(m.payload), m.qos)))\n"
+        "print(c.connect())\n"
+        "for i in range(3):\n c.publish('q/echo', b'r%d' % i, 1)\n"
+        "c.wait_all(10)\n"
+        "while len(got) < 3:\n c.loop(100)\n"
+        "print(got)\n", timeout=30)
+    lines = out.strip().splitlines()
+    assert lines[0] == "False"
+    assert lines[1] == "[('q/echo', b'r0', 1), ('q/echo', b'r1', 1), ('q/echo', b'r2', 1)]"
+    # the far end hangs up: the bridge says so on the carrier line, the client reads end of stream and
+    # reconnects over the same UART (a new dial)
+    chaos.cut_now()
+    out = qb.exec(
+        "lost = []\nc.on_disconnect = lost.append\nc.backoff_min = 0.05\n"
+        "while not lost or not c.connected:\n c.loop(50)\n"
+        "c.wait_published(c.publish('q/echo', b'after', 1), 10)\n"
+        "while len(got) < 4:\n c.loop(100)\n"
+        "print(lost[0], got[-1])\nc.disconnect()\n", timeout=30)
+    assert out.strip() == "connection closed by the broker ('q/echo', b'after', 1)", out
+    kinds = [p.type for p in chaos.packets(direction="c2b")]
+    assert kinds.count("PUBLISH") == 4 and kinds.count("CONNECT") == 2 and kinds[-1] == "DISCONNECT", kinds
+    assert qb.link_dials == 2
+
+
+def test_board_json_is_what_the_firmware_boots_from(qb):
+    cfg = json.loads((qb.workdir / "board.json").read_text())
+    assert cfg["id"] == "qemu-1" and cfg["profile"]["name"] == "qemu-m3-esp32"
+    assert qb.eval("__import__('emuboard').unique_id()") == b"qemu-1"
+    assert qb.eval("__import__('emuboard').PROFILE['heap_bytes']") == 110000
+
+
+def test_closing_the_link_stream_hangs_up_and_drops_what_the_old_connection_left(qb, chaos):
+    # close() on the board's link stream drops the line (DTR on the control UART): the bridge hangs up
+    # the far end, and bytes of that connection still on their way to the board are discarded, as a
+    # closed socket discards what it did not read; the next CONNECT dials a new connection.
+    qb.link(chaos.address)
+    out = qb.exec(
+        "import emuboard\nfrom tern.client import Client\n"
+        "u = emuboard.uart()\n"
+        "c = Client('qemu-dtr', version=4, stream=u)\nc.connect()\n"
+        "c.subscribe('q/fill', 0)\n"
+        "print(u.any())\n", timeout=30)
+    assert out.strip() == "0"
+    from tern.client import Client
+
+    host = Client("host-fill", server=chaos.address[0], port=chaos.address[1])
+    host.connect()
+    for i in range(20):  # 20 x 400 bytes towards the board, which does not read them
+        host.publish("q/fill", b"f" * 400, 0)
+    host.disconnect()
+    out = qb.exec("import time\ntime.sleep_ms(300)\nprint(u.any() > 0)\nu.close()\ntime.sleep_ms(300)\n"
+                  "print(u.any(), u.read(4096))\n", timeout=30)
+    assert out.split() == ["True", "0", "None"], out  # nothing of the dropped connection is read
+    closed = [e for e in chaos.events if e.kind == "closed"]
+    assert closed and closed[0].detail["reason"] == "client closed", closed
+    out = qb.exec("c.connect()\nc.subscribe('q/x', 1)\nprint(c.connected)\nc.disconnect()\n", timeout=30)
+    assert out.strip() == "True"
+    assert qb.link_dials == 2
