@@ -29,7 +29,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from .boards import ROOT, load_profile
+from .boards import load_profile
+from .paths import CHECKOUT as ROOT  # the build needs a checkout: tools/firmware and ../shared
 
 VERSION = "1.28.0"
 TAG = "v1.28.0"
