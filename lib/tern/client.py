@@ -10,7 +10,7 @@ import sys
 import select
 import socket
 
-from .session import Session
+from .session import Session, NotConnected
 from .wire import MQTTError, const
 
 MICROPYTHON = sys.implementation.name == "micropython"
@@ -430,6 +430,10 @@ class Client(_Driver):
                 left = t - ticks_diff(ticks_ms(), start)
                 if left <= 0:
                     raise OSError(what + " timed out")
+                if s.state == _DISCONNECTED and (self._closed or not self.reconnect):
+                    # Nothing can change: loop() would return at once, and
+                    # waiting on would spin the CPU for the whole timeout.
+                    raise NotConnected(what + ": not connected, and not reconnecting")
                 self.loop(left if left < 50 else 50, True)
         finally:
             if kind == _REPLIED:

@@ -19,7 +19,7 @@ keeps a `reboot` command from looping); manual acknowledgement reverses this
 for applications that make their own write durable first.
 """
 
-from .wire import const, MQTTError
+from .wire import const, MQTTError, fail
 from . import pkt
 from .pkt import Packet
 from .topic import matches_bytes, parse_shared, validate_filter, validate_name
@@ -183,12 +183,11 @@ class Session:
         self._depth = 0  # message handlers under way: >0 while a handler's blocking call reads on
         self._held = []  # acks of messages read under a handler: they leave after its own (arrival order)
         self._cache = {}  # steady-path allocations made once: see publish
-        self._ring = array("H", bytes(2 * max_pending))  # zeroed, without a list of max_pending items
-        self._rflags = bytearray(max_pending)
         self._head = 0
         self._n = 0  # ring slots in use (released ones inside count until trimmed)
         self._inflight = 0
         self._unsent = 0
+        self._uctl = 0  # of which SUBSCRIBE or UNSUBSCRIBE
         self._subs = []
         self._gone = []  # filters unsubscribed while offline: UNSUBSCRIBE when the broker kept the session
         self._next_sid = 1
@@ -210,11 +209,16 @@ class Session:
         self._skip = 0  # bytes of an oversize inbound PUBLISH still to discard
         self._skipid = 0  # its QoS << 16 | packet id
         # Rebuild the send ring from what the store recovered (after a reboot).
+        # The ring holds max_pending entries, or what the store holds when
+        # that is more (max_pending lowered between boots): refusing to start
+        # would refuse at every boot, with the messages never sent.
         store.open()
         self._last_pid = store.last_pid()
-        for pid in store.pending():
-            if self._n >= max_pending:
-                raise ValueError("store holds more pending messages than max_pending=%d" % max_pending)
+        pids = store.pending()
+        cap = max_pending if max_pending > len(pids) else len(pids)
+        self._ring = array("H", bytes(2 * cap))  # zeroed, without a list of cap items
+        self._rflags = bytearray(cap)
+        for pid in pids:
             f = _EVER
             if store.kind(pid) != _PUBLISH:
                 f |= _CTRL
@@ -235,6 +239,8 @@ class Session:
         self._rflags[i] = f
         self._n += 1
         self._unsent += 1
+        if f & _CTRL:
+            self._uctl += 1
 
     def _find(self, pid):
         cap = len(self._rflags)  # the ring's capacity, max_pending
@@ -337,10 +343,15 @@ class Session:
             pid = self._ring[i]
             f = flags[i]
             if pid and not f & _SENT:
-                if not f & _CTRL:
-                    if self._inflight >= limit:
-                        return
+                if f & _CTRL:
+                    self._uctl -= 1
+                elif self._inflight < limit:
                     self._inflight += 1
+                elif self._uctl:  # the window is full; a SUBSCRIBE further on is outside it
+                    i = (i + 1) % len(flags)
+                    continue
+                else:
+                    return
                 if f & _MARKED:
                     self._ack(_PUBREL, pid, 0, now)
                 else:
@@ -525,11 +536,12 @@ class Session:
         # filter topics are matched against: bytes, the inner filter of a
         # $share), handler, sid, and user_props, sent again with every
         # resubscription.
-        self._subs.append(Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
-                                 user_props=user_props, late=self.state != CONNECTED))
-        if self.state != CONNECTED:
-            return 0
-        return self._ctrl(_SUBSCRIBE, (flt, opts), user_props, sub_id, now)
+        # pid: its SUBSCRIBE while pending (0 otherwise); late: not sent yet.
+        s = Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
+                   user_props=user_props, late=True)
+        self._subs.append(s)
+        self._flush(now)
+        return s.pid
 
     def unsubscribe(self, flt, now, user_props=None):
         """Forget the filter's handler and send UNSUBSCRIBE now when connected,
@@ -544,14 +556,34 @@ class Session:
             self._gone.remove(flt)
         if user_props == 0:
             return 0
-        if self.state != CONNECTED:
+        if self.state != CONNECTED or self._n >= len(self._rflags):
             self._gone.append(flt)
             return 0
         return self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
 
+    def _flush(self, now):
+        # Send the subscriptions and unsubscriptions that wait (made offline,
+        # or all of them for a broker without our session) while the ring has
+        # room: they take ring slots as messages do, and a full ring (an
+        # outbox full of messages at reconnect) keeps them waiting for the
+        # next acknowledgement instead of overwriting a live entry.
+        if self.state != CONNECTED:
+            return
+        cap = len(self._rflags)
+        for s in self._subs:
+            if s.late:
+                if self._n >= cap:
+                    return
+                s.late = False
+                s.pid = self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
+        g = self._gone
+        while g and self._n < cap:
+            self._ctrl(_UNSUBSCRIBE, g.pop(0), None, None, now)
+
     def _ctrl(self, t, topic, user_props, sid, now):
         # SUBSCRIBE or UNSUBSCRIBE of one filter: stored, queued in the ring
         # like a QoS 1 message (outside the window), resent until acknowledged.
+        # The caller made sure the ring has room.
         props = {}
         if sid and self.version == _V5 and self.sid_ok:
             props[_P_SUB_ID] = sid
@@ -706,7 +738,7 @@ class Session:
             # hears of the connection: what it publishes from EV_CONNACK then
             # goes after the resends, once.
             self._inflight = 0
-            self._unsent = 0
+            self._unsent = self._uctl = 0
             # A message stored before this CONNACK said what the server takes
             # (offline, or for another server) that breaks its Maximum Packet
             # Size, Maximum QoS or Retain Available would only get the
@@ -717,6 +749,13 @@ class Session:
             chk = mx or self.max_qos < 2 or not self.retain_ok
             refused = []
             st = self.store
+            # Without a session on the broker every registered subscription
+            # goes again (below): a SUBSCRIBE still pending for one of them is
+            # resent as it is, any other stored SUBSCRIBE or UNSUBSCRIBE (of a
+            # filter replaced or dropped since, or from before a reboot) is
+            # superseded and released, so none piles up when a broker closes
+            # the connection instead of answering.
+            keep = [s.pid for s in self._subs if s.pid] if not sp else None
             i = self._head
             for _ in range(self._n):
                 pid = self._ring[i]
@@ -726,6 +765,12 @@ class Session:
                         st.unmark(pid)
                         f &= ~_MARKED
                     r = 0
+                    if f & _CTRL and keep is not None and pid not in keep:
+                        if st.kind(pid) == _UNSUBSCRIBE:
+                            refused.append(pid << 8 | 0x11)  # "no subscription existed", to whoever waits
+                        self._free(i)
+                        i = (i + 1) % len(self._rflags)
+                        continue
                     if chk and not f & (_MARKED | _CTRL):
                         st.read(pid, 0, self._tx)
                         b = self._tx[0]
@@ -737,21 +782,23 @@ class Session:
                     else:
                         self._rflags[i] = f
                         self._unsent += 1
+                        if f & _CTRL:
+                            self._uctl += 1
                 i = (i + 1) % len(self._rflags)
             resent = self._unsent
             # Subscriptions go (again) to a broker without our session, and,
             # to one that kept it, those made or dropped while offline: one
             # SUBSCRIBE each, as each may carry its own identifier.
-            for s in self._subs:
-                if s.late or not sp:
-                    s.late = False
-                    self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
-            for f in self._gone:
-                if sp:
-                    self._ctrl(_UNSUBSCRIBE, f, None, None, now)
-            self._gone = []
+            if not sp:
+                for s in self._subs:
+                    s.late = not s.pid
+                self._gone = []
             for r in refused:
-                self._event(EV_PUBLISHED, r >> 8, r & 255)
+                if r & 255 == 0x11:
+                    self._event(EV_UNSUBACK, r >> 8, [0x11])
+                else:
+                    self._event(EV_PUBLISHED, r >> 8, r & 255)
+            self._flush(now)
             self._pump(now)
             if self.state == CONNECTED:  # not when a resend found the connection dead
                 self._event(EV_CONNACK, sp, p)
@@ -842,7 +889,12 @@ class Session:
         if not done:
             return
         self._free(i)
+        if self._n < len(self._rflags):
+            self._flush(now)  # what waited for room goes first
         if t > _PUBCOMP:
+            for s in self._subs:
+                if s.pid == pid:
+                    s.pid = 0
             self._event(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, pid, reason)
         else:
             self._inflight -= 1
@@ -877,12 +929,17 @@ class Session:
             if h + 2 > end:
                 return False
             q = b >> 1 & 3
+            if q == 3:
+                fail("QoS 3")  # as parse_publish says it of a packet that fits
             h += 2 + (rx[h] << 8 | rx[h + 1]) + (2 if q else 0)  # past the topic and packet id
             if h - pos <= len(rx):  # else a topic alone fills the buffer: 0x95 all the same
                 if h > end:
                     return False
+                pid = rx[h - 2] << 8 | rx[h - 1] if q else 0
+                if q and not pid:
+                    fail("packet id 0")
                 self._skip = size
-                self._skipid = q << 16 | (rx[h - 2] << 8 | rx[h - 1] if q else 0)
+                self._skipid = q << 16 | pid
                 return True
         raise MQTTError(0x95, "packet of %d bytes over the receive buffer's %d" % (size, len(rx)))
 
