@@ -126,7 +126,7 @@ class Session:
                  window=16, rx_size=4096, tx_size=512, max_pending=256, session_expiry=None,
                  username=None, password=None, will_topic=None, will_payload=b"", will_qos=0,
                  will_retain=False, will_props=None, connect_props=None, topic_alias_max=0,
-                 manual_ack=False, auth=None, ping_timeout=None, outbound_aliases=0):
+                 manual_ack=False, auth=None, ping_timeout=None, outbound_aliases=0, receive_max=32):
         if version not in (3, 4, 5):
             raise ValueError("protocol version must be 3 (3.1), 4 (3.1.1) or 5")
         self.client_id = client_id
@@ -149,10 +149,13 @@ class Session:
             if session_expiry:
                 props[_P_SESSION_EXPIRY] = session_expiry
             props[_P_MAX_PACKET] = rx_size
+            props[_P_RECEIVE_MAX] = receive_max
             if topic_alias_max:
                 props[_P_ALIAS_MAX] = topic_alias_max
         self.connect_props = props or None
         self.topic_alias_max = topic_alias_max
+        self.receive_max = receive_max
+        self._in2 = 0  # inbound QoS 2 ids recorded on this session and not yet released
         self.auth = auth  # enhanced authentication hook: auth(reason, props) -> props
         self.outbound_aliases = outbound_aliases
         self._oalias = None  # topic bytes -> encoded property block with its alias (this connection)
@@ -556,10 +559,12 @@ class Session:
             self._gone.remove(flt)
         if user_props == 0:
             return 0
-        if self.state != CONNECTED or self._n >= len(self._rflags):
+        pid = 0
+        if self.state == CONNECTED and self._n < len(self._rflags):
+            pid = self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
+        if not pid:
             self._gone.append(flt)
-            return 0
-        return self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
+        return pid
 
     def _flush(self, now):
         # Send the subscriptions and unsubscriptions that wait (made offline,
@@ -574,16 +579,21 @@ class Session:
             if s.late:
                 if self._n >= cap:
                     return
-                s.late = False
                 s.pid = self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
+                if not s.pid:
+                    return
+                s.late = False
         g = self._gone
         while g and self._n < cap:
-            self._ctrl(_UNSUBSCRIBE, g.pop(0), None, None, now)
+            if not self._ctrl(_UNSUBSCRIBE, g[0], None, None, now):
+                return
+            g.pop(0)
 
     def _ctrl(self, t, topic, user_props, sid, now):
         # SUBSCRIBE or UNSUBSCRIBE of one filter: stored, queued in the ring
         # like a QoS 1 message (outside the window), resent until acknowledged.
-        # The caller made sure the ring has room.
+        # The caller made sure the ring has room; a store without room (ENOSPC)
+        # makes it wait like a full ring: 0 is returned, nothing is queued.
         props = {}
         if sid and self.version == _V5 and self.sid_ok:
             props[_P_SUB_ID] = sid
@@ -591,7 +601,12 @@ class Session:
             props[_P_USER] = list(user_props)
         pid = self._alloc_pid()
         b = pkt.encode(Packet(t, pid=pid, topics=[topic], props=props or None), self.version)
-        self.store.append(t, pid, b, b"")
+        try:
+            self.store.append(t, pid, b, b"")
+        except OSError as e:
+            if e.args[0] != 28:  # ENOSPC
+                raise
+            return 0
         self._push(pid, _CTRL)
         self._pump(now)
         return pid
@@ -646,8 +661,8 @@ class Session:
                         break
                     k = self._skipid
                     self.stats_dropped += 1
-                    if k >> 16 == 2:
-                        self.store.in_add(k & 0xFFFF)  # kept as for any QoS 2 message, until PUBREL
+                    if k >> 16 == 2 and not self.store.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 0, 1, now):
+                        continue  # (kept as for any QoS 2 message, until PUBREL; else not acknowledged)
                     if k >> 16:
                         self._answer(_PUBACK if k >> 16 == 1 else _PUBREC, k & 0xFFFF, now)
                     continue
@@ -733,6 +748,7 @@ class Session:
                 # holds it (at least once rather than lost); inbound QoS 2 ids
                 # and the broker's copies of our subscriptions are gone.
                 self.store.in_clear()
+                self._in2 = 0
             # Replay the ring in its original order (and without a session on
             # the broker, forget the PUBRECs seen) before the application
             # hears of the connection: what it publishes from EV_CONNACK then
@@ -858,6 +874,8 @@ class Session:
             known = st.in_has(pid)
             if known:
                 st.in_release(pid)
+                if self._in2:  # ids recovered after a reboot were not counted
+                    self._in2 -= 1
             r = 0 if known else 0x92
             if self._inq is not None:
                 self._inq.append([pid, _PUBCOMP, r])  # in order with other acks
@@ -982,11 +1000,11 @@ class Session:
             self._answer(_PUBREC, pid, now)  # a repeat of a message already delivered: not delivered again
             return
         manual = self._inq is not None and q
+        if q == 2 and not self._admit(pid, m.dup, not manual, now):
+            return
         if manual:  # acknowledged by ack(), in arrival order
             self._inq.append([pid, t, -1])
         elif q:
-            if q == 2:
-                st.in_add(pid)
             if d:  # its ack waits for the handler under way: slot taken now, in arrival order
                 self._held.append(pid << 4 | t)
         # Dispatch to the handler of each matching subscription; with
@@ -1024,6 +1042,34 @@ class Session:
                 while h:
                     a = h.pop(0)
                     self._ack(a & 15, a >> 4, 0, now)
+
+    def _admit(self, pid, dup, rec, now):
+        # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in
+        # the store; rec = 0: by ack(), later) until then, so their number is
+        # capped. False: the store had no room to record it (ENOSPC); it is
+        # then neither delivered nor acknowledged, and the broker sends it
+        # again after a reconnect (an outbox that fills the store drains
+        # meanwhile) rather than the connection failing at every attempt. MQTT 5 announced
+        # the cap as our Receive Maximum: a broker over it broke the protocol
+        # (0x93); MQTT 3.1.x cannot announce it, and the same cap holds. A
+        # resend (DUP) may go over it, up to twice the cap: after a session
+        # resumes, Mosquitto (2.0.11) resends every message that was in flight
+        # on the earlier connection whatever Receive Maximum the new one
+        # announced (a smaller receive_max after a reboot); refusing those
+        # would bring the same resends, and the refusal, after every reconnect.
+        n = self._in2
+        r = self.receive_max
+        if n >= r and (not dup or n >= 2 * r):
+            self._violation(0x93, "Receive Maximum exceeded: %d QoS 2 messages await PUBREL" % n, now)
+        if rec:
+            try:
+                self.store.in_add(pid)
+            except OSError as e:
+                if e.args[0] != 28:
+                    raise
+                return False
+        self._in2 = n + 1
+        return True
 
     def ack(self, ack_id, now):
         """Manual acknowledgement: the application is done with a message.
@@ -1097,4 +1143,7 @@ class Session:
         self._skip = 0
         del self._held[:]  # for the old connection: the broker sends those messages again
         if self._inq is not None:
+            for e in self._inq:  # QoS 2 messages the app never acknowledged: counted, not recorded
+                if e[1] == _PUBREC and self._in2 and not self.store.in_has(e[0]):
+                    self._in2 -= 1
             self._inq = []

@@ -13,7 +13,7 @@ from tern.filestore import FileStore
 from tern.flashstore import FlashStore
 from tern.session import Session, NotConnected
 from tern.store import MemoryStore
-from tern.wire import CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, SUBSCRIBE, SUBACK, DISCONNECT, MQTTError
+from tern.wire import CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, SUBSCRIBE, SUBACK, DISCONNECT, MQTTError
 
 MP_TIMEOUT = 240
 
@@ -210,3 +210,162 @@ def test_waits_fail_at_once_when_offline_and_not_reconnecting(scripted_addr):
     # far below one 4 s wait, in CPU and in wall time
     assert cpu_s() - t0 < 0.5 and ticks_ms() - w0 < 1500, (cpu_s() - t0, ticks_ms() - w0)
     assert len(c.session.pending()) == 2 and c.session.pending()[1] == pid  # SUBSCRIBE and message kept
+
+
+# -- defect 6: inbound QoS 2 state is capped ---------------------------------------
+def qos2_in(pid, dup=False, v=4):
+    return encode(Packet(PUBLISH, topic="q", payload=b"2", qos=2, pid=pid, dup=dup), v)
+
+
+def test_inbound_qos2_ids_are_capped_at_receive_maximum():
+    # The ids awaiting PUBREL used to grow without bound (MemoryError on a 96 KiB heap after 691)
+    for v in (4, 5):
+        s, out = sans_io(MemoryStore(), v, receive_max=8)
+        got = []
+        s.on_message = lambda m: got.append(m.pid)
+        s.connect_packet(0)
+        if v == 5:
+            assert out[0] == encode(Packet(CONNECT, version=5, clean=False, client_id="edge", keepalive=60,
+                                                      props={0x27: 4096, 0x21: 8}), 5)  # Receive Maximum 8
+        s.feed(E(CONNACK, v), 0)
+        for pid in range(1, 9):
+            s.feed(qos2_in(pid, v=v), 0)
+        s.feed(E(PUBREL, v, pid=3), 0)  # one released: room for one more
+        s.feed(qos2_in(9, v=v), 0)
+        s.feed(qos2_in(9, dup=True, v=v), 0)  # a repeat takes no room
+        assert got == list(range(1, 10)) and types(out)[-3:] == [PUBCOMP, PUBREC, PUBREC], types(out)[-3:]
+        e = raises(MQTTError, s.feed, qos2_in(10, v=v), 0)
+        assert e.code == 0x93 and "Receive Maximum" in str(e), e
+        assert got == list(range(1, 10)) and s.state == 0
+        # MQTT 5 says why (DISCONNECT 0x93); 3.1.1 cannot, the connection is dropped all the same
+        assert out[-1] == (E(DISCONNECT, 5, reason=0x93) if v == 5 else E(PUBREC, pid=9)), out[-1]
+
+
+def test_resends_over_a_lowered_receive_maximum_do_not_loop():
+    # Mosquitto 2.0.11 resends, on a resumed session, everything in flight on the earlier
+    # connection whatever Receive Maximum the new CONNECT announced (seen with 8 in flight,
+    # then a reconnect announcing 4: eight DUP PUBLISHes). Refusing them would repeat after
+    # every reconnect: resends are taken up to twice the maximum, new messages are not.
+    s, out = sans_io(MemoryStore(), 5, receive_max=4)
+    s.connect_packet(0)
+    s.feed(E(CONNACK, 5, session_present=True), 0)
+    for pid in range(1, 9):
+        s.feed(qos2_in(pid, dup=True, v=5), 0)
+    assert types(out)[-8:] == [PUBREC] * 8 and s.state == 2
+    assert raises(MQTTError, s.feed, qos2_in(9, dup=True, v=5), 0).code == 0x93
+    s.connect_packet(0)
+    s.feed(E(CONNACK, 5, session_present=True), 0)
+    for pid in range(1, 9):
+        s.feed(E(PUBREL, 5, pid=pid), 0)
+    for pid in range(20, 24):
+        s.feed(qos2_in(pid, v=5), 0)  # released: four new ones fit, the fifth does not
+    assert raises(MQTTError, s.feed, qos2_in(24, v=5), 0).code == 0x93
+
+
+def test_inbound_qos2_heap_stays_bounded():
+    # A burst of distinct QoS 2 ids with no PUBREL: refused (typed) at receive_max, the heap
+    # holds receive_max ids at most
+    import gc
+
+    s, out = sans_io(MemoryStore(), 4, receive_max=32)
+    s.on_message = lambda m: None
+    s.connect_packet(0)
+    s.feed(E(CONNACK), 0)
+    pkts = [qos2_in(pid) for pid in range(1, 1001)]
+    gc.collect()
+    a = gc.mem_alloc() if MICROPYTHON else 0
+    n = 0
+    try:
+        for p in pkts:
+            s.feed(p, 0)
+            n += 1
+    except MQTTError as e:
+        assert e.code == 0x93
+    assert n == 32, n
+    if MICROPYTHON:
+        del out[:]
+        gc.collect()
+        grown = gc.mem_alloc() - a
+        print("inbound QoS 2 state for 32 ids: %d bytes" % grown)
+        assert grown < 4096, grown
+
+
+# -- found by the model-based test (tests/lib/model.py) ----------------------------------
+def tiny_flash():
+    return FlashStore(NorFlash(None, blocks=4, block_size=1024), verbose=False)
+
+
+def fill(s, size):
+    """Publish QoS 1 messages of `size` bytes until the store refuses one (ENOSPC)."""
+    n = 0
+    while True:
+        try:
+            s.publish("t", b"x" * size, 1, False, 0)
+        except OSError as e:
+            assert e.args[0] == 28, e
+            return n
+        n += 1
+
+
+def test_flashstore_opened_twice_keeps_its_capacity():
+    # An app that opens its store and hands it to the session (which opens it too) got a
+    # store that counted every record twice: half the capacity, and on a 4 KiB partition no
+    # room left for inbound QoS 2 ids (ENOSPC on every reconnect).
+    counts = []
+    for twice in (False, True):
+        st = tiny_flash().open()
+        s, _ = sans_io(st, max_pending=64)
+        for i in range(4):
+            s.publish("t", b"x" * 100, 1, False, 0)
+        if twice:  # a new session on the store, which opens it again
+            s, _ = sans_io(st, max_pending=64)
+        counts.append(4 + fill(s, 100))
+    assert counts[0] == counts[1] and counts[0] >= 8, counts
+
+
+def test_subscriptions_wait_while_the_store_is_full():
+    # A subscription registered offline with the store full used to raise ENOSPC out of the
+    # CONNACK (the connection failed, again at every reconnect, and the outbox never drained)
+    st = tiny_flash()
+    s, out = sans_io(st, max_pending=64)
+    n = fill(s, 100) + fill(s, 0)
+    f = "sensors/a/rather/long/filter/that/does/not/fit/#"
+    assert s.subscribe(f, 1, 0) == 0
+    s.connect_packet(0)
+    s.feed(E(CONNACK), 0)  # no ENOSPC
+    assert SUBSCRIBE not in types(out) and s.state == 2
+    first = s.pending()[0]
+    s.feed(E(PUBACK, pid=first), 0)  # room: the SUBSCRIBE goes
+    assert types(out).count(SUBSCRIBE) == 1 and len(s.pending()) == n
+    sub = [b for b in out if b[0] >> 4 == SUBSCRIBE][0]
+    s.feed(E(SUBACK, pid=sub[2] << 8 | sub[3], reasons=[1]), 0)
+    for p in s.pending():
+        s.feed(E(PUBACK, pid=p), 0)
+    assert s.pending() == [] and st.count() == 0
+
+
+def test_inbound_qos2_without_room_in_the_store_waits_for_a_resend():
+    # With the store full, recording an inbound QoS 2 id raised ENOSPC out of feed: the
+    # connection failed, the broker resent after the reconnect, and the id was counted
+    # against Receive Maximum each time (then 0x93 at every reconnect). Now the message is
+    # neither delivered nor acknowledged, and a resend once there is room is taken.
+    st = tiny_flash()
+    s, out = sans_io(st, max_pending=64, receive_max=200)
+    got = []
+    s.on_message = lambda m: got.append(m.pid)
+    fill(s, 100)
+    fill(s, 0)
+    s.connect_packet(0)
+    s.feed(E(CONNACK), 0)
+    pid = 0
+    while True:
+        pid += 1
+        k = len(out)
+        s.feed(qos2_in(pid), 0)  # no ENOSPC out of feed
+        if len(got) < pid:
+            break
+        assert out[-1] == E(PUBREC, pid=pid)
+    assert pid > 5 and len(out) == k and s.state == 2 and s._in2 == pid - 1, (pid, len(out), k)
+    s.feed(E(PUBREL, pid=1), 0)  # room for one id
+    s.feed(qos2_in(pid, dup=True), 0)
+    assert got[-1] == pid and out[-1] == E(PUBREC, pid=pid) and s._in2 == pid - 1
