@@ -19,6 +19,14 @@ Targets (the engine is tests/lib/test_store_powercut.py):
                (max_bytes=6000, 500-byte segments: compaction under acks)
   lfs-host-full  the same on LittleFS (littlefs-python, 16 blocks): ~50,000
                flash operations, so use --quick unless you have hours
+  session-edge the real Session at the capacity edge (tests/lib/model.py's rigs
+               and broker model): subscriptions registered offline, the outbox
+               filled offline, connect (no broker session), acks withheld, the
+               outbox full again, an unsubscribe waiting, inbound QoS 2, a
+               reconnect with the session, one without it; then drained. A cut
+               at every operation, on FlashStore (4 x 1 KiB sectors) and
+               FileStore on POSIX (max_bytes=4000), MQTT 3.1.1 with max_pending
+               4 and MQTT 5 with 8; the model's invariants after every step.
 
 Prints each failing cut point and a summary per target; exit status 1 if any
 cut point failed. The goal is zero.
@@ -46,7 +54,50 @@ for p in ("/tests/lib", "/lib", "/boards/emulated"):
     if ROOT + p not in sys.path:
         sys.path.insert(0, ROOT + p)
 
-TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full")
+TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full",
+           "session-edge")
+
+# The capacity-edge workload of session-edge, in tests/lib/model.py's steps.
+EDGE = [("sub", 0), ("sub", 1), ("sub", 2), ("fill", 160), ("connect",), ("net",), ("hold",), ("fill", 0),
+        ("unsub", 1), ("in", 2, True), ("drop",), ("connect",), ("net",), ("forget",), ("drop",), ("connect",),
+        ("in", 2, False), ("ack",), ("fill", 40), ("net",), ("drop",), ("connect",), ("net",)]
+
+
+def edge_ops(rig_name, v, mp):
+    """Store operations of a clean run of EDGE (drained)."""
+    import model
+
+    r = model.Run(model.RIGS[rig_name](), v, mp)
+    try:
+        for st in EDGE:
+            r.step(st)
+        r.drain()
+        return r.rig.dev.ops if rig_name == "flash" else r.rig.rig.cfs.n
+    finally:
+        r.rig.cleanup()
+
+
+def run_edge(seed, quick):
+    import model
+    from test_store_powercut import sample
+
+    t0 = time.time()
+    nks = 0
+    fails = 0
+    for rig_name in ("flash", "file"):
+        for v, mp in ((4, 4), (5, 8)):
+            total = edge_ops(rig_name, v, mp)
+            ks = sample(total, 200, seed) if quick else list(range(1, total + 1))
+            print("session-edge %s MQTT %d max_pending %d: %d operations; cutting at %d points"
+                  % (rig_name, v, mp, total, len(ks)))
+            for k in ks:
+                err = model.run(rig_name, seed, [("cut", k)] + EDGE, v, mp)
+                if err:
+                    fails += 1
+                    print("FAIL session-edge %s v%d mp%d k=%d: %s" % (rig_name, v, mp, k, err))
+            nks += len(ks)
+    print("RESULT %s: %d cut points, %d failures, %.1f s" % ("session-edge", nks, fails, time.time() - t0))
+    return nks, fails
 
 
 def make(name):
@@ -76,6 +127,8 @@ def make(name):
 def run_target(name, seed, quick):
     import test_store_powercut as t
 
+    if name == "session-edge":
+        return run_edge(seed, quick)
     made = make(name)
     if not isinstance(made, list):
         made = [(made[0], made[1])]
