@@ -1,7 +1,7 @@
 """Full crash-point sweep of the durable stores: a power cut at EVERY flash (or
 file) operation of a scripted workload, then reboot and check.
 
-    .venv/bin/python tools/store_sweep.py [--quick] [--only NAME[,NAME]] [--seed N]
+    .venv/bin/python tools/store_sweep.py [--quick] [--only NAME[,NAME]] [--seed N] [--write docs/benchmarks.md]
 
 Targets (the engine is tests/lib/test_store_powercut.py):
   flash        FlashStore, in-place acks, emulated NOR flash (4 x 4 KiB sectors)
@@ -29,7 +29,8 @@ Targets (the engine is tests/lib/test_store_powercut.py):
                4 and MQTT 5 with 8; the model's invariants after every step.
 
 Prints each failing cut point and a summary per target; exit status 1 if any
-cut point failed. The goal is zero.
+cut point failed. The goal is zero. --write FILE puts the summary in FILE's
+store_sweep section (the targets of that run).
 """
 
 import sys
@@ -170,6 +171,7 @@ def main(argv):
                     help="comma-separated targets (default all: %s)" % ",".join(TARGETS))
     ap.add_argument("--seed", type=int, default=21, help="seed of the torn writes (default 21)")
     ap.add_argument("--quick", action="store_true", help="a sample of cut points instead of every one")
+    ap.add_argument("--write", metavar="FILE", help="rewrite this file's store_sweep section with the summary")
     a = ap.parse_args(argv)
     only = a.only.split(",")
     unknown = [t for t in only if t not in TARGETS]
@@ -200,6 +202,20 @@ def main(argv):
     print("%-12s %10s %9s" % ("target", "cut points", "failures"))
     for name, n, f in totals:
         print("%-12s %10d %9d" % (name, n, f))
+    if a.write:
+        import datetime
+
+        sys.path.insert(0, ROOT + "/host")
+        from ternlab.benchdoc import write_section
+
+        text = ["## Store crash-point sweep (`tools/store_sweep.py`)", "",
+                "Command: `python tools/store_sweep.py --only %s%s --seed %d --write %s`, %s (targets: the "
+                "tool's docstring). A power cut at %s operation of each workload, reboot, check." % (
+                    ",".join(only), " --quick" if quick else "", seed, a.write, datetime.date.today().isoformat(),
+                    "a sample of 200 cut points of each" if quick else "every"),
+                "", "| target | cut points | failures |", "|---|---:|---:|"]
+        text += ["| %s | %d | %d |" % t for t in totals]
+        write_section(a.write, "store_sweep", "\n".join(text))
     sys.exit(1 if any(f for _, _, f in totals) else 0)
 
 

@@ -467,7 +467,9 @@ class Client(_Driver):
 
     def subscribe(self, topic_filter, qos=0, handler=None, timeout=None, **opts):
         """Subscribe and wait for SUBACK; returns its reason codes (granted QoS
-        or a failure >= 0x80). Offline: registers it, and it is sent on connect.
+        or a failure >= 0x80). Offline, or with the outbox full: registers it
+        and returns None; it is sent on connect, or once an acknowledgement
+        makes room.
         handler(msg) gets each message of this subscription (MQTT 5:
         by subscription identifier; otherwise by topic matching)."""
         pid = self.session.subscribe(topic_filter, qos, ticks_ms(), handler, **opts)

@@ -119,7 +119,9 @@ class Session:
 
     Counters: stats_recovered (messages found in the store at start),
     stats_resent (messages replayed after reconnects), stats_dropped (inbound
-    messages over the receive buffer, MQTT 3.1.x: discarded and acknowledged).
+    messages over the receive buffer, MQTT 3.1.x: discarded and acknowledged),
+    stats_deferred (inbound QoS 2 messages over receive_max on a resumed
+    session, left for the broker to resend: see _admit).
     """
 
     def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
@@ -149,13 +151,15 @@ class Session:
             if session_expiry:
                 props[_P_SESSION_EXPIRY] = session_expiry
             props[_P_MAX_PACKET] = rx_size
-            props[_P_RECEIVE_MAX] = receive_max
+            # the inbound QoS 2 cap (see _admit); one given in connect_props is the cap
+            receive_max = props.setdefault(_P_RECEIVE_MAX, receive_max)
             if topic_alias_max:
                 props[_P_ALIAS_MAX] = topic_alias_max
         self.connect_props = props or None
         self.topic_alias_max = topic_alias_max
         self.receive_max = receive_max
         self._in2 = 0  # inbound QoS 2 ids recorded on this session and not yet released
+        self._deferred = 0  # inbound QoS 2 messages over receive_max on this connection (not taken)
         self.auth = auth  # enhanced authentication hook: auth(reason, props) -> props
         self.outbound_aliases = outbound_aliases
         self._oalias = None  # topic bytes -> encoded property block with its alias (this connection)
@@ -209,6 +213,7 @@ class Session:
         self.session_present = False
         self.stats_resent = 0
         self.stats_dropped = 0
+        self.stats_deferred = 0
         self._skip = 0  # bytes of an oversize inbound PUBLISH still to discard
         self._skipid = 0  # its QoS << 16 | packet id
         # Rebuild the send ring from what the store recovered (after a reboot).
@@ -499,7 +504,9 @@ class Session:
                   retain_handling=0, sub_id=None, user_props=None):
         """Register a subscription (and its handler) and send SUBSCRIBE when
         connected. Returns the SUBSCRIBE's packet id, or 0 if not connected
-        (it is sent on connect). A filter subscribed again replaces the old
+        (it is sent on connect) or the outbox has no room (it is sent once an
+        acknowledgement frees some: a SUBSCRIBE takes a place in the send
+        ring and the store as a message does, and never one that is taken). A filter subscribed again replaces the old
         entry: its handler and its identifier.
 
         What the server's last CONNACK said it lacks is refused here with
@@ -661,7 +668,7 @@ class Session:
                         break
                     k = self._skipid
                     self.stats_dropped += 1
-                    if k >> 16 == 2 and not self.store.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 0, 1, now):
+                    if k >> 16 == 2 and not self.store.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 1, now):
                         continue  # (kept as for any QoS 2 message, until PUBREL; else not acknowledged)
                     if k >> 16:
                         self._answer(_PUBACK if k >> 16 == 1 else _PUBREC, k & 0xFFFF, now)
@@ -882,6 +889,10 @@ class Session:
                 self.ack(0, now)  # no message has id 0: this only sends what the queue allows
             else:
                 self._ack(_PUBCOMP, pid, r, now)
+            if self._deferred and not self._in2:
+                n = self._deferred
+                self.disconnect(now)  # (normal: no will) and the driver reconnects
+                raise OSError("%d QoS 2 messages over Receive Maximum left for the broker to resend: reconnecting" % n)
             return
         i = self._find(pid)
         f = self._rflags[i] if i >= 0 else 0
@@ -1000,7 +1011,7 @@ class Session:
             self._answer(_PUBREC, pid, now)  # a repeat of a message already delivered: not delivered again
             return
         manual = self._inq is not None and q
-        if q == 2 and not self._admit(pid, m.dup, not manual, now):
+        if q == 2 and not self._admit(pid, not manual, now):
             return
         if manual:  # acknowledged by ack(), in arrival order
             self._inq.append([pid, t, -1])
@@ -1043,24 +1054,28 @@ class Session:
                     a = h.pop(0)
                     self._ack(a & 15, a >> 4, 0, now)
 
-    def _admit(self, pid, dup, rec, now):
+    def _admit(self, pid, rec, now):
         # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in
         # the store; rec = 0: by ack(), later) until then, so their number is
-        # capped. False: the store had no room to record it (ENOSPC); it is
-        # then neither delivered nor acknowledged, and the broker sends it
-        # again after a reconnect (an outbox that fills the store drains
-        # meanwhile) rather than the connection failing at every attempt. MQTT 5 announced
-        # the cap as our Receive Maximum: a broker over it broke the protocol
-        # (0x93); MQTT 3.1.x cannot announce it, and the same cap holds. A
-        # resend (DUP) may go over it, up to twice the cap: after a session
-        # resumes, Mosquitto (2.0.11) resends every message that was in flight
-        # on the earlier connection whatever Receive Maximum the new one
-        # announced (a smaller receive_max after a reboot); refusing those
-        # would bring the same resends, and the refusal, after every reconnect.
+        # capped at receive_max (MQTT 5 announces it as our Receive Maximum;
+        # MQTT 3.1.x cannot, the same cap holds). Over it on a fresh session,
+        # the broker broke the protocol (0x93). On a resumed one it is
+        # deferred: Mosquitto 2.0.11 resends what was in flight when the last
+        # connection ended without counting it, and once one of those is
+        # acknowledged sends up to a whole Receive Maximum more; refusing would
+        # bring the same after every reconnect. A deferred message is neither
+        # delivered nor acknowledged, and once the ids taken are released the
+        # session reconnects (see _on_ack) so the broker sends it again.
+        # False: not taken (deferred, or the store had no room, ENOSPC: then
+        # it comes again after the next reconnect, by when the outbox that
+        # fills the store has drained, rather than failing every connection).
         n = self._in2
-        r = self.receive_max
-        if n >= r and (not dup or n >= 2 * r):
-            self._violation(0x93, "Receive Maximum exceeded: %d QoS 2 messages await PUBREL" % n, now)
+        if n >= self.receive_max:
+            if not self.session_present:
+                self._violation(0x93, "Receive Maximum exceeded: %d QoS 2 messages await PUBREL" % n, now)
+            self.stats_deferred += 1
+            self._deferred += 1
+            return False
         if rec:
             try:
                 self.store.in_add(pid)
@@ -1141,6 +1156,7 @@ class Session:
         self._ping_sent = -1
         self._reauth = False
         self._skip = 0
+        self._deferred = 0  # the broker resends them after the reconnect
         del self._held[:]  # for the old connection: the broker sends those messages again
         if self._inq is not None:
             for e in self._inq:  # QoS 2 messages the app never acknowledged: counted, not recorded

@@ -14,7 +14,8 @@ MicroPython run the same examples) draws a list of steps:
   hold / ack     the broker withholds its acknowledgements / sends them
   forget         the broker loses our session (next CONNACK: session present 0)
   deny k         a refused filter is answered by closing (k=1) or SUBACK 0x80
-  in q r         the broker sends a message at QoS q (r=0: no PUBREL after PUBREC)
+  in q r n       the broker sends n messages at QoS q (r=0: no PUBREL after PUBREC); after a
+                 resumed session, over the Receive Maximum as Mosquitto 2.0.11 does
   cut k          the power goes at the store's k-th next operation; reboot
   restart m      a clean restart with max_pending m (a new session on the same store)
 
@@ -150,6 +151,7 @@ class Broker:
         self.delivered = []  # payloads of the client's messages, in the order the broker took them
         self.next_pid = 0
         self.next_msg = 0
+        self.extra = 0
 
     def send(self, b):
         if self.hold and b[0] >> 4 in (4, 5, 6, 7, 9, 11):
@@ -179,6 +181,9 @@ class Broker:
                 if not sp:
                     self.sess = {"subs": set(), "q2": set(), "out": {}}
                 self.forget = False
+                # Mosquitto 2.0.11: what it resends on a resumed session does not count
+                # against Receive Maximum (more may come on top)
+                self.extra = len(self.sess["out"]) * 2 if sp else 0
                 self.tx += encode(Packet(2, session_present=sp), v)
                 for pid in sorted(self.sess["out"]):  # resend our in-flight messages
                     q, rel, msg, _ = self.sess["out"][pid]
@@ -228,7 +233,7 @@ class Broker:
 
     def inbound(self, q, rel, cap):
         # A message for the client (it takes any topic to on_message), within its Receive Maximum
-        if not self.up or q and len(self.sess["out"]) >= cap:
+        if not self.up or q and len(self.sess["out"]) >= cap + self.extra:
             return
         self.next_msg += 1
         pid = 0
@@ -268,7 +273,7 @@ def gen_steps(seed, n):
         elif c < 88:
             out.append(("deny", r.below(2)))
         elif c < 95:
-            out.append(("in", r.below(3), r.below(4) != 0))
+            out.append(("in", r.below(3), r.below(4) != 0, 1 + r.below(6)))
         elif c < 98:
             out.append(("cut", 1 + r.below(24)))
         else:
@@ -440,7 +445,8 @@ class Run:
         elif k == "deny":
             self.b.deny_close = bool(st[1])
         elif k == "in":
-            self.b.inbound(st[1], st[2], self.rm)
+            for _ in range(st[3] if len(st) > 3 else 1):
+                self.b.inbound(st[1], st[2], self.rm)
             self.net()
         elif k == "cut":
             if self.rig.cuts:
