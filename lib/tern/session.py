@@ -158,6 +158,7 @@ class Session:
         self.connect_props = props or None
         self.topic_alias_max = topic_alias_max
         self.receive_max = receive_max
+        self._in_cap = 4 * receive_max if receive_max > 32 else 128  # see _admit
         self._in2 = 0  # inbound QoS 2 ids recorded on this session and not yet released
         self._deferred = 0  # inbound QoS 2 messages over receive_max on this connection (not taken)
         self.auth = auth  # enhanced authentication hook: auth(reason, props) -> props
@@ -1057,12 +1058,16 @@ class Session:
     def _admit(self, pid, rec, now):
         # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in
         # the store; rec = 0: by ack(), later) until then, so their number is
-        # capped at receive_max (MQTT 5 announces it as our Receive Maximum;
-        # MQTT 3.1.x cannot, the same cap holds). Over it on a fresh session,
-        # the broker broke the protocol (0x93). On a resumed one it is
-        # deferred: Mosquitto 2.0.11 resends what was in flight when the last
-        # connection ended without counting it, and once one of those is
-        # acknowledged sends up to a whole Receive Maximum more; refusing would
+        # capped (_in_cap: four times receive_max, at least 128). Not at
+        # receive_max itself, which MQTT 5 announces as our Receive Maximum:
+        # Mosquitto 2.0.11 counts a QoS 2 message in flight only until our
+        # PUBREC, so when we read a burst 32 to 60 ids await its PUBRELs
+        # whatever Receive Maximum we announced (4, 8, 32, or its 3.1.1 limit
+        # of 20). Over the cap on a fresh session, the broker broke the
+        # protocol (0x93; MQTT 3.1.x: the same error, no DISCONNECT). On a
+        # resumed one it is deferred: Mosquitto resends what was in flight
+        # when the last connection ended without counting it either, and each
+        # of those completed lets a Receive Maximum more come; refusing would
         # bring the same after every reconnect. A deferred message is neither
         # delivered nor acknowledged, and once the ids taken are released the
         # session reconnects (see _on_ack) so the broker sends it again.
@@ -1070,7 +1075,7 @@ class Session:
         # it comes again after the next reconnect, by when the outbox that
         # fills the store has drained, rather than failing every connection).
         n = self._in2
-        if n >= self.receive_max:
+        if n >= self._in_cap:
             if not self.session_present:
                 self._violation(0x93, "Receive Maximum exceeded: %d QoS 2 messages await PUBREL" % n, now)
             self.stats_deferred += 1
