@@ -1,7 +1,7 @@
 """The device of the end-to-end crash sweep (tools/crash_sweep.py): one boot of
 an emulated board on the MicroPython unix port.
 
-    micropython crash_device.py STORE IMAGE CLIENT_ID PORT TOPIC START CUT SEED [WSEED]
+    micropython crash_device.py STORE IMAGE CLIENT_ID PORT TOPIC START CUT SEED [WSEED [MAX_PENDING]]
 
 STORE is flash (FlashStore on emulated NOR flash), lfs (FileStore on LittleFS
 over emulated NOR flash), posix (FileStore on the unix port's own files) or
@@ -21,6 +21,10 @@ was synced plus a seeded prefix of what was written after, and a file created
 since the last directory sync may vanish (a power cut, not only a crash).
 
 PORT 0 keeps the device offline: what it accepts waits in the store.
+MAX_PENDING (default 256) sizes the outbox: a small one (the sweep's -edge
+stores use 4) is full whenever the broker is slower than the device, so a cut
+mostly leaves a full outbox, and the next boot reconnects with its
+subscription waiting for room.
 
 What it prints, one line each (stdout is unbuffered, a line printed before
 the cut is never lost): BOOT, STEP i (step i starts), ACC i (its call
@@ -321,11 +325,11 @@ def publish(c, topic, data, qos):
 
 
 
-def boot(kind, image, cid, port, topic, start, cut, seed, wseed):
+def boot(kind, image, cid, port, topic, start, cut, seed, wseed, max_pending=256):
     st, medium = open_store(kind, image, cut if kind != "memory" else 0, seed)
     tap = Tap(st, cut if kind == "memory" else 0)
     c = Client(cid, server="127.0.0.1", port=port, version=4, clean=False, keepalive=30, store=tap,
-               window=1, backoff_min=0.02, backoff_max=0.2)
+               window=1, backoff_min=0.02, backoff_max=0.2, max_pending=max_pending)
     CALL[0] = "-"
     out("BOOT pending=%d" % c.session.stats_recovered)
     stop = [False]
@@ -388,7 +392,8 @@ def main(argv):
         return
     kind, image, cid, port, topic, start, cut, seed = argv[:8]
     wseed = int(argv[8]) if len(argv) > 8 else 1
-    boot(kind, image, cid, int(port), topic, int(start), int(cut), int(seed), wseed)
+    mp = int(argv[9]) if len(argv) > 9 else 256
+    boot(kind, image, cid, int(port), topic, int(start), int(cut), int(seed), wseed, mp)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ for _p in ("lib", "host", "boards/emulated", "tests/lib", "tools"):
 import crash_device as D  # noqa: E402  (the workload is defined once, on the device side)
 
 STORES = ("flash", "lfs", "posix")
+EDGE = ("flash-edge", "posix-edge", "lfs-edge")  # the same stores with max_pending 4: the capacity edge
+EDGE_PENDING = 4
 MP_PATH = ":".join(os.path.join(ROOT, p) for p in ("lib", "boards/emulated", "tools"))
 BOOT_TIMEOUT = 240.0
 SETTLE = 0.4  # quiet time before stop: late duplicates would show within it
@@ -228,6 +230,7 @@ class Point:
     def __init__(self, store, k, seed, port, template, work, wseed=1, flip=None, idle_timeout=15.0,
                  offline=False):
         self.store = store
+        self.kind = store.partition("-")[0]  # flash-edge: a FlashStore, with max_pending EDGE_PENDING
         self.k = k
         self.seed = seed
         self.port = port
@@ -247,18 +250,18 @@ class Point:
 
     def _image(self):
         img = os.path.join(self.work, self.tag)
-        if self.store == "posix":
+        if self.kind == "posix":
             os.mkdir(img)
-        elif self.store in ("flash", "lfs"):
+        elif self.kind in ("flash", "lfs"):
             shutil.copyfile(self.template, img)
             shutil.copyfile(self.template + ".wear", img + ".wear")
         return img
 
     def _argv(self, img, start, cut):
         port = 0 if self.offline and not self.boots else self.port
-        return [micropython(), "-X", "heapsize=4m", os.path.join(ROOT, "tools", "crash_device.py"), self.store,
+        return [micropython(), "-X", "heapsize=4m", os.path.join(ROOT, "tools", "crash_device.py"), self.kind,
                 img, self.tag + "-dev", str(port), self.tag, str(start), str(cut), str(self.seed),
-                str(self.wseed)]
+                str(self.wseed), str(EDGE_PENDING if self.store in EDGE else 256)]
 
     def run(self):
         t0 = time.monotonic()
@@ -294,7 +297,8 @@ class Point:
             time.sleep(SETTLE)
             self.copies = obs.snapshot()
             if obs.connects != 1:
-                self.failures.append("harness: the observer reconnected (%d connects)" % obs.connects)
+                self.failures.append("harness: the observer reconnected (%d connects; last error %r)"
+                                     % (obs.connects, obs.c.last_error))
             self.sent_in = obs.sent_in
             if not self.failures:
                 self.failures += check(self.steps, [b.lines for b in self.boots], self.copies, self.sent_in,
@@ -456,9 +460,10 @@ def templates(work, stores):
     out = {}
     for s in stores:
         path = os.path.join(work, "template-" + s)
-        if s == "flash":
+        kind = s.partition("-")[0]
+        if kind == "flash":
             NorFlash(path, blocks=D.FLASH_BLOCKS, block_size=4096, fresh=True).close()
-        elif s == "lfs":
+        elif kind == "lfs":
             env = dict(os.environ, MICROPYPATH=MP_PATH)
             subprocess.run([micropython(), "-X", "heapsize=4m", os.path.join(ROOT, "tools", "crash_device.py"),
                             "format-lfs", path], env=env, check=True, capture_output=True)
@@ -508,7 +513,10 @@ def render(rows, cmd, date, running=(), kept=()):
                "CPython (sessions made and ended with paho-mqtt)." % cmd)
     out.append("Workload: 100 publishes (50 QoS 1, 50 QoS 2, 12..203-byte payloads, in-flight window 1), "
                "3 SUBSCRIBE + 2 UNSUBSCRIBE, 20 inbound QoS 2 messages; power cut at flash (file) operation k, "
-               "reboot (new process, same client id, store re-opened), finish, check. See docs/crash-sweep.md.")
+               "reboot (new process, same client id, store re-opened), finish, check. See docs/crash-sweep.md. "
+               "Capacity edge (`--store flash-edge,posix-edge,lfs-edge`): the same with max_pending %d, an outbox "
+               "full whenever the broker is slower than the device, so most cuts leave a full outbox and the next "
+               "boot reconnects with its subscription waiting for room." % EDGE_PENDING)
     out.append("")
     out.append("| store | operations (erases) in a clean run | cut points | cuts that happened | failures "
                "| documented inbound losses | time | run |")
@@ -539,7 +547,7 @@ def kept_rows(path, stores):
     if sec is None:
         return []
     out = []
-    for name in STORES + ("memory",):
+    for name in STORES + EDGE + ("memory",):
         if name in stores:
             continue
         out += [ln for ln in sec.splitlines() if ln.startswith("| %s |" % LABELS[name]) and "still running" not in ln]
@@ -551,6 +559,9 @@ LABELS = {
     "lfs": "FileStore on LittleFS (VfsLfs2) over emulated NOR flash (32 x 4 KiB)",
     "posix": "FileStore on POSIX (unix port files; cut at write/sync/remove)",
     "memory": "MemoryStore (negative control)",
+    "flash-edge": "FlashStore, emulated NOR flash (4 x 4 KiB), max_pending %d" % EDGE_PENDING,
+    "posix-edge": "FileStore on POSIX, max_pending %d" % EDGE_PENDING,
+    "lfs-edge": "FileStore on LittleFS over emulated NOR flash, max_pending %d" % EDGE_PENDING,
 }
 
 
@@ -582,9 +593,9 @@ def main(argv):
     ap.add_argument("--keep", metavar="DIR", help="write a JSON log of every failing cut point into DIR")
     a = ap.parse_args(argv)
     stores = a.store.split(",")
-    unknown = [s for s in stores if s not in STORES + ("memory",)]
+    unknown = [s for s in stores if s not in STORES + EDGE + ("memory",)]
     if unknown:
-        ap.error("unknown store(s) %s; choose from %s,memory" % (",".join(unknown), ",".join(STORES)))
+        ap.error("unknown store(s) %s; choose from %s,memory" % (",".join(unknown), ",".join(STORES + EDGE)))
     if a.jobs not in (1, 2):
         ap.error("--jobs must be 1 or 2 (the machine is shared)")
     if a.sample < 0:

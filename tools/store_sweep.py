@@ -1,7 +1,7 @@
 """Full crash-point sweep of the durable stores: a power cut at EVERY flash (or
 file) operation of a scripted workload, then reboot and check.
 
-    .venv/bin/python tools/store_sweep.py [--quick] [--only NAME[,NAME]] [--seed N]
+    .venv/bin/python tools/store_sweep.py [--quick] [--only NAME[,NAME]] [--seed N] [--write docs/benchmarks.md]
 
 Targets (the engine is tests/lib/test_store_powercut.py):
   flash        FlashStore, in-place acks, emulated NOR flash (4 x 4 KiB sectors)
@@ -19,9 +19,18 @@ Targets (the engine is tests/lib/test_store_powercut.py):
                (max_bytes=6000, 500-byte segments: compaction under acks)
   lfs-host-full  the same on LittleFS (littlefs-python, 16 blocks): ~50,000
                flash operations, so use --quick unless you have hours
+  session-edge the real Session at the capacity edge (tests/lib/model.py's rigs
+               and broker model): subscriptions registered offline, the outbox
+               filled offline, connect (no broker session), acks withheld, the
+               outbox full again, an unsubscribe waiting, inbound QoS 2, a
+               reconnect with the session, one without it; then drained. A cut
+               at every operation, on FlashStore (4 x 1 KiB sectors) and
+               FileStore on POSIX (max_bytes=4000), MQTT 3.1.1 with max_pending
+               4 and MQTT 5 with 8; the model's invariants after every step.
 
 Prints each failing cut point and a summary per target; exit status 1 if any
-cut point failed. The goal is zero.
+cut point failed. The goal is zero. --write FILE puts the summary in FILE's
+store_sweep section (the targets of that run).
 """
 
 import sys
@@ -46,7 +55,50 @@ for p in ("/tests/lib", "/lib", "/boards/emulated"):
     if ROOT + p not in sys.path:
         sys.path.insert(0, ROOT + p)
 
-TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full")
+TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full",
+           "session-edge")
+
+# The capacity-edge workload of session-edge, in tests/lib/model.py's steps.
+EDGE = [("sub", 0), ("sub", 1), ("sub", 2), ("fill", 160), ("connect",), ("net",), ("hold",), ("fill", 0),
+        ("unsub", 1), ("in", 2, True), ("drop",), ("connect",), ("net",), ("forget",), ("drop",), ("connect",),
+        ("in", 2, False), ("ack",), ("fill", 40), ("net",), ("drop",), ("connect",), ("net",)]
+
+
+def edge_ops(rig_name, v, mp):
+    """Store operations of a clean run of EDGE (drained)."""
+    import model
+
+    r = model.Run(model.RIGS[rig_name](), v, mp)
+    try:
+        for st in EDGE:
+            r.step(st)
+        r.drain()
+        return r.rig.dev.ops if rig_name == "flash" else r.rig.rig.cfs.n
+    finally:
+        r.rig.cleanup()
+
+
+def run_edge(seed, quick):
+    import model
+    from test_store_powercut import sample
+
+    t0 = time.time()
+    nks = 0
+    fails = 0
+    for rig_name in ("flash", "file"):
+        for v, mp in ((4, 4), (5, 8)):
+            total = edge_ops(rig_name, v, mp)
+            ks = sample(total, 200, seed) if quick else list(range(1, total + 1))
+            print("session-edge %s MQTT %d max_pending %d: %d operations; cutting at %d points"
+                  % (rig_name, v, mp, total, len(ks)))
+            for k in ks:
+                err = model.run(rig_name, seed, [("cut", k)] + EDGE, v, mp)
+                if err:
+                    fails += 1
+                    print("FAIL session-edge %s v%d mp%d k=%d: %s" % (rig_name, v, mp, k, err))
+            nks += len(ks)
+    print("RESULT %s: %d cut points, %d failures, %.1f s" % ("session-edge", nks, fails, time.time() - t0))
+    return nks, fails
 
 
 def make(name):
@@ -76,6 +128,8 @@ def make(name):
 def run_target(name, seed, quick):
     import test_store_powercut as t
 
+    if name == "session-edge":
+        return run_edge(seed, quick)
     made = make(name)
     if not isinstance(made, list):
         made = [(made[0], made[1])]
@@ -117,6 +171,7 @@ def main(argv):
                     help="comma-separated targets (default all: %s)" % ",".join(TARGETS))
     ap.add_argument("--seed", type=int, default=21, help="seed of the torn writes (default 21)")
     ap.add_argument("--quick", action="store_true", help="a sample of cut points instead of every one")
+    ap.add_argument("--write", metavar="FILE", help="rewrite this file's store_sweep section with the summary")
     a = ap.parse_args(argv)
     only = a.only.split(",")
     unknown = [t for t in only if t not in TARGETS]
@@ -147,6 +202,20 @@ def main(argv):
     print("%-12s %10s %9s" % ("target", "cut points", "failures"))
     for name, n, f in totals:
         print("%-12s %10d %9d" % (name, n, f))
+    if a.write:
+        import datetime
+
+        sys.path.insert(0, ROOT + "/host")
+        from ternlab.benchdoc import write_section
+
+        text = ["## Store crash-point sweep (`tools/store_sweep.py`)", "",
+                "Command: `python tools/store_sweep.py --only %s%s --seed %d --write %s`, %s (targets: the "
+                "tool's docstring). A power cut at %s operation of each workload, reboot, check." % (
+                    ",".join(only), " --quick" if quick else "", seed, a.write, datetime.date.today().isoformat(),
+                    "a sample of 200 cut points of each" if quick else "every"),
+                "", "| target | cut points | failures |", "|---|---:|---:|"]
+        text += ["| %s | %d | %d |" % t for t in totals]
+        write_section(a.write, "store_sweep", "\n".join(text))
     sys.exit(1 if any(f for _, _, f in totals) else 0)
 
 

@@ -660,8 +660,9 @@ class Client(_Driver):
 
     async def subscribe(self, topic_filter, qos=0, handler=None, timeout=None, **opts):
         """Subscribe and wait for SUBACK; returns its reason codes (granted QoS
-        or a failure >= 0x80). Offline: registers it, it is sent on connect,
-        and None is returned. handler(msg) gets this subscription's messages
+        or a failure >= 0x80). Offline, or with the outbox full: registers
+        it, it is sent on connect (or once an acknowledgement makes room), and
+        None is returned. handler(msg) gets this subscription's messages
         in the reader task (the Message is reused: copy what you keep);
         without a handler they go to messages()."""
         h = self._guard(handler) if handler is not None else None

@@ -10,7 +10,7 @@ Runs unchanged on MicroPython and CPython; the few places the two differ
 import sys
 import select
 
-from .session import Session
+from .session import Session, NotConnected
 from .wire import MQTTError, const
 
 MICROPYTHON = sys.implementation.name == "micropython"
@@ -545,6 +545,10 @@ class Client(_Driver):
                 left = t - ticks_diff(ticks_ms(), start)
                 if left <= 0:
                     raise OSError(what + " timed out")
+                if s.state == _DISCONNECTED and (self._closed or not self.reconnect):
+                    # Nothing can change: loop() would return at once, and
+                    # waiting on would spin the CPU for the whole timeout.
+                    raise NotConnected(what + ": not connected, and not reconnecting")
                 self.loop(left if left < 50 else 50, True)
         finally:
             if kind == _REPLIED:
@@ -579,7 +583,9 @@ class Client(_Driver):
 
     def subscribe(self, topic_filter, qos=0, handler=None, timeout=None, **opts):
         """Subscribe and wait for SUBACK; returns its reason codes (granted QoS
-        or a failure >= 0x80). Offline: registers it, and it is sent on connect.
+        or a failure >= 0x80). Offline, or with the outbox full: registers it
+        and returns None; it is sent on connect, or once an acknowledgement
+        makes room.
         handler(msg) gets each message of this subscription (MQTT 5:
         by subscription identifier; otherwise by topic matching)."""
         pid = self.session.subscribe(topic_filter, qos, ticks_ms(), handler, **opts)

@@ -239,6 +239,8 @@ class FlashStore:
 
     # ------------------------------------------------------------ boot
     def open(self):
+        if self._opened:  # recovered already (by the app, before the session opens it):
+            return self  # a second scan would count every record twice
         dev = self.dev
         n = self.nsec
         bs = self.bs

@@ -19,7 +19,7 @@ keeps a `reboot` command from looping); manual acknowledgement reverses this
 for applications that make their own write durable first.
 """
 
-from .wire import const, MQTTError
+from .wire import const, MQTTError, fail
 from . import pkt
 from .pkt import Packet
 from .topic import matches_bytes, parse_shared, validate_filter, validate_name
@@ -119,14 +119,16 @@ class Session:
 
     Counters: stats_recovered (messages found in the store at start),
     stats_resent (messages replayed after reconnects), stats_dropped (inbound
-    messages over the receive buffer, MQTT 3.1.x: discarded and acknowledged).
+    messages over the receive buffer, MQTT 3.1.x: discarded and acknowledged),
+    stats_deferred (inbound QoS 2 messages over receive_max on a resumed
+    session, left for the broker to resend: see _admit).
     """
 
     def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
                  window=16, rx_size=4096, tx_size=512, max_pending=256, session_expiry=None,
                  username=None, password=None, will_topic=None, will_payload=b"", will_qos=0,
                  will_retain=False, will_props=None, connect_props=None, topic_alias_max=0,
-                 manual_ack=False, auth=None, ping_timeout=None, outbound_aliases=0):
+                 manual_ack=False, auth=None, ping_timeout=None, outbound_aliases=0, receive_max=32):
         if version not in (3, 4, 5):
             raise ValueError("protocol version must be 3 (3.1), 4 (3.1.1) or 5")
         self.client_id = client_id
@@ -149,10 +151,16 @@ class Session:
             if session_expiry:
                 props[_P_SESSION_EXPIRY] = session_expiry
             props[_P_MAX_PACKET] = rx_size
+            # the inbound QoS 2 cap (see _admit); one given in connect_props is the cap
+            receive_max = props.setdefault(_P_RECEIVE_MAX, receive_max)
             if topic_alias_max:
                 props[_P_ALIAS_MAX] = topic_alias_max
         self.connect_props = props or None
         self.topic_alias_max = topic_alias_max
+        self.receive_max = receive_max
+        self._in_cap = 4 * receive_max if receive_max > 32 else 128  # see _admit
+        self._in2 = 0  # inbound QoS 2 ids recorded on this session and not yet released
+        self._deferred = 0  # inbound QoS 2 messages over receive_max on this connection (not taken)
         self.auth = auth  # enhanced authentication hook: auth(reason, props) -> props
         self.outbound_aliases = outbound_aliases
         self._oalias = None  # topic bytes -> encoded property block with its alias (this connection)
@@ -185,12 +193,11 @@ class Session:
         self._depth = 0  # message handlers under way: >0 while a handler's blocking call reads on
         self._held = []  # acks of messages read under a handler: they leave after its own (arrival order)
         self._cache = {}  # steady-path allocations made once: see publish
-        self._ring = array("H", bytes(2 * max_pending))  # zeroed, without a list of max_pending items
-        self._rflags = bytearray(max_pending)
         self._head = 0
         self._n = 0  # ring slots in use (released ones inside count until trimmed)
         self._inflight = 0
         self._unsent = 0
+        self._uctl = 0  # of which SUBSCRIBE or UNSUBSCRIBE
         self._subs = []
         self._gone = []  # filters unsubscribed while offline: UNSUBSCRIBE when the broker kept the session
         self._next_sid = 1
@@ -209,14 +216,20 @@ class Session:
         self.session_present = False
         self.stats_resent = 0
         self.stats_dropped = 0
+        self.stats_deferred = 0
         self._skip = 0  # bytes of an oversize inbound PUBLISH still to discard
         self._skipid = 0  # its QoS << 16 | packet id
         # Rebuild the send ring from what the store recovered (after a reboot).
+        # The ring holds max_pending entries, or what the store holds when
+        # that is more (max_pending lowered between boots): refusing to start
+        # would refuse at every boot, with the messages never sent.
         store.open()
         self._last_pid = store.last_pid()
-        for pid in store.pending():
-            if self._n >= max_pending:
-                raise ValueError("store holds more pending messages than max_pending=%d" % max_pending)
+        pids = store.pending()
+        cap = max_pending if max_pending > len(pids) else len(pids)
+        self._ring = array("H", bytes(2 * cap))  # zeroed, without a list of cap items
+        self._rflags = bytearray(cap)
+        for pid in pids:
             f = _EVER
             if store.kind(pid) != _PUBLISH:
                 f |= _CTRL
@@ -248,6 +261,8 @@ class Session:
         self._rflags[i] = f
         self._n += 1
         self._unsent += 1
+        if f & _CTRL:
+            self._uctl += 1
 
     def _find(self, pid):
         cap = len(self._rflags)  # the ring's capacity, max_pending
@@ -379,24 +394,31 @@ class Session:
         flags = self._rflags
         ring = self._ring
         cap = len(flags)
-        # Packets leave in ring order and the pump stops at the first that may
-        # not, and only sent ones are released on a live connection: the
-        # unsent ones are the last _unsent slots. Start there when the slot
-        # before them is a sent message (the steady state), else (released
-        # slots among unsent ones, after a CONNACK) from the head.
+        # Messages leave in ring order and the pump stops at the first that may
+        # not (a SUBSCRIBE beyond a full window may go on: it is outside it),
+        # and only sent ones are released on a live connection: the unsent ones
+        # are the last _unsent slots. Start there when the slot before them is
+        # a sent message, not a control packet (the steady state), else
+        # (released slots among unsent ones, after a CONNACK, a SUBSCRIBE sent
+        # past a full window) from the head.
         d = self._n - self._unsent
         i = (self._head + d - 1) % cap
-        if d <= 0 or not (ring[i] and flags[i] & _SENT):
+        if d <= 0 or not (ring[i] and flags[i] & _SENT and not flags[i] & _CTRL):
             d = 0
         i = (self._head + d) % cap
         for _ in range(self._n - d):
             pid = ring[i]
             f = flags[i]
             if pid and not f & _SENT:
-                if not f & _CTRL:
-                    if self._inflight >= limit:
-                        return
+                if f & _CTRL:
+                    self._uctl -= 1
+                elif self._inflight < limit:
                     self._inflight += 1
+                elif self._uctl:  # the window is full; a SUBSCRIBE further on is outside it
+                    i = (i + 1) % len(flags)
+                    continue
+                else:
+                    return
                 if f & _MARKED:
                     self._ack(_PUBREL, pid, 0, now)
                 else:
@@ -562,10 +584,13 @@ class Session:
                   retain_handling=0, sub_id=None, user_props=None):
         """Register a subscription (and its handler) and send SUBSCRIBE when
         connected. Returns the SUBSCRIBE's packet id, or 0 if not connected
-        (it is sent on connect). A filter subscribed again replaces the old
-        entry: its handler and its identifier. Under MQTT 5 every
-        subscription gets an identifier (sub_id, or an automatic one no other
-        subscription holds; sub_id=0: none): the README's dispatch rules.
+        (it is sent on connect) or the outbox has no room (it is sent once an
+        acknowledgement frees some: a SUBSCRIBE takes a place in the send
+        ring and the store as a message does, and never one that is taken). A
+        filter subscribed again replaces the old entry: its handler and its
+        identifier. Under MQTT 5 every subscription gets an identifier (sub_id,
+        or an automatic one no other subscription holds; sub_id=0: none): the
+        README's dispatch rules.
 
         What the server's last CONNACK said it lacks is refused here with
         ValueError, before anything is registered or sent: wildcards,
@@ -614,11 +639,12 @@ class Session:
         # filter topics are matched against: bytes, the inner filter of a
         # $share), handler, sid, and user_props, sent again with every
         # resubscription.
-        self._subs.append(Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
-                                 auto=auto, user_props=user_props, late=self.state != CONNECTED))
-        if self.state != CONNECTED:
-            return 0
-        return self._ctrl(_SUBSCRIBE, (flt, opts), user_props, sub_id, now)
+        # pid: its SUBSCRIBE while pending (0 otherwise); late: not sent yet.
+        s = Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
+                   auto=auto, user_props=user_props, late=True)
+        self._subs.append(s)
+        self._flush(now)
+        return s.pid
 
     def unsubscribe(self, flt, now, user_props=None):
         """Forget the filter's handler and send UNSUBSCRIBE now when connected,
@@ -633,14 +659,41 @@ class Session:
             self._gone.remove(flt)
         if user_props == 0:
             return 0
-        if self.state != CONNECTED:
+        pid = 0
+        if self.state == CONNECTED and self._n < len(self._rflags):
+            pid = self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
+        if not pid:
             self._gone.append(flt)
-            return 0
-        return self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
+        return pid
+
+    def _flush(self, now):
+        # Send the subscriptions and unsubscriptions that wait (made offline,
+        # or all of them for a broker without our session) while the ring has
+        # room: they take ring slots as messages do, and a full ring (an
+        # outbox full of messages at reconnect) keeps them waiting for the
+        # next acknowledgement instead of overwriting a live entry.
+        if self.state != CONNECTED:
+            return
+        cap = len(self._rflags)
+        for s in self._subs:
+            if s.late:
+                if self._n >= cap:
+                    return
+                s.pid = self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
+                if not s.pid:
+                    return
+                s.late = False
+        g = self._gone
+        while g and self._n < cap:
+            if not self._ctrl(_UNSUBSCRIBE, g[0], None, None, now):
+                return
+            g.pop(0)
 
     def _ctrl(self, t, topic, user_props, sid, now):
         # SUBSCRIBE or UNSUBSCRIBE of one filter: stored, queued in the ring
         # like a QoS 1 message (outside the window), resent until acknowledged.
+        # The caller made sure the ring has room; a store without room (ENOSPC)
+        # makes it wait like a full ring: 0 is returned, nothing is queued.
         props = {}
         if sid and self.version == _V5 and self.sid_ok:
             props[_P_SUB_ID] = sid
@@ -648,7 +701,12 @@ class Session:
             props[_P_USER] = list(user_props)
         pid = self._alloc_pid()
         b = pkt.encode(Packet(t, pid=pid, topics=[topic], props=props or None), self.version)
-        self.store.append(t, pid, b, b"")
+        try:
+            self.store.append(t, pid, b, b"")
+        except OSError as e:
+            if e.args[0] != 28:  # ENOSPC
+                raise
+            return 0
         self._push(pid, _CTRL)
         self._pump(now)
         return pid
@@ -703,8 +761,8 @@ class Session:
                         break
                     k = self._skipid
                     self.stats_dropped += 1
-                    if k >> 16 == 2:
-                        self.store.in_add(k & 0xFFFF)  # kept as for any QoS 2 message, until PUBREL
+                    if k >> 16 == 2 and not self.store.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 1, now):
+                        continue  # (kept as for any QoS 2 message, until PUBREL; else not acknowledged)
                     if k >> 16:
                         self._answer(_PUBACK if k >> 16 == 1 else _PUBREC, k & 0xFFFF, now)
                     continue
@@ -800,12 +858,13 @@ class Session:
                 # holds it (at least once rather than lost); inbound QoS 2 ids
                 # and the broker's copies of our subscriptions are gone.
                 self.store.in_clear()
+                self._in2 = 0
             # Replay the ring in its original order (and without a session on
             # the broker, forget the PUBRECs seen) before the application
             # hears of the connection: what it publishes from EV_CONNACK then
             # goes after the resends, once.
             self._inflight = 0
-            self._unsent = 0
+            self._unsent = self._uctl = 0
             # A message stored before this CONNACK said what the server takes
             # (offline, or for another server) that breaks its Maximum Packet
             # Size, Maximum QoS or Retain Available would only get the
@@ -816,6 +875,13 @@ class Session:
             chk = mx or self.max_qos < 2 or not self.retain_ok
             refused = []
             st = self.store
+            # Without a session on the broker every registered subscription
+            # goes again (below): a SUBSCRIBE still pending for one of them is
+            # resent as it is, any other stored SUBSCRIBE or UNSUBSCRIBE (of a
+            # filter replaced or dropped since, or from before a reboot) is
+            # superseded and released, so none piles up when a broker closes
+            # the connection instead of answering.
+            keep = [s.pid for s in self._subs if s.pid] if not sp else None
             i = self._head
             for _ in range(self._n):
                 pid = self._ring[i]
@@ -825,6 +891,12 @@ class Session:
                         st.unmark(pid)
                         f &= ~_MARKED
                     r = 0
+                    if f & _CTRL and keep is not None and pid not in keep:
+                        if st.kind(pid) == _UNSUBSCRIBE:
+                            refused.append(pid << 8 | 0x11)  # "no subscription existed", to whoever waits
+                        self._free(i)
+                        i = (i + 1) % len(self._rflags)
+                        continue
                     if chk and not f & (_MARKED | _CTRL):
                         st.read(pid, 0, self._tx)
                         b = self._tx[0]
@@ -836,21 +908,23 @@ class Session:
                     else:
                         self._rflags[i] = f
                         self._unsent += 1
+                        if f & _CTRL:
+                            self._uctl += 1
                 i = (i + 1) % len(self._rflags)
             resent = self._unsent
             # Subscriptions go (again) to a broker without our session, and,
             # to one that kept it, those made or dropped while offline: one
             # SUBSCRIBE each, as each may carry its own identifier.
-            for s in self._subs:
-                if s.late or not sp:
-                    s.late = False
-                    self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
-            for f in self._gone:
-                if sp:
-                    self._ctrl(_UNSUBSCRIBE, f, None, None, now)
-            self._gone = []
+            if not sp:
+                for s in self._subs:
+                    s.late = not s.pid
+                self._gone = []
             for r in refused:
-                self._event(EV_PUBLISHED, r >> 8, r & 255)
+                if r & 255 == 0x11:
+                    self._event(EV_UNSUBACK, r >> 8, [0x11])
+                else:
+                    self._event(EV_PUBLISHED, r >> 8, r & 255)
+            self._flush(now)
             self._pump(now)
             if self.state == CONNECTED:  # not when a resend found the connection dead
                 self._event(EV_CONNACK, sp, p)
@@ -910,12 +984,18 @@ class Session:
             known = st.in_has(pid)
             if known:
                 st.in_release(pid)
+                if self._in2:  # ids recovered after a reboot were not counted
+                    self._in2 -= 1
             r = 0 if known else 0x92
             if self._inq is not None:
                 self._inq.append([pid, _PUBCOMP, r])  # in order with other acks
                 self.ack(0, now)  # no message has id 0: this only sends what the queue allows
             else:
                 self._ack(_PUBCOMP, pid, r, now)
+            if self._deferred and not self._in2:
+                n = self._deferred
+                self.disconnect(now)  # (normal: no will) and the driver reconnects
+                raise OSError("%d QoS 2 messages over Receive Maximum left for the broker to resend: reconnecting" % n)
             return
         i = self._find(pid)
         f = self._rflags[i] if i >= 0 else 0
@@ -942,7 +1022,12 @@ class Session:
         if not done:
             self._wrong_ack(t, pid, i, f, now)
         self._free(i)
+        if self._n < len(self._rflags):
+            self._flush(now)  # what waited for room goes first
         if t > _PUBCOMP:
+            for s in self._subs:
+                if s.pid == pid:
+                    s.pid = 0
             self._event(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, pid, reason)
         else:
             self._inflight -= 1
@@ -998,12 +1083,17 @@ class Session:
             if h + 2 > end:
                 return False
             q = b >> 1 & 3
+            if q == 3:
+                fail("QoS 3")  # as parse_publish says it of a packet that fits
             h += 2 + (rx[h] << 8 | rx[h + 1]) + (2 if q else 0)  # past the topic and packet id
             if h - pos <= len(rx):  # else a topic alone fills the buffer: 0x95 all the same
                 if h > end:
                     return False
+                pid = rx[h - 2] << 8 | rx[h - 1] if q else 0
+                if q and not pid:
+                    fail("packet id 0")
                 self._skip = size
-                self._skipid = q << 16 | (rx[h - 2] << 8 | rx[h - 1] if q else 0)
+                self._skipid = q << 16 | pid
                 return True
         raise MQTTError(0x95, "packet of %d bytes over the receive buffer's %d" % (size, len(rx)))
 
@@ -1046,11 +1136,11 @@ class Session:
             self._answer(_PUBREC, pid, now)  # a repeat of a message already delivered: not delivered again
             return
         manual = self._inq is not None and q
+        if q == 2 and not self._admit(pid, not manual, now):
+            return
         if manual:  # acknowledged by ack(), in arrival order
             self._inq.append([pid, t, -1])
         elif q:
-            if q == 2:
-                st.in_add(pid)
             if d:  # its ack waits for the handler under way: slot taken now, in arrival order
                 self._held.append(pid << 4 | t)
         # Dispatch (the rules are in the README, "Which handlers a message
@@ -1114,6 +1204,42 @@ class Session:
                 while h:
                     a = h.pop(0)
                     self._ack(a & 15, a >> 4, 0, now)
+
+    def _admit(self, pid, rec, now):
+        # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in
+        # the store; rec = 0: by ack(), later) until then, so their number is
+        # capped (_in_cap: four times receive_max, at least 128). Not at
+        # receive_max itself, which MQTT 5 announces as our Receive Maximum:
+        # Mosquitto 2.0.11 counts a QoS 2 message in flight only until our
+        # PUBREC, so when we read a burst 32 to 60 ids await its PUBRELs
+        # whatever Receive Maximum we announced (4, 8, 32, or its 3.1.1 limit
+        # of 20). Over the cap on a fresh session, the broker broke the
+        # protocol (0x93; MQTT 3.1.x: the same error, no DISCONNECT). On a
+        # resumed one it is deferred: Mosquitto resends what was in flight
+        # when the last connection ended without counting it either, and each
+        # of those completed lets a Receive Maximum more come; refusing would
+        # bring the same after every reconnect. A deferred message is neither
+        # delivered nor acknowledged, and once the ids taken are released the
+        # session reconnects (see _on_ack) so the broker sends it again.
+        # False: not taken (deferred, or the store had no room, ENOSPC: then
+        # it comes again after the next reconnect, by when the outbox that
+        # fills the store has drained, rather than failing every connection).
+        n = self._in2
+        if n >= self._in_cap:
+            if not self.session_present:
+                self._violation(0x93, "Receive Maximum exceeded: %d QoS 2 messages await PUBREL" % n, now)
+            self.stats_deferred += 1
+            self._deferred += 1
+            return False
+        if rec:
+            try:
+                self.store.in_add(pid)
+            except OSError as e:
+                if e.args[0] != 28:
+                    raise
+                return False
+        self._in2 = n + 1
+        return True
 
     def ack(self, ack_id, now):
         """Manual acknowledgement: the application is done with a message.
@@ -1187,6 +1313,10 @@ class Session:
         self._ping_sent = -1
         self._reauth = False
         self._skip = 0
+        self._deferred = 0  # the broker resends them after the reconnect
         del self._held[:]  # for the old connection: the broker sends those messages again
         if self._inq is not None:
+            for e in self._inq:  # QoS 2 messages the app never acknowledged: counted, not recorded
+                if e[1] == _PUBREC and self._in2 and not self.store.in_has(e[0]):
+                    self._in2 -= 1
             self._inq = []
