@@ -21,15 +21,15 @@ def _budget(rig, n_cpython, n_micropython, first=1):
 
 
 def test_model_memory_store():
-    _budget("memory", 800, 80)
+    _budget("memory", 2000, 300)
 
 
 def test_model_flash_store():
-    _budget("flash", 600, 60, 5000)
+    _budget("flash", 1500, 200, 5000)
 
 
 def test_model_file_store():
-    _budget("file", 300, 40, 9000)
+    _budget("file", 800, 150, 9000)
 
 
 class LossyStore(model.MemoryStore):
