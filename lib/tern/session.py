@@ -1234,6 +1234,7 @@ class Session:
         if rec:
             try:
                 self.store.in_add(pid)
+                self.store.commit()  # durable before its PUBREC leaves (group commit too): delivered once
             except OSError as e:
                 if e.args[0] != 28:
                     raise
@@ -1260,6 +1261,7 @@ class Session:
                 continue
             if t == _PUBREC and not self.store.in_has(pid):
                 self.store.in_add(pid)
+                self.store.commit()
             self._ack(t, pid, r, now)
 
     def _event(self, kind, a, b):

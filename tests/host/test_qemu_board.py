@@ -122,7 +122,7 @@ def test_pubsub_over_the_link_uart_through_the_chaos_proxy(qb, chaos):
         "c = Client('qemu-ps', version=5, stream=emuboard.uart())\n"
         "c.subscribe('q/echo', 1, handler=lambda m: got.append((m.topic, bytes(m.payload), m.qos)))\n"
         "print(c.connect())\n"
-        "for i in range(3):\n c.publish('q/echo', b'r%d' % i, 1)\n"
+        "for i in range(3):\n c.publish('q/echo', b'r%d' % i, qos=1)\n"
         "c.wait_all(10)\n"
         "while len(got) < 3:\n c.loop(100)\n"
         "print(got)\n", timeout=30)
@@ -135,7 +135,7 @@ def test_pubsub_over_the_link_uart_through_the_chaos_proxy(qb, chaos):
     out = qb.exec(
         "lost = []\nc.on_disconnect = lost.append\nc.backoff_min = 0.05\n"
         "while not lost or not c.connected:\n c.loop(50)\n"
-        "c.wait_published(c.publish('q/echo', b'after', 1), 10)\n"
+        "c.wait_published(c.publish('q/echo', b'after', qos=1), 10)\n"
         "while len(got) < 4:\n c.loop(100)\n"
         "print(lost[0], got[-1])\nc.disconnect()\n", timeout=30)
     assert out.strip() == "connection closed by the broker ('q/echo', b'after', 1)", out
@@ -168,7 +168,7 @@ def test_closing_the_link_stream_hangs_up_and_drops_what_the_old_connection_left
     host = Client("host-fill", server=chaos.address[0], port=chaos.address[1])
     host.connect()
     for i in range(20):  # 20 x 400 bytes towards the board, which does not read them
-        host.publish("q/fill", b"f" * 400, 0)
+        host.publish("q/fill", b"f" * 400, qos=0)
     host.disconnect()
     out = qb.exec("import time\ntime.sleep_ms(300)\nprint(u.any() > 0)\nu.close()\ntime.sleep_ms(300)\n"
                   "print(u.any(), u.read(4096))\n", timeout=30)

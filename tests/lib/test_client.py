@@ -305,7 +305,7 @@ def test_any_stream_is_a_transport_and_stays_open(broker_addr):
         c = Client("stream-%d-%d" % (v, ticks_ms() % 100000), version=v, stream=stream)
         assert not c.connect()
         assert c.subscribe("st/%d/#" % v, 1, handler=collect(got)) == [1]
-        c.wait_published(c.publish("st/%d/a" % v, b"over a stream", 1), 5)
+        c.wait_published(c.publish("st/%d/a" % v, b"over a stream", qos=1), 5)
         until([c], lambda: got, what="the message back over the stream")
         assert got == [("st/%d/a" % v, b"over a stream", 1, False)], got
         c.disconnect()

@@ -26,8 +26,26 @@ def sans_io(store, v=4, **kw):
     """A Session whose output is kept in a list of packets (no socket)."""
     out = []
     s = Session("edge", v, False, store=store, **kw)
-    s.send = lambda b, o, n: out.append(bytes(b[o : o + n]))
+    s.send = lambda b, o, n: out.extend(packets(bytes(b[o : o + n])))
     return s, out
+
+
+def packets(data):
+    """One write may carry several packets (what one read releases leaves together): split them."""
+    got = []
+    i = 0
+    while i < len(data):
+        n, mul, j = 0, 1, i + 1
+        while True:
+            c = data[j]
+            n += (c & 127) * mul
+            mul *= 128
+            j += 1
+            if not c & 128:
+                break
+        got.append(data[i : j + n])
+        i = j + n
+    return got
 
 
 def types(out):
@@ -105,7 +123,7 @@ def test_full_outbox_and_four_subscriptions_deliver_every_message_once_in_order(
     try:
         c = Client("edge-full-%d" % (ticks_ms() % 100000), server=broker_addr[0], port=broker_addr[1],
                    store=FileStore(path, verbose=False))
-        pids = [c.publish("edge1/x", b"%d" % i, 1) for i in range(256)]
+        pids = [c.publish("edge1/x", b"%d" % i, qos=1) for i in range(256)]
         subs = []
         for i in range(4):
             assert c.subscribe("edge1/in/%d" % i, 1, handler=lambda m: subs.append(m.topic)) is None
@@ -114,7 +132,7 @@ def test_full_outbox_and_four_subscriptions_deliver_every_message_once_in_order(
         sub.loop(200)
         assert got == [b"%d" % i for i in range(256)], (len(got), got[:4])
         assert c.session.store.count() == 0 and len(set(pids)) == 256
-        sub.publish("edge1/in/3", b"in", 1)  # the four subscriptions were made
+        sub.publish("edge1/in/3", b"in", qos=1)  # the four subscriptions were made
         until([c, sub], lambda: subs, what="a message on a subscription made with the outbox full")
         c.disconnect()
         sub.disconnect()
@@ -200,7 +218,7 @@ def test_waits_fail_at_once_when_offline_and_not_reconnecting(scripted_addr):
     t0, w0 = cpu_s(), ticks_ms()
     e = raises(NotConnected, c.subscribe, "edge7/#", 1, timeout=4)  # the broker closes on it
     assert "subscribe" in str(e) and "not reconnecting" in str(e), e
-    pid = c.publish("edge7/x", b"kept", 1)  # stored while offline
+    pid = c.publish("edge7/x", b"kept", qos=1)  # stored while offline
     raises(NotConnected, c.wait_published, pid, 4)
     raises(NotConnected, c.wait_all, 4)
     c.close()  # and after close(), with reconnect on
@@ -417,7 +435,7 @@ def test_mosquitto_over_receive_maximum_after_a_resume_is_taken_without_a_loop(b
     c.subscribe("edge6/#", 2)
     pub = client(broker_addr, "edge-rm-pub", version=5)
     for i in range(20):
-        pub.publish("edge6/x", b"%d" % i, 2)
+        pub.publish("edge6/x", b"%d" % i, qos=2)
     until([c, pub], lambda: len(got) == 4, what="four messages in flight")
     c.close()
     acking[0] = True

@@ -74,7 +74,7 @@ rx = ticks_diff(ticks_ms(), t)
 p = b'x' * 64
 t = ticks_ms()
 for i in range({n}):
-    c.publish('bench/tx', p, 1)
+    c.publish('bench/tx', p, qos=1)
 c.wait_all(60)
 tx = ticks_diff(ticks_ms(), t)
 print('TIMING', tx, rx)
@@ -113,7 +113,7 @@ def timing(board, broker, n, m, conn, stream=""):
     q = Client("bench-q", server=broker.host, port=broker.port)
     q.connect()
     for i in range(m):
-        q.publish("bench/rx", b"y" * 64, 1)
+        q.publish("bench/rx", b"y" * 64, qos=1)
     q.wait_all(30)
     q.disconnect()
     out = board.exec(TIMING2.format(n=n, m=m), timeout=300)
