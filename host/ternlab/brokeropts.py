@@ -10,9 +10,10 @@ mosquitto; collect: 5, whose session expiry and Receive Maximum it relies
 on) and whether -i is required (collect). `tern collect` also keeps its older
 spelling `--password` as an alias of `-P/--pw`.
 
-Rules: a password needs a user name (mosquitto drops a password given alone;
-Tern refuses it with a clear error); TLS is on with --cafile, --capath or
---tls-use-os-certs and always verifies the certificate chain; --cert, --key
+Rules: a password needs a user name, on every MQTT version (mosquitto_pub/sub
+2.0 refuse a password alone before MQTT 5 and send it alone on MQTT 5; Tern
+keeps the one rule tern collect always had). TLS is on with --cafile, --capath
+or --tls-use-os-certs and always verifies the certificate chain; --cert, --key
 and --insecure need it; the port defaults to 8883 with TLS, 1883 without.
 
 Also here: the argument types (port, QoS, version, seconds...), MQTT string
@@ -212,7 +213,7 @@ def login(args, old_spellings=False):
     data (bytes), or None; UsageError (naming the flag, never the value) when
     wrong, and for a password without a user name."""
     if args.password is not None and args.username is None:
-        raise UsageError("%s needs --username (-u): a password is only sent with a user name"
+        raise UsageError("%s needs --username (-u): a password is only sent with a user name, on every MQTT version"
                          % ("-P/--pw/--password" if old_spellings else "-P/--pw"))
     if args.username is not None:
         mqtt_string("-u", args.username)

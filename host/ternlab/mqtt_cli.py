@@ -56,7 +56,7 @@ DIFFERENCES = {
         "(mosquitto switches to MQTT 5 by itself)",
         "-L: -h, -p, -u, -P (and -t for pub) given as well win, whatever the order (mosquitto: the last one)",
         "-d traces bytes as they are read: a 'received' line may come before the lines of an earlier message",
-        "a password without a user name is an error (mosquitto warns and connects without it)",
+        "a password without a user name is an error on MQTT 5 too (mosquitto_pub/sub send it alone on MQTT 5)",
         "--insecure skips only the host name check: the certificate chain is still verified",
         "--help exits 0 (mosquitto: 1)",
     ),

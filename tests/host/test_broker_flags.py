@@ -42,8 +42,8 @@ def test_collect_broker_flag_errors_are_those_of_pub_and_sub(argv, message, caps
 @pytest.mark.parametrize("cmd, status", [(["pub", "-t", "x", "-m", "y"], 1), (["sub", "-t", "x"], 1),
                                          (["collect", "land", "--id", "c"], 2)])
 def test_a_password_needs_a_user_name_in_every_command(cmd, status, capsys):
-    # mosquitto_pub/sub drop a password given without a user name (with a warning): Tern refuses it,
-    # on MQTT 5 too, with the same words everywhere.
+    # mosquitto_pub/sub 2.0.11 refuse a password without a user name before MQTT 5 and send it alone on
+    # MQTT 5; Tern refuses it on every version, with the same words in every command.
     assert cli.main([*cmd, "-V", "5", "-P", "s3cret-pw"]) == status
     err = capsys.readouterr().err
     assert "needs --username (-u)" in err and "s3cret-pw" not in err and len(err.strip().splitlines()) == 1
