@@ -152,6 +152,9 @@ def url_password(text):
         return userinfo.partition(":")[2] or None
 
 
+PASSWORD_FLAGS = ("-P", "--pw")  # and tern collect's old --password
+
+
 def add_broker_options(g, host_default=None, host_help="localhost", version_default=4, id_dest="client_id",
                        id_required=False, id_help="client id"):
     """-h -p -V -i -k on the argument group g (login and TLS: add_login_options, add_tls_options)."""
@@ -172,7 +175,7 @@ def add_broker_options(g, host_default=None, host_help="localhost", version_defa
 def add_login_options(g, old_spellings=False):
     """-u and -P/--pw (and, with old_spellings, tern collect's --password)."""
     g.add_argument("-u", "--username", help="user name")
-    g.add_argument("-P", "--pw", *(("--password",) if old_spellings else ()), dest="password",
+    g.add_argument(*PASSWORD_FLAGS, *(("--password",) if old_spellings else ()), dest="password",
                    help="password (never printed; needs -u)")
 
 
@@ -187,7 +190,7 @@ def add_tls_options(p):
                    help="do not check that the certificate names the host (the chain is still verified)")
 
 
-def register_passwords(argv, flags=("-P", "--pw", "--password")):
+def register_passwords(argv, flags=PASSWORD_FLAGS + ("--password",)):
     """Register the value of every password flag in argv with add_secret,
     before argparse runs (it may quote a value in an error message)."""
     for i, a in enumerate(argv):

@@ -2,7 +2,7 @@
 arguments the way mosquitto does, and registers passwords as secrets before
 argparse can quote them."""
 
-from .brokeropts import url_password
+from .brokeropts import PASSWORD_FLAGS, url_password
 from .mqtt_props import SEP
 from .secrets import add_secret
 
@@ -14,7 +14,6 @@ _VALUE_LONG = {"--host", "--port", "--topic", "--message", "--file", "--qos", "-
                "--will-topic", "--will-payload", "--will-qos", "--cafile", "--capath", "--cert",
                "--key", "--repeat", "--repeat-delay", "--property"}
 _FLAG_SHORT = set("lnsrcdvNRE")
-_SECRET_OPTIONS = ("-P", "--pw")
 
 
 def prepare_argv(argv):
@@ -52,7 +51,7 @@ def prepare_argv(argv):
                 i += 1
                 a = name + "=" + val
                 eq = "="
-            if eq and name in _SECRET_OPTIONS:
+            if eq and name in PASSWORD_FLAGS:
                 add_secret(val)
             elif eq and name == "--url" and url_password(val):
                 add_secret(url_password(val))
