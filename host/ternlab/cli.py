@@ -17,8 +17,9 @@ CLI prints.
 
 import argparse
 import importlib
-import re
 import sys
+
+from .secrets import redact
 
 # module, the commands it is expected to provide, one-line help for them
 # (shown without importing the module), and what to install when it fails.
@@ -39,30 +40,6 @@ OPTIONAL = (
     }, None),
     ("ternlab.firmware", {"firmware": "build the qemu-m3 board's firmware (tern firmware build --board qemu-m3)"}, None),
 )
-
-_SECRETS = set()
-
-
-def add_secret(value):
-    """Register a value (a password) that must never appear in the CLI's output."""
-    if value:
-        _SECRETS.add(value)
-
-
-def redact(text):
-    """text with every registered secret, and any long piece of one (argparse
-    may quote part of a mistyped argument), replaced by '***' where it stands
-    as a whole word or value: between spaces, quotes, brackets or commas, or
-    after '=' (`-P p` must not turn `pub` into `***ub`)."""
-    for s in sorted(_SECRETS, key=len, reverse=True):
-        shortest = min(len(s), max(6, len(s) // 2))
-        for n in range(min(len(s), len(text)), shortest - 1, -1):  # no piece longer than text
-            for i in range(len(s) - n + 1):
-                piece = s[i : i + n]
-                if piece in text:
-                    text = re.sub(r"(?<![^\s'\"=(\[,])%s(?![^\s'\",)\]])" % re.escape(piece), "***", text)
-    return text
-
 
 def version():
     try:
@@ -162,6 +139,10 @@ def main(argv=None):
     if word in ("pub", "sub"):
         k = argv.index(word) + 1
         argv = argv[:k] + mqtt_cli.prepare_argv(argv[k:])
+    elif word == "collect":  # the same broker flags: its password is masked before argparse runs
+        from .brokeropts import register_passwords
+
+        register_passwords(argv[argv.index(word) + 1 :])
     try:
         parser = build_parser(argv)
         args = parser.parse_args(argv)

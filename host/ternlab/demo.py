@@ -88,7 +88,7 @@ def _prepare(args):
     except Exception as e:
         raise DemoError(f"Mosquitto is missing: {e} (run `make demo`, which installs it)") from None
     if not args.master or args.master.startswith("local"):
-        from .pipeline.session import PipelineError, check_java
+        from .pipeline.spark import PipelineError, check_java
 
         try:
             check_java()
@@ -143,7 +143,7 @@ class _SparkStarter:
             self.thread.start()
 
     def _build(self):
-        from .pipeline.session import build_session
+        from .pipeline.spark import build_session
 
         try:
             self.session = build_session("tern-demo", self.master, SPARK_CONFS, jvm_log=str(self.jvm_log))

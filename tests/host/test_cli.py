@@ -592,13 +592,13 @@ def test_sub_stops_on_sigterm_like_mosquitto_sub(broker):
 
 
 def test_sub_message_over_the_receive_limit_is_one_line(capsys, broker, monkeypatch):
-    from ternlab import mqtt_cli
+    from ternlab import mqtt_conn
 
     # The broker resends a retained (or queued) message after every reconnect: tern sub
     # reconnected for ever, printing nothing. MQTT 3.1.1 cannot announce the limit: the message is
     # dropped (and acknowledged), said in one line, and tern sub goes on; MQTT 5 announces it and a
     # broker that breaks it ends the run. The limit is lowered so the test stays small.
-    monkeypatch.setattr(mqtt_cli, "RX_SIZE", 64 * 1024)
+    monkeypatch.setattr(mqtt_conn, "RX_SIZE", 64 * 1024)
     mosq_pub(broker, "-t", "big", "-m", "b" * 100000, "-r")
     start = time.monotonic()
     rc, out, err = tern(capsys, "sub", *conn(broker), "-t", "big", "-W", 1)

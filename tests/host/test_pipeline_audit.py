@@ -383,7 +383,7 @@ def test_audit_problems_flag_lists_them_and_piped_tables_keep_every_column(spark
 
 _LISTENING = r'''
 import json, os, sys
-from ternlab.pipeline.session import build_session
+from ternlab.pipeline.spark import build_session
 s = build_session("t", sys.argv[1] if len(sys.argv) > 1 else None, {"spark.ui.enabled": "false"},
                   jvm_log=os.environ["JVM_LOG"])
 s.range(3).count()
@@ -429,7 +429,7 @@ def test_a_local_driver_listens_on_loopback_only_and_its_jvm_lines_go_to_the_log
 
 def test_a_cluster_master_gets_no_loopback_driver():
     # the executors of a cluster must reach the driver: spark.driver.host is the user's (docs/pipeline.md)
-    from ternlab.pipeline.session import loopback_confs
+    from ternlab.pipeline.spark import loopback_confs
 
     assert loopback_confs("spark://10.0.0.5:7077") == {} and loopback_confs("yarn") == {}
     assert loopback_confs("local[2]") == {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
 
     from ternlab.pipeline.audit import run_audit
     from ternlab.pipeline.generate import generate
-    from ternlab.pipeline.session import PipelineError, build_session, java_version, parse_confs, \
+    from ternlab.pipeline.spark import PipelineError, build_session, java_version, parse_confs, \
         check_java
 
     try:

@@ -1,13 +1,16 @@
-"""Tern's data pipeline on Apache Spark (PySpark).
+"""Tern's data pipeline: a collector that lands telemetry, and Apache Spark (PySpark) jobs over it.
 
 Modules:
 - ``schema``   -- the landing, quarantine and ledger schemas, and ``parse_payload`` for collectors;
-- ``session``  -- the Java check and the SparkSession builder, plus small Hadoop-filesystem helpers;
+- ``landing``  -- durable landing files (temp file, fsync, rename), the collector's only way to disk;
+- ``collect``  -- the collector of ``tern collect``: a shared subscription landed as Parquet, acked after fsync;
+- ``collect_cli`` -- ``tern collect``'s options (the broker flags of ``tern pub``/``sub``) and the command;
+- ``spark``    -- the Java check and the SparkSession builder, plus small Hadoop-filesystem helpers;
 - ``audit``    -- delivery audit (expected / lost / duplicated / reordered / latency) and its verdict;
 - ``rollup``   -- per device and time window statistics of each reading, batch or Structured Streaming;
-- ``report``   -- an HTML page with matplotlib plots and the rich terminal summary;
+- ``report``   -- an HTML page (``templates/``) with inline plots and the rich terminal summary;
 - ``generate`` -- a seeded synthetic landing set (and ledger) with known injected faults;
-- ``cli``      -- the ``audit``, ``rollup`` and ``report`` subcommands of ``tern``.
+- ``cli``      -- the ``collect``, ``audit``, ``rollup`` and ``report`` subcommands of ``tern``.
 
-Importing this package does not import PySpark; the job modules do.
+Importing this package does not import PySpark; the Spark job modules do.
 """

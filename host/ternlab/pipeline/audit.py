@@ -48,7 +48,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from . import schema
-from .session import PipelineError, glob_count, glob_paths, join, path_exists, write_bytes
+from .spark import PipelineError, glob_count, glob_paths, join, path_exists, write_bytes
 
 KEY = ["device", "boot", "qos", "seq"]
 STREAM = ["device", "boot", "qos"]

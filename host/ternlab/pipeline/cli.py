@@ -1,4 +1,4 @@
-"""The ``audit``, ``rollup`` and ``report`` subcommands of ``tern``.
+"""The ``collect``, ``audit``, ``rollup`` and ``report`` subcommands of ``tern``.
 
 ``add_subcommands(subparsers)`` registers them on an argparse subparsers object; each parsed namespace
 has ``func(args) -> exit status``. ``python -m ternlab.pipeline.cli`` runs them standalone.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .session import PipelineError, build_session, check_local_input, parse_confs, spark_error_line
+from .spark import PipelineError, build_session, check_local_input, parse_confs, spark_error_line
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -103,9 +103,9 @@ def _report(spark, args) -> int:
 
 def add_subcommands(subparsers) -> None:
     """Register ``collect``, ``audit``, ``rollup`` and ``report`` on an argparse subparsers object."""
-    from . import collect
+    from . import collect_cli
 
-    collect.add_subcommands(subparsers)
+    collect_cli.add_subcommands(subparsers)
     p = subparsers.add_parser(
         "audit", help="delivery audit of a landing set (exit 1 when a guarantee is broken)",
         description="Per device and QoS: expected, received, unique, lost, duplicated, reordered and "

@@ -43,13 +43,14 @@ Test-only fault injection: ``TERN_COLLECT_FAULT=kill-after-commit:N`` (or ``kill
 the collector SIGKILL itself right after its N-th batch is renamed (or just after its acknowledgements
 went out); the tests use it to hit those crash windows exactly. Never set it in production.
 
+The command's options and their checks are in :mod:`.collect_cli`.
+
 ``recv_idx`` is ``<microseconds since the epoch at start> + <arrival number>``: strictly increasing in
 arrival order for one collector, across its restarts too (as long as its clock does not go back).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import select
 import signal
@@ -60,48 +61,10 @@ from . import schema
 from .landing import LandingError, LandingWriter, qos2_key
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-VERSIONS = {"5": 5, "mqttv5": 5, "311": 4, "mqttv311": 4, "31": 3, "mqttv31": 3}
 
 
 class CollectError(Exception):
     """The collector cannot go on; the message is one line."""
-
-
-def _size(text: str) -> int:
-    units = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
-    t = text.strip().lower()
-    num = t.rstrip("kmgib")
-    unit = t[len(num):]
-    try:
-        n = int(float(num) * units[unit])
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"not a size like 8M or 512k: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {text!r}")
-    return n
-
-
-def _positive(kind):
-    def conv(text):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0: {text!r}")
-        return v
-    return conv
-
-
-def _parse_fault(text):
-    """``kill-after-commit:N`` / ``kill-after-ack:N`` -> ("commit" | "ack", N); empty -> None."""
-    if not text:
-        return None
-    what, _, n = text.partition(":")
-    if what not in ("kill-after-commit", "kill-after-ack") or not n.isdigit() or int(n) < 1:
-        raise ValueError(f"TERN_COLLECT_FAULT must be kill-after-commit:N or kill-after-ack:N "
-                         f"(N >= 1), not {text!r}")
-    return what.rsplit("-", 1)[1], int(n)
 
 
 class Batch:
@@ -196,14 +159,10 @@ class Collector:
             opts["session_expiry"] = args.session_expiry
             from tern import props as P
             opts["connect_props"] = {P.RECEIVE_MAXIMUM: args.receive_max}
-        ssl = None
-        if args.cafile:
-            import ssl as _ssl
-            ssl = _ssl.create_default_context(cafile=args.cafile)
         # where and who: also what a retiring collector's final clean connect (MQTT 3.x) needs
-        self.conn = {"server": args.host, "port": args.port, "version": args.version, "ssl": ssl}
-        if args.username:
-            self.conn.update(username=args.username, password=args.password)
+        self.conn = {"server": args.host, "port": args.port, "version": args.version, "ssl": args.ssl}
+        if args.username is not None:
+            self.conn.update(username=args.username, password=args.password_bytes)
         self.client = Client(args.id, keepalive=args.keepalive, clean=False, backoff_min=0.1,
                              backoff_max=5, **self.conn, **opts)
         self.client.on_message = self._on_message
@@ -575,126 +534,3 @@ class Collector:
             return EXIT_FAIL
         self.say("retired: the session ended at the broker (clean-session connect and DISCONNECT)")
         return EXIT_OK
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("landing", help="landing root directory (created if missing)")
-    p.add_argument("--id", required=True,
-                   help="client id of this collector; keep it stable across restarts (the broker keeps "
-                        "unacknowledged messages for it)")
-    p.add_argument("-t", "--topic", default="tern/+/telemetry",
-                   help="topic filter (default: tern/+/telemetry, where the telemetry firmware publishes)")
-    p.add_argument("--group", default="tern", help="shared subscription group (default: tern)")
-    p.add_argument("-h", "--host", default="127.0.0.1", help="broker host (default: 127.0.0.1)")
-    p.add_argument("-p", "--port", type=int, default=None, help="broker port (default 1883, 8883 with TLS)")
-    p.add_argument("-V", "--protocol-version", dest="version", default="5", choices=sorted(VERSIONS),
-                   help="MQTT version: 5 (default), 311 or 31")
-    p.add_argument("-q", "--qos", type=int, choices=(1, 2), default=2,
-                   help="subscription QoS (default 2: each message keeps the QoS it was published with)")
-    p.add_argument("--batch-size", type=_positive(int), default=1000,
-                   help="write a batch once this many messages wait (default 1000)")
-    p.add_argument("--batch-bytes", type=_size, default=8 << 20,
-                   help="... or once their payloads reach this size (default 8M)")
-    p.add_argument("--batch-time", type=_positive(float), default=1.0,
-                   help="... or once the oldest has waited this many seconds (default 1.0)")
-    p.add_argument("--receive-max", type=int, default=None,
-                   help="MQTT 5 Receive Maximum: unacknowledged messages the broker may send at once "
-                        "(default: twice --batch-size, at most 65535)")
-    p.add_argument("--session-expiry", type=int, default=7 * 86400,
-                   help="MQTT 5 session expiry in seconds: how long the broker keeps this collector's "
-                        "messages while it is down (default 604800, a week)")
-    p.add_argument("-k", "--keepalive", type=int, default=60, help="keepalive in seconds (default 60)")
-    p.add_argument("--keep-raw", action="store_true", help="also store each raw payload in payload_raw")
-    p.add_argument("--retire", action="store_true",
-                   help="retire collector --id: unsubscribe its shared subscription, land and "
-                        "acknowledge what the broker still holds for it, end its session, exit 0")
-    p.add_argument("--drain-idle", type=_positive(float), default=1.0,
-                   help="--retire: the broker has nothing more once nothing came for this many "
-                        "seconds (default 1.0; then one round trip confirms it)")
-    p.add_argument("--progress", type=float, default=10.0,
-                   help="seconds between progress lines (default 10; 0: none)")
-    p.add_argument("-u", "--username", default=None)
-    p.add_argument("-P", "--password", default=None)
-    p.add_argument("--cafile", default=None, help="CA certificate: connect with TLS and verify the broker")
-
-
-def check_args(args) -> str | None:
-    """One line saying what is wrong with the options, or None."""
-    args.version = VERSIONS[args.version]
-    if args.port is not None and not 0 < args.port < 65536:
-        return f"--port must be 1..65535, not {args.port}"
-    if args.port is None:
-        args.port = 8883 if args.cafile else 1883
-    from tern.topic import validate_filter
-
-    if not args.group or any(c in args.group for c in "/+#\0"):
-        return f"--group must be non-empty without '/', '+', '#': {args.group!r}"
-    if not args.id or "\0" in args.id or len(args.id.encode()) > 65535:
-        return f"--id must be a non-empty client id: {args.id!r}"
-    try:
-        validate_filter(args.topic)
-    except ValueError as e:
-        return f"--topic {args.topic!r} is not a valid topic filter: {e}"
-    if args.topic.startswith("$share/"):
-        return "--topic is the plain filter; the collector adds $share/<group>/ itself"
-    if args.receive_max is None:
-        args.receive_max = min(65535, 2 * args.batch_size)
-    if not 0 < args.receive_max <= 65535:
-        return f"--receive-max must be 1..65535, not {args.receive_max}"
-    if args.session_expiry < 0 or args.session_expiry > 0xFFFFFFFF:
-        return f"--session-expiry must be 0..4294967295, not {args.session_expiry}"
-    if args.keepalive < 0 or args.keepalive > 65535:
-        return f"--keepalive must be 0..65535, not {args.keepalive}"
-    if args.password and not args.username:
-        return "--password needs --username"
-    if args.cafile and not os.path.isfile(args.cafile):
-        return f"--cafile not found: {args.cafile}"
-    if args.progress < 0:
-        return f"--progress must be >= 0, not {args.progress}"
-    try:
-        args.fault = _parse_fault(os.environ.get("TERN_COLLECT_FAULT"))
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def run(args) -> int:
-    if args.password:
-        try:
-            from ..cli import add_secret
-            add_secret(args.password)
-        except ImportError:
-            pass
-    problem = check_args(args)
-    if problem:
-        print(f"tern collect: error: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    return Collector(args).run()
-
-
-def add_subcommands(subparsers) -> None:
-    p = subparsers.add_parser(
-        "collect", add_help=False,
-        help="land telemetry from a shared subscription as Parquet, acknowledging after fsync",
-        description="Join the shared subscription $share/GROUP/TOPIC with a persistent session and "
-                    "write what arrives as Parquet landing files (date=/hour= partitions, committed "
-                    "atomically); each message is acknowledged only once its file is durable. "
-                    "Malformed payloads go to LANDING/quarantine; QoS 2 messages land exactly once, "
-                    "across restarts too. --retire lands what the broker still holds for --id and "
-                    "ends its session. Exit status 1 when the landing directory cannot be written or "
-                    "the broker refuses; 0 after SIGTERM/SIGINT or a completed --retire.")
-    p.add_argument("--help", action="help", help="show this help and exit")
-    add_arguments(p)
-    p.set_defaults(func=run)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="tern", add_help=False)
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_subcommands(sub)
-    args = parser.parse_args(["collect", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from . import schema
-from .session import join
+from .spark import join
 
 START_TS = 1714521600.0  # 2024-05-01T00:00:00Z
 READINGS = ("temp", "hum")

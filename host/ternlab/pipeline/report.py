@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from ..term import print_table
 from .audit import PROBLEM_KINDS, messages, read_landing
-from .session import PipelineError, join, path_exists, read_bytes, write_bytes
+from .spark import PipelineError, join, path_exists, read_bytes, write_bytes
 
 NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 MAX_TIMELINE_DEVICES = 40

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from . import schema
 from .audit import KEY, check_rows, read_landing
-from .session import PipelineError, glob_paths, join, path_exists
+from .spark import PipelineError, glob_paths, join, path_exists
 
 TIME_COLUMNS = ("recv_ts", "sent_ts")
 OUTPUT_COLS = ["device", "window_start", "window_end", "reading", "count", "min", "max", "mean"]
