@@ -497,11 +497,11 @@ def test_a_short_password_is_masked_only_where_it_is_a_whole_value():
     """`-P p` turned `tern pub` into `tern ***ub` and `--help` into `--hel***`: each substring equal to
     the password was masked. Now only a whole word or value is (here `--password=e`, an unknown option)."""
     r = subprocess.run([TERN, "pub", "-t", "x", "-m", "y", "-P", "p", "-q", "7"], capture_output=True, timeout=20)
-    assert r.returncode == 2
+    assert r.returncode == 1  # a bad argument, as mosquitto_pub 2.0
     assert r.stderr == b"tern pub: argument -q/--qos: QoS must be 0, 1 or 2, not '7' (see tern pub --help)\n", r.stderr
     r = subprocess.run([TERN, "pub", "-t", "x", "-m", "y", "-P", "e", "--password=e", "stray"],
                        capture_output=True, timeout=20)
-    assert r.returncode == 2
+    assert r.returncode == 1
     assert r.stderr == b"tern: unrecognized arguments: --password=*** stray (see tern --help)\n", r.stderr
 
 
