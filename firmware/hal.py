@@ -133,8 +133,9 @@ def link(prof):
     """The byte stream MQTT goes over when the board reaches the network through a serial link
     (profile "network": "uart", a modem in transparent mode; the qemu board's link UART), else None:
     TCP through the board's own IP stack."""
-    if prof.get("network") == "uart" and emuboard:
-        return emuboard.uart()
+    uart = getattr(emuboard, "uart", None)  # the qemu board's emuboard has one, the unix port's none
+    if prof.get("network") == "uart" and uart:
+        return uart()
     return None
 
 

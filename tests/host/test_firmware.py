@@ -38,7 +38,8 @@ class Device:
 
     def __init__(self, tmp_path, config, profile="unix-emulated", board_id="dev-1", paths=None, name="board",
                  romfs=None):
-        if load_profile(profile).get("kind") == "qemu-m3":  # tern and the app are frozen in; MQTT goes over its link UART
+        prof = profile if isinstance(profile, dict) else load_profile(profile)  # a name or a profile dict
+        if prof.get("kind") == "qemu-m3":  # tern and the app are frozen in; MQTT goes over its link UART
             from ternlab.boards.qemu import QemuBoard
 
             link = (config["host"], config["port"]) if isinstance(config, dict) and config.get("host") else None
