@@ -541,7 +541,7 @@ def render(rows, cmd, date, running=(), kept=()):
 
 def kept_rows(path, stores):
     """Table lines of the current section for stores other than `stores`."""
-    from ternlab.benchdoc import read_section
+    from bench.benchdoc import read_section
 
     sec = read_section(path, "crash_sweep")
     if sec is None:
@@ -566,7 +566,7 @@ LABELS = {
 
 
 def write_section(path, text):
-    from ternlab.benchdoc import write_section as write
+    from bench.benchdoc import write_section as write
 
     write(path, "crash_sweep", text)
 

@@ -110,8 +110,7 @@ def write(path, rigs, a, b, steps, mp_seeds):
     import os
     import subprocess
 
-    sys.path.insert(0, ROOT + "/host")
-    from ternlab.benchdoc import write_section
+    from bench.benchdoc import write_section
 
     lines = []
     bad = sweep(rigs, a, b, steps, lines)

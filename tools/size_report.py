@@ -218,7 +218,7 @@ def render(rows, steady, ver, xver, command):
 
 
 def write_section(path, body):
-    from ternlab.benchdoc import write_section as write
+    from bench.benchdoc import write_section as write
 
     write(path, "size_report", body, heading="Library size and allocation")
 

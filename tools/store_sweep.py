@@ -205,8 +205,7 @@ def main(argv):
     if a.write:
         import datetime
 
-        sys.path.insert(0, ROOT + "/host")
-        from ternlab.benchdoc import write_section
+        from bench.benchdoc import write_section
 
         text = ["## Store crash-point sweep (`tools/store_sweep.py`)", "",
                 "Command: `python tools/store_sweep.py --only %s%s --seed %d --write %s`, %s (targets: the "

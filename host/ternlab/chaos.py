@@ -1,6 +1,11 @@
 """Chaos proxy: a TCP proxy between an MQTT client and its broker that understands
 MQTT framing and breaks the connection on cue.
 
+Over 600 lines because the per-connection relay (`Connection`) and the proxy
+(`ChaosProxy`) share the proxy's event log, packet records, rates and delays
+(`_event`, `_record`, `_delay`, `_rate`): in two modules each would reach into
+the other's private state.
+
     with ChaosProxy(broker.address) as proxy:
         proxy.cut_at_packet("PUBACK", 3, B2C)            # drop the broker's 3rd PUBACK, cut
         client.connect(*proxy.address)

@@ -29,7 +29,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from .boards import load_profile
+from .boards.board import load_profile
 from .paths import CHECKOUT as ROOT  # the build needs a checkout: tools/firmware and ../shared
 
 VERSION = "1.28.0"
@@ -167,7 +167,7 @@ def _prune(cache, src, keep=6):
 
 def qemu_profiles():
     """The names of the qemu-m3 board profiles (boards/qemu-m3-*)."""
-    from .boards import profile_names
+    from .boards.board import profile_names
 
     return [n for n in profile_names() if load_profile(n).get("kind") == "qemu-m3"]
 

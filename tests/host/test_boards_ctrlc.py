@@ -5,7 +5,7 @@ The unix port has a SIGINT handler only while it runs code; at a prompt a SIGINT
 used to read the handler from /proc and then signal: when the code ended in between (a loaded
 machine), the SIGINT killed the process and the host saw "the board lost power" (PowerLost) at a
 mere `write_file`. The relay now stops the process while it reads the handler and queues the SIGINT
-(ternlab.boards.emulated._Supervisor._interrupt). These tests drive real boards (the unix port on a
+(ternlab.boards.emulated_pty.Supervisor._interrupt). These tests drive real boards (the unix port on a
 pty, through mpremote) and count deaths; the race itself is made deterministic by widening the
 relay's window between reading and signalling.
 """

@@ -34,7 +34,7 @@ def parse_size(s: str) -> int:
 
 
 def write_section(path: str, text: str) -> None:
-    from ternlab.benchdoc import write_section as write
+    from benchdoc import write_section as write
 
     write(path, "audit_bench", text)
 

@@ -726,7 +726,7 @@ def ceiling_lines(rows, window, n):
 
 
 def write_section(path: Path, text: str) -> None:
-    from ternlab.benchdoc import write_section as write
+    from benchdoc import write_section as write
 
     write(path, MARK, text)
 

@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def write_section(path: str, text: str) -> None:
-    from ternlab.benchdoc import write_section as write
+    from benchdoc import write_section as write
 
     write(path, "collector_bench", text)
 

@@ -252,7 +252,7 @@ def render(rows, notes, a):
 
 
 def write_section(path, text):
-    from ternlab.benchdoc import write_section as write
+    from benchdoc import write_section as write
 
     write(path, "firmware_bench", text)
 

@@ -341,7 +341,7 @@ def render(res, cmd, date):
 
 
 def write_section(path, text):
-    from ternlab.benchdoc import write_section as write
+    from benchdoc import write_section as write
 
     write(path, "flash_bench", text)
 

@@ -160,7 +160,7 @@ def main(argv=None):
     text = render(h, apps, smallest, times, a)
     print(text)
     if a.write:
-        from ternlab.benchdoc import write_section
+        from benchdoc import write_section
 
         write_section(a.write, "qemu_bench", text)
     return 0

@@ -92,7 +92,7 @@ def _fail(cmd, msg):
 
 
 def _emulated(args, dir_, echo=None, power=True):
-    from . import BoardError
+    from .board import BoardError
     from .emulated import EmulatedBoard
 
     name = args.profile
@@ -183,7 +183,7 @@ def _settle(fd, out, quiet=0.3, most=2.0):
 
 def _power(board, action, say):
     """on, off or cycle an emulated board (a key's or a command's action); say(text) reports."""
-    from . import BoardError
+    from .board import BoardError
 
     try:
         if action == "on":
@@ -211,7 +211,7 @@ def _press(board, key, say):
 def _boot(args, dir_, echo, say):
     """The board of `tern board run`, powered on; a power cut while it boots (--cut-at N reached during
     boot) leaves it off, as a real board would be, for a power key to bring back."""
-    from . import BoardError
+    from .board import BoardError
 
     b = _emulated(args, dir_, echo=echo, power=False)
     try:
@@ -299,7 +299,7 @@ def cmd_repl(args):
 
 
 def cmd_deploy(args):
-    from . import BoardError
+    from .board import BoardError
     from .deploy import deploy, deploy_romfs, plan
 
     try:
@@ -332,7 +332,7 @@ def cmd_deploy(args):
 
 def flash_commands(args, table_path):
     """The esptool command lines `tern flash` runs (checked inputs)."""
-    from . import load_profile
+    from .board import load_profile
     from .partitions import profile_table
 
     prof = load_profile(args.profile)

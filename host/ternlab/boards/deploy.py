@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..devset import device_files
 from ..paths import lib_dir, project_dir
-from . import BoardError
+from .board import BoardError
 
 SOURCE_ONLY = ("main.py", "boot.py")
 # board-side snippets: make folders, remove files (neither minds what is already so)

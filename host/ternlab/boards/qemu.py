@@ -36,7 +36,7 @@ import threading
 import time
 import tty
 
-from . import BoardError, device_profile
+from .board import BoardError, device_profile
 from .emulated import EmulatedBoard
 
 _UP = b"\x00TERN:UP\x00"
@@ -518,7 +518,7 @@ class QemuBoard(EmulatedBoard):
     def __init__(self, profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None, power=True, cut_at=0,
                  seed=1, link=None):
         from .. import firmware
-        from . import load_profile
+        from .board import load_profile
 
         prof = profile if isinstance(profile, dict) else load_profile(profile)
         if prof.get("kind") != "qemu-m3":

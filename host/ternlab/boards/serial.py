@@ -18,7 +18,8 @@ retried.
 import select
 import time
 
-from . import Board, BoardError, ConsoleLog, load_profile
+from .board import Board, BoardError, load_profile
+from .console import ConsoleLog
 
 _RESET = "try:\n import machine\n machine.reset()\nexcept AttributeError:\n import emuboard\n emuboard.reset()\n"
 

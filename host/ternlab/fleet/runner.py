@@ -2,6 +2,10 @@
 scenario's faults injected on schedule, every board's console read into a ledger, and a check that
 every QoS >= 1 message a board accepted reached the broker's subscribers.
 
+Over 600 lines because `Fleet` is one schedule run by one thread (see below): the faults, boards,
+collectors and ledger it drives share that thread's state, and what stands alone (the scenario,
+schedule, collectors' processes and the view) is already a module of its own.
+
 Why it is built like this:
 - One thread (the caller's) runs the schedule, reads the consoles and calls the callbacks, so a
   caller that drives a terminal UI (rich progress bars) never sees two callbacks at once. Only the
