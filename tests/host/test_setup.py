@@ -71,8 +71,10 @@ def python_modules(dists):
 
 
 def debian_programs():
+    """What the Debian packages of the set-up provide: tools/debian-packages.txt (make setup), and
+    tools/interop/debian-packages.txt for the interop run's own code (make interop installs it)."""
     progs = set()
-    for pkg, prog in debian_list():
+    for pkg, prog in debian_list() + debian_list(ROOT / "tools" / "interop" / "debian-packages.txt"):
         progs.add(prog)
         r = subprocess.run(["dpkg", "-L", pkg], capture_output=True, text=True)
         progs |= {Path(f).name for f in r.stdout.split() if str(Path(f).parent) in BIN_DIRS}
@@ -84,10 +86,16 @@ def essential(prog):
     path = find_program(prog)
     if not path:
         return False
-    r = subprocess.run(["dpkg", "-S", str(Path(path).resolve())], capture_output=True, text=True)
-    if r.returncode:
-        r = subprocess.run(["dpkg", "-S", path], capture_output=True, text=True)
-    pkg = r.stdout.split(":", 1)[0].strip() if r.returncode == 0 else ""
+    pkg = ""
+    for p in (str(Path(path).resolve()), path):
+        # merged /usr: dpkg knows many programs by their /bin or /sbin name (dash, coreutils)
+        for q in (p, p[4:] if p.startswith(("/usr/bin/", "/usr/sbin/")) else None):
+            r = subprocess.run(["dpkg", "-S", q], capture_output=True, text=True) if q else None
+            if r and r.returncode == 0:
+                pkg = r.stdout.split(":", 1)[0].strip()
+                break
+        if pkg:
+            break
     if not pkg:
         return False
     q = subprocess.run(["dpkg-query", "-W", "-f", "${Essential}", pkg], capture_output=True, text=True)
