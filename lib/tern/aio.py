@@ -62,7 +62,7 @@ import sys
 import asyncio
 
 from . import session as S
-from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, reply_args, _CLOSED, _eof, nodelay
+from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, reply_args, _CLOSED, nodelay
 from .wire import MQTTError
 
 try:
@@ -222,7 +222,7 @@ class Client(_Driver):
 
     @property
     def connected(self):
-        return self._up and self.session.state == S.CONNECTED
+        return self._up is not None and self.session.state == S.CONNECTED
 
     async def __aenter__(self):
         await self.connect()
@@ -279,7 +279,7 @@ class Client(_Driver):
                 room = s.rx_space()
                 if MICROPYTHON:
                     rl = s.rx_len
-                    n = await r.readinto(s._rxmv if rl == 0 else s._rxmv[rl : rl + room])
+                    n = await r.readinto(s.rxmv[rl:] if rl else s.rxmv)
                     if n is None:
                         continue  # woken without data (TLS record not complete)
                     if gen != self._gen:
@@ -329,13 +329,10 @@ class Client(_Driver):
         self._drained.set()
 
     def _lost(self, err):
-        was_up = self._up
-        self._up = False
+        was_up = self._mark(None)
         self.session.connection_lost()
         self._teardown()
         self.last_error = err
-        if was_up and ticks_diff(ticks_ms(), self._up_since) >= self.healthy_after * 1000:
-            self._attempt = 0
         self._cev.set()
         self._wake.set()
         self._progress.set()
@@ -358,10 +355,10 @@ class Client(_Driver):
     async def _connect_once(self, timeout):
         s = self.session
         if self._w is not None or s.state != S.DISCONNECTED:
-            self._up = False
+            self._up = None
             s.connection_lost()
             self._teardown()
-        t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+        t_ms = self._ms(timeout)
         start = ticks_ms()
         r, w = await self._open(t_ms)
         self._teardown()
@@ -389,7 +386,7 @@ class Client(_Driver):
                 e = self.last_error
                 if e is not err and isinstance(e, MQTTError):
                     raise e  # the broker broke the protocol: as the blocking client, not an OSError
-                if e is not err and _eof(e) and self._fallback(-1):
+                if e is not err and self._fallback(e):
                     s.connection_lost()
                     self._teardown()
                     return await self._connect_once(timeout)
@@ -399,14 +396,13 @@ class Client(_Driver):
                 s.connection_lost()
                 self._teardown()
             raise
-        p = self._connack
-        if p.reason:
+        r = self._connack.reason
+        if r:
             if gen == self._gen:
                 s.connection_lost()
                 self._teardown()
-            if self._fallback(p.reason):
-                return await self._connect_once(timeout)
-            raise ConnectError(p.reason, s.version)
+            self._fallback(r)  # raises ConnectError unless the next version is to be tried
+            return await self._connect_once(timeout)
         # Accepted. A loss right after the CONNACK does not make connect()
         # fail (as in the blocking client): the supervisor reconnects.
         return s.session_present
@@ -452,10 +448,7 @@ class Client(_Driver):
 
     def _on_event(self, kind, a, b):
         if kind == S.EV_CONNACK:
-            self._connack = b
-            if not b.reason:
-                self._up = True
-                self._up_since = ticks_ms()
+            self._mark(b)
             self._cev.set()
             self._progress.set()
             if self.on_connect:
@@ -485,7 +478,7 @@ class Client(_Driver):
         fatal = None
         try:
             while not self._closing:
-                if self._up and s.state == S.CONNECTED:
+                if self._up is not None and s.state == S.CONNECTED:
                     try:
                         nxt = s.poll(ticks_ms())
                     except OSError as e:
@@ -496,7 +489,11 @@ class Client(_Driver):
                 if not self.reconnect:
                     fatal = self.last_error or OSError("connection lost")
                     break
-                until = ticks_add(ticks_ms(), self._backoff_ms())
+                d = self._backoff_ms(self.last_error)
+                if d is None:  # a permanent refusal
+                    fatal = self.last_error
+                    break
+                until = ticks_add(ticks_ms(), d)
                 while not self._closing:
                     left = ticks_diff(until, ticks_ms())
                     if left <= 0:
@@ -506,13 +503,7 @@ class Client(_Driver):
                     break
                 try:
                     await self._connect_once(None)
-                except ConnectError as e:
-                    self.last_error = e
-                    if e.permanent:
-                        self.reconnect = False
-                        fatal = e
-                        break
-                except (OSError, MQTTError) as e:
+                except (OSError, MQTTError) as e:  # a ConnectError too: see _backoff_ms above
                     self.last_error = e
                 except Exception as e:  # e.g. a bad ssl argument: retrying cannot help
                     self.last_error = fatal = e
@@ -564,19 +555,15 @@ class Client(_Driver):
         if isinstance(payload, str):
             payload = payload.encode()
         s = self.session
-        t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+        t_ms = self._ms(timeout)
         start = ticks_ms()
         while True:
             self._progress.clear()
             pid = s.publish(topic, payload, qos, retain, ticks_ms(), props)
             if pid != S.WOULD_BLOCK:
                 break
-            if qos and not self.connected and (self._closing or not self.reconnect):
-                raise OSError("outbox full while offline")
-            left = t_ms - ticks_diff(ticks_ms(), start)
-            if left <= 0:
-                raise OSError("outbox full: %d messages await acknowledgement" % len(s.pending()))
-            await self._await_progress(left)
+            self._full(qos, start, t_ms, self._closing or not self.reconnect)
+            await self._await_progress(t_ms - ticks_diff(ticks_ms(), start))
         ev = None
         if pid and wait_ack:
             ev = asyncio.Event()
@@ -609,7 +596,7 @@ class Client(_Driver):
     async def _until(self, cond, timeout, what):
         # Wait for cond() (checked after each piece of progress); OSError
         # naming what did not happen in time.
-        t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+        t_ms = self._ms(timeout)
         start = ticks_ms()
         while not cond():
             left = t_ms - ticks_diff(ticks_ms(), start)
@@ -639,7 +626,7 @@ class Client(_Driver):
         s = self.session
         self._authed = False
         s.reauthenticate(ticks_ms(), props)
-        await self._until(lambda: self._authed or not s._reauth, timeout,
+        await self._until(lambda: self._authed or not s.reauthing, timeout,
                           lambda: "no answer to re-authentication")
         if not self._authed:
             raise self.last_error or OSError("re-authentication failed")
@@ -649,7 +636,7 @@ class Client(_Driver):
             return None
         ev = asyncio.Event()
         self._waiters[pid] = ev
-        t_ms = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+        t_ms = self._ms(timeout)
         try:
             await _wait(ev, t_ms)
         finally:
@@ -702,7 +689,7 @@ class Client(_Driver):
             sup.cancel()
 
     def _finish(self):
-        self._up = False
+        self._up = None
         self.session.connection_lost()
         self._teardown()
         self._closed = True
@@ -724,7 +711,7 @@ class Client(_Driver):
                 self._tasks[0].cancel()
             try:
                 s.disconnect(ticks_ms(), reason, props)
-                t_ms = int(self.connect_timeout * 1000)
+                t_ms = self._ms(None)
                 start = ticks_ms()
                 while self._w is w and (self._obuf or not self._drained.is_set()):
                     left = t_ms - ticks_diff(ticks_ms(), start)

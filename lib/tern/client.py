@@ -114,11 +114,6 @@ class ConnectError(OSError):
 _CLOSED = "connection closed by the broker"
 
 
-def _eof(e):
-    # The broker closed the connection (an end of stream, not an error)
-    return isinstance(e, OSError) and e.args == (_CLOSED,)
-
-
 def server_disconnect(reason, p):
     """The error for a DISCONNECT from the server, with its reason string."""
     rs = p.props.get(0x1F) if p is not None and p.props else None
@@ -172,45 +167,72 @@ class _Driver:
         self.session = s
         v = s.store.meta("version") if len(vs) > 1 else None
         if v and int(v) in vs[1:]:
-            self._use(int(v))  # what this store's broker took last time
+            s.set_version(int(v))  # what this store's broker took last time
         elif vs[0] == 3:
-            self._use(3)
+            s.set_version(3)  # an empty client id gets one
         self.on_connect = None  # on_connect(session_present, reason)
         self.on_disconnect = None  # on_disconnect(error) when an established connection is lost
         self.on_published = None  # on_published(pid, reason)
         self.last_error = None
         self._attempt = 0
-        self._up = False  # an accepted connection is open (the session may already know it is gone)
-        self._up_since = 0
-
-    def _use(self, v):
-        s = self.session
-        if v != s.version:
-            s.set_version(v)
-        if v == 3 and not s.client_id and s._conn[0]:
-            # MQTT 3.1 needs 1-23 characters. Not for a persistent session
-            # (clean=False): one a restart could never resume; the broker
-            # refuses the empty id instead (identifier rejected).
-            import random
-
-            s.client_id = "tern_%08x" % random.getrandbits(32)
+        # When the open connection was accepted (ticks_ms); None: no accepted
+        # connection is open (the session may already know it is gone).
+        self._up = None
 
     def _fallback(self, reason):
-        """After a refusal (reason -1: the broker closed the connection in
-        answer to an MQTT 5 CONNECT, as RabbitMQ 3.10 does, or never
-        answered it, as amqtt does when it carries properties): True when the
-        next version of `version=(5, 4)` is to be tried now (the broker does
-        not support this one, and nothing is stored pending in this one's
-        encoding); remembered in the store's meta "version" (a durable
-        store: across reboots too)."""
+        """After a failed connect: reason is the CONNACK's refusal code, -1
+        when the broker never answered an MQTT 5 CONNECT (amqtt, when it
+        carries properties), or the error that ended the connection before
+        a CONNACK (the broker closing it counts as -1: RabbitMQ 3.10's answer
+        to MQTT 5). True when the next version of `version=(5, 4)` is to be
+        tried now (the broker does not support this one, and nothing is
+        stored pending in this one's encoding); remembered in the store's
+        meta "version" (a durable store: across reboots too). A refusal not
+        tried again raises ConnectError."""
+        if not isinstance(reason, int):
+            reason = -1 if reason.args == (_CLOSED,) else 0  # an end of stream, or another error
         s = self.session
         vs = self._versions
         if not (reason == 1 or reason == 0x84 or reason < 0 and s.version == 5) or s.version == vs[-1] or s.pending():
+            if reason > 0:
+                raise ConnectError(reason, s.version)
             return False
         v = vs[vs.index(s.version) + 1]
-        self._use(v)
+        s.set_version(v)
         s.store.set_meta("version", str(v).encode())
         return True
+
+    def _ms(self, timeout):
+        # A call's timeout in seconds (None: connect_timeout), in ms.
+        return int((timeout if timeout is not None else self.connect_timeout) * 1000)
+
+    def _mark(self, p):
+        # The connection as the driver sees it (one method, not two: each
+        # costs RAM). p: the CONNACK that arrived; the connection is up
+        # unless it refused. p None: the connection is over; True if it had
+        # been accepted, and one that lasted healthy_after seconds starts the
+        # backoff afresh.
+        if p is not None:
+            self._connack = p
+            if not p.reason:
+                self._up = ticks_ms()
+            return
+        t = self._up
+        self._up = None
+        if t is None:
+            return False
+        if ticks_diff(ticks_ms(), t) >= self.healthy_after * 1000:
+            self._attempt = 0
+        return True
+
+    def _full(self, qos, start, t, stop):
+        # publish() found the outbox full: raises when waiting (t ms from
+        # start) is over, or cannot help (QoS 1/2 while offline, and `stop`:
+        # not reconnecting).
+        late = ticks_diff(ticks_ms(), start) >= t
+        if late or qos and stop and not self.connected:
+            raise OSError("outbox full%s: %d messages await acknowledgement"
+                           % ("" if late else " (offline)", len(self.session.pending())))
 
     def _tls_context(self):
         # ssl=True: the system's CAs, verification on (CPython only)
@@ -221,7 +243,14 @@ class _Driver:
             ctx = context()
         return ctx
 
-    def _backoff_ms(self):
+    def _backoff_ms(self, e):
+        # After a lost connection or a failed attempt (e, kept as
+        # last_error): the wait before the next attempt, ms; None, and no
+        # more reconnecting, when retrying cannot help (a permanent refusal).
+        self.last_error = e
+        if isinstance(e, ConnectError) and e.permanent:
+            self.reconnect = False
+            return None
         import random  # only a reconnect needs it: not imported at start
 
         d = self.backoff_min * (1 << min(self._attempt, 16))
@@ -278,9 +307,10 @@ class Client(_Driver):
                          reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, opts)
         self.sock = None
         self.stream = stream
-        self._next_try = ticks_ms()  # not 0: half a period on, 0 is in the future
+        # When loop() may reconnect (not 0: half a period on, 0 is in the
+        # future); None after close() or disconnect(): not until connect().
+        self._next_try = ticks_ms()
         self._replies = {}  # pid -> SUBACK/UNSUBACK reason codes, while a call waits for them
-        self._closed = False  # close() or disconnect(): no reconnect until connect()
         # _poll, _connack and _authed are set before use, by connect() and
         # reauthenticate(): a smaller instance until then.
 
@@ -306,12 +336,10 @@ class Client(_Driver):
         # accepted (the driver's own flag: the session may already have
         # dropped to DISCONNECTED on a protocol violation, a dead keepalive or
         # the server's DISCONNECT), and a reconnect scheduled.
-        was = self._up
-        self._up = False
+        was = self._mark(None)
         self.session.connection_lost()
         sock = self.sock
-        if sock is not None:
-            self.sock = None
+        self.sock = None
         if sock is not None and self.stream is None:  # the application's stream stays open
             try:
                 sock.close()
@@ -319,13 +347,11 @@ class Client(_Driver):
                 pass
         if e is None:
             return
-        self.last_error = e
-        if was:
-            if ticks_diff(ticks_ms(), self._up_since) >= self.healthy_after * 1000:
-                self._attempt = 0
-            if self.on_disconnect:
-                self.on_disconnect(e)
-        self._next_try = ticks_add(ticks_ms(), self._backoff_ms())
+        self.last_error = e  # before on_disconnect, which may read it
+        if was and self.on_disconnect:
+            self.on_disconnect(e)
+        if self._next_try is not None:  # not after close() (a handler's, under a feed)
+            self._next_try = ticks_add(ticks_ms(), self._backoff_ms(e))
 
     def _send(self, buf, off, n):
         sock = self.sock
@@ -339,7 +365,7 @@ class Client(_Driver):
                 off += k
                 continue
             if deadline is None:
-                deadline = ticks_add(ticks_ms(), int(self.connect_timeout * 1000))
+                deadline = ticks_add(ticks_ms(), self._ms(None))
             elif ticks_diff(deadline, ticks_ms()) <= 0:
                 raise OSError("send timed out")
             p = self._poll  # the connection's own, for writing a moment: no poll object per wait
@@ -351,10 +377,7 @@ class Client(_Driver):
 
     def _on_event(self, kind, a, b):
         if kind == _EV_CONNACK:
-            self._connack = b
-            if not b.reason:
-                self._up = True
-                self._up_since = ticks_ms()
+            self._mark(b)
             if self.on_connect:
                 self.on_connect(a, b.reason)
         elif kind == _EV_PUBLISHED:
@@ -373,7 +396,7 @@ class Client(_Driver):
         """Open the connection and wait for CONNACK; returns session present.
         Raises ConnectError on a refusal, OSError when unreachable."""
         self._drop()
-        self._closed = False
+        self._next_try = ticks_ms()
         self._connack = None
         if self.stream is None:
             sock = self._dial()
@@ -387,7 +410,7 @@ class Client(_Driver):
         mute = False
         try:
             s.connect_packet(now)
-            limit = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+            limit = self._ms(timeout)
             while self._connack is None:
                 left = limit - ticks_diff(ticks_ms(), now)
                 if left <= 0:
@@ -397,20 +420,19 @@ class Client(_Driver):
                 if self.sock is None and self._connack is None:
                     raise OSError(_CLOSED)
         except (OSError, MQTTError) as e:
-            if not self._up:  # refused, or no CONNACK: connect() failed
+            if self._up is None:  # refused, or no CONNACK: connect() failed
                 self._drop()
-                if self._connack is None and self._fallback(-1 if mute or _eof(e) else 0):
+                if self._connack is None and self._fallback(-1 if mute else e):
                     return self.connect(timeout)
                 raise
             # Accepted, then lost while reading what followed the CONNACK:
             # connect() succeeded; loop() deals with the loss.
             self._drop(e)
-        p = self._connack
-        if p.reason:
+        r = self._connack.reason
+        if r:
             self._drop()
-            if self._fallback(p.reason):
-                return self.connect(timeout)
-            raise ConnectError(p.reason, s.version)
+            self._fallback(r)  # raises ConnectError unless the next version is to be tried
+            return self.connect(timeout)
         return s.session_present
 
     def _dial(self):
@@ -470,8 +492,7 @@ class Client(_Driver):
             if room <= 0:
                 break
             rl = s.rx_len
-            mv = s._rxmv if rl == 0 else s._rxmv[rl:]
-            n = _read_into(sock, mv, room)
+            n = _read_into(sock, s.rxmv[rl:] if rl else s.rxmv, room)
             if n < 0:
                 break
             if n == 0:
@@ -493,7 +514,7 @@ class Client(_Driver):
             left = timeout_ms - ticks_diff(now, start)
             s = self.session
             if s.state == _DISCONNECTED:
-                if self._closed or not self.reconnect:
+                if self._next_try is None or not self.reconnect:
                     return False
                 wait = ticks_diff(self._next_try, now)
                 if wait > 0:
@@ -504,11 +525,10 @@ class Client(_Driver):
                 try:
                     self.connect()
                 except (OSError, MQTTError) as e:  # a ConnectError too; MQTTError: a broker that broke the protocol
-                    self.last_error = e
-                    if isinstance(e, ConnectError) and e.permanent:
-                        self.reconnect = False
+                    d = self._backoff_ms(e)
+                    if d is None:
                         raise
-                    self._next_try = ticks_add(ticks_ms(), self._backoff_ms())
+                    self._next_try = ticks_add(ticks_ms(), d)
                 continue
             try:
                 nxt = s.poll(now)
@@ -523,7 +543,7 @@ class Client(_Driver):
         # loop() until the condition holds; OSError "<what> timed out" after
         # timeout seconds (None: connect_timeout). Returns the reason codes
         # of the SUBACK/UNSUBACK it waited for.
-        t = int((timeout if timeout is not None else self.connect_timeout) * 1000)
+        t = self._ms(timeout)
         s = self.session
         r = self._replies
         start = ticks_ms()
@@ -540,12 +560,12 @@ class Client(_Driver):
                 elif kind == _REPLIED:
                     if r[pid] is not None:
                         return r[pid]
-                elif self._authed or not s._reauth:  # _AUTHED
+                elif self._authed or not s.reauthing:  # _AUTHED
                     return
                 left = t - ticks_diff(ticks_ms(), start)
                 if left <= 0:
                     raise OSError(what + " timed out")
-                if s.state == _DISCONNECTED and (self._closed or not self.reconnect):
+                if s.state == _DISCONNECTED and (self._next_try is None or not self.reconnect):
                     # Nothing can change: loop() would return at once, and
                     # waiting on would spin the CPU for the whole timeout.
                     raise NotConnected(what + ": not connected, and not reconnecting")
@@ -562,15 +582,13 @@ class Client(_Driver):
         if isinstance(payload, str):
             payload = payload.encode()
         s = self.session
-        t = timeout if timeout is not None else self.connect_timeout
+        t = self._ms(timeout)
         start = ticks_ms()
         while True:
             pid = s.publish(topic, payload, qos, retain, ticks_ms(), props)
             if pid != _WOULD_BLOCK:
                 return pid
-            late = ticks_diff(ticks_ms(), start) > t * 1000
-            if late or qos and (self._closed or not self.reconnect) and s.state != _CONNECTED:
-                raise OSError("outbox full%s: %d messages await acknowledgement" % ("" if late else " (offline)", s._n))
+            self._full(qos, start, t, self._next_try is None or not self.reconnect)
             self.loop(20, True)
 
     def wait_published(self, pid, timeout=None):
@@ -628,7 +646,7 @@ class Client(_Driver):
                 shut = getattr(sock, "shutdown", None)
                 if shut is not None:
                     shut(1)  # SHUT_WR: the broker reads our end of stream
-                mv = self.session._rxmv  # the session is done with it: what arrives now is discarded
+                mv = self.session.rxmv  # the session is done with it: what arrives now is discarded
                 end = ticks_add(ticks_ms(), int(linger_ms))
                 while ticks_diff(end, ticks_ms()) > 0 and self._poll.poll(ticks_diff(end, ticks_ms())):
                     if _read_into(sock, mv, len(mv)) == 0:
@@ -640,5 +658,5 @@ class Client(_Driver):
     def close(self):
         """Drop the connection without DISCONNECT (the broker sends the will).
         loop() then stays offline until connect() is called again."""
-        self._closed = True
         self._drop()
+        self._next_try = None

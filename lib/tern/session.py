@@ -165,7 +165,7 @@ class Session:
         self.outbound_aliases = outbound_aliases
         self._oalias = None  # topic bytes -> encoded property block with its alias (this connection)
         self._oalias_cap = 0
-        self._reauth = False  # a re-authentication is under way
+        self.reauthing = False  # a re-authentication is under way (the drivers wait for its end)
         # MQTT 5 properties are loaded only for MQTT 5 (or when properties are given)
         self._P = None
         if version == _V5:
@@ -185,7 +185,7 @@ class Session:
         self.rx = bytearray(rx_size)
         self.rx_len = 0
         self._rpos = -1  # where feed_n reads next; -1: no feed under way
-        self._rxmv = memoryview(self.rx)
+        self.rxmv = memoryview(self.rx)  # rx as a view: drivers read into rxmv[rx_len:] (see feed_n)
         self._tx = bytearray(tx_size)
         self._txmv = memoryview(self._tx)  # a slice store into a view allocates nothing on MicroPython
         self._txn = 0  # bytes of packets queued at the start of _tx while a feed is under way (see flush)
@@ -247,11 +247,19 @@ class Session:
         driver falling back from MQTT 5: what only MQTT 5 has (CONNECT
         properties, subscription options beyond QoS) is dropped; dispatch
         goes by topic.
-        Stored packets keep the encoding they were stored with."""
+        Stored packets keep the encoding they were stored with.
+        MQTT 3.1 needs a client id of 1-23 characters: an empty one gets a
+        random one, but not for a persistent session (clean=False), which a
+        restart could never resume; the broker refuses the empty id instead
+        (identifier rejected)."""
         self.version = v
         self.connect_props = None
         for s in self._subs:
             s.opts &= 3
+        if v == 3 and not self.client_id and self._conn[0]:
+            import random
+
+            self.client_id = "tern_%08x" % random.getrandbits(32)
 
     # ------------------------------------------------------------- send ring
 
@@ -373,7 +381,7 @@ class Session:
         self._txn = 0
         self.state = _CONNECTING
         self._ping_sent = -1
-        self._reauth = False
+        self.reauthing = False
         c, u, pw, wt, wp, wq, wr, wprops, ka = self._conn
         self.keepalive = ka
         self._packet(Packet(
@@ -784,7 +792,7 @@ class Session:
             if pos > base:
                 left = end - pos if end > pos else 0
                 if left:
-                    rx[base : base + left] = self._rxmv[pos:end]
+                    rx[base : base + left] = self.rxmv[pos:end]
                 self.rx_len = base + left
             if top:
                 self.flush()
@@ -823,7 +831,7 @@ class Session:
             self.state = DISCONNECTED
             self._event(EV_CONNACK, False, Packet(_CONNACK, reason=1))
             return
-        p = pkt.decode(self._rxmv[pos:end], self.version, len(rx))
+        p = pkt.decode(self.rxmv[pos:end], self.version, len(rx))
         if t == _CONNACK:
             if self.state != _CONNECTING:
                 self._violation(_PROTOCOL_ERROR, "unexpected %s (reason 0x%02X)" % ("CONNACK", p.reason), now)
@@ -940,8 +948,8 @@ class Session:
             r = p.reason
             cp = self.connect_props
             m = cp and cp.get(_P_AUTH_METHOD)
-            if not (self.auth and m and (self.state == _CONNECTING or self._reauth)) or r == 0x19 or (
-                    r == 0 and not self._reauth):
+            if not (self.auth and m and (self.state == _CONNECTING or self.reauthing)) or r == 0x19 or (
+                    r == 0 and not self.reauthing):
                 self._violation(_PROTOCOL_ERROR, "unexpected %s (reason 0x%02X)" % ("AUTH", r), now)
             try:
                 out = self.auth(r, p.props)
@@ -953,7 +961,7 @@ class Session:
                     out[_P_AUTH_METHOD] = m
                 self._packet(Packet(_AUTH, reason=0x18, props=out), now)
             else:
-                self._reauth = False
+                self.reauthing = False
                 self._event(EV_AUTH, 0, p)
         elif t != _PINGRESP:  # PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK, UNSUBACK
             self._on_ack(t, p.pid, p.reasons if t > _PUBCOMP else p.reason, now)
@@ -972,7 +980,7 @@ class Session:
             raise ValueError("re-authentication needs auth= and an Authentication Method (0x15) in connect_props")
         out = dict(props) if props else {}
         out[_P_AUTH_METHOD] = m
-        self._reauth = True
+        self.reauthing = True
         self._packet(Packet(_AUTH, reason=0x19, props=out), now)
 
     def _on_ack(self, t, pid, reason, now):
@@ -1115,7 +1123,7 @@ class Session:
                 if self._aliases is None:
                     self._aliases = {}
                 if m.topic_end > m.topic_start:
-                    self._aliases[a] = bytes(self._rxmv[m.topic_start : m.topic_end])
+                    self._aliases[a] = bytes(self.rxmv[m.topic_start : m.topic_end])
                 else:
                     t = self._aliases.get(a)
                     if t is None:
@@ -1313,7 +1321,7 @@ class Session:
         self.rx_len = self._rpos if self._rpos > 0 else 0  # as in connect_packet
         self._inflight = 0
         self._ping_sent = -1
-        self._reauth = False
+        self.reauthing = False
         self._skip = 0
         self._deferred = 0  # the broker resends them after the reconnect
         del self._held[:]  # for the old connection: the broker sends those messages again
