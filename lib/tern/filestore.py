@@ -61,7 +61,7 @@ Capacity (a full outbox must still take its acks, or it never drains):
 import os
 from binascii import crc32
 
-from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
+from .wire import const
 from .logrec import (
     RH as _RH,
     T_INID,
@@ -74,11 +74,13 @@ from .logrec import (
     OP_UNMARK,
     OP_RELEASE,
     OP_INREL,
+    KINDS as _KINDS,
+    Log,
     apply_op,
     u16 as _u16,
     u32 as _u32,
     put32 as _put32,
-    header_check,
+    hcrc,
     make_header,
 )
 
@@ -92,12 +94,7 @@ _E = const(20)  # a record without a body: SEG, OP, INCLEAR, INID
 _SPARE = const(3)  # blocks of the free space left to the filesystem
 _RSV = const(640)  # live bytes messages leave to inbound ids and meta updates (32 ids)
 ENOSPC = const(28)
-_KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
 _MICROPYTHON = __import__("sys").implementation.name == "micropython"
-
-
-def _warn(msg):
-    print("tern.filestore: " + msg)
 
 
 class OsFs:
@@ -189,8 +186,8 @@ class _ObjFs:
         pass
 
 
-class FileStore:
-    durable = True
+class FileStore(Log):
+    _tag = "tern.filestore: "
 
     def __init__(self, path, fs=None, group_commit=False, segment_bytes=16384, max_segments=4, verbose=True,
                  max_bytes=0):
@@ -222,10 +219,11 @@ class FileStore:
         # index in record-sequence order (pid 0 = hole)
         self._ipid = array("H")
         self._iseg = array("I")
-        self._ioff = array("I")  # offset << 3 | kind code << 1 | marked
+        self._iaddr = array("I")  # offset << 3 | kind code << 1 | marked
         self._ilen = array("I")  # body length
         self._irs = array("I")  # record sequence
         self._lo = 0
+        self._n = 0
         self._in = {}  # pid -> (segment, offset, rseq)
         self._meta = {}  # key -> [value, segment, offset, rseq]
         self._rseq = 1
@@ -236,16 +234,9 @@ class FileStore:
     def _name(self, seg):
         return "%s/%08d.seg" % (self.path, seg)
 
-    def _say(self, msg):
-        if self.verbose:
-            _warn(msg)
-
     @staticmethod
     def _seed(seg, off):
         return (seg * 0x9E3779B1 + off) & 0xFFFFFFFF
-
-    def _mkhdr(self, t, flags, ln, rseq, pid, seg, off):
-        make_header(self._hdr, t, flags, ln, rseq, pid, self._seed(seg, off))
 
     # ------------------------------------------------------------ boot
     def open(self):
@@ -272,10 +263,11 @@ class FileStore:
         keys = sorted(ents)
         self._ipid = array("H", [0] * len(keys))
         self._iseg = array("I", [0] * len(keys))
-        self._ioff = array("I", [0] * len(keys))
+        self._iaddr = array("I", [0] * len(keys))
         self._ilen = array("I", [0] * len(keys))
         self._irs = array("I", [0] * len(keys))
         self._lo = 0
+        self._n = len(keys)
         self._segs = segs
         self._live = {}
         for s in segs:
@@ -285,7 +277,7 @@ class FileStore:
             e = ents[keys[i]]
             self._ipid[i] = e[0]
             self._iseg[i] = e[1]
-            self._ioff[i] = e[2]
+            self._iaddr[i] = e[2]
             self._ilen[i] = e[3]
             self._irs[i] = keys[i]
             self._live[e[1]] += e[3] + _E
@@ -375,23 +367,13 @@ class FileStore:
         self._sz[seg] = n
         p = 0
         while p + _RH + 4 <= n:
-            h[0:_RH] = mv[p : p + _RH]
+            v = self._valid(seg, mv, p)
             ln = _u16(h, 2)
-            ok = (
-                _u16(h, 10) == header_check(self._hdr, self._seed(seg, p))
-                and p + _RH + ln + 4 <= n
-                and (h[0] in _KINDS or T_INID <= h[0] <= T_SEG)
-            )
-            if ok:
-                h2 = bytearray(h)
-                h2[12] = h2[13] = h2[14] = h2[15] = 0xFF
-                c = crc32(mv[p + _RH : p + _RH + ln], crc32(h2)) & 0xFFFFFFFF
-                ok = _u32(data, p + _RH + ln) == c
-                if not ok:
-                    self._say("segment %d: record at %d fails its CRC: skipped" % (seg, p))
-                    p += _RH + ln + 4
-                    continue
-            if not ok:
+            if v == 1:
+                self._say("segment %d: record at %d fails its CRC: skipped" % (seg, p))
+                p += _RH + ln + 4
+                continue
+            if not v:
                 q = self._resync(seg, mv, p + 1)
                 if q < 0:
                     if p + _RH <= n and self.verbose:
@@ -404,20 +386,25 @@ class FileStore:
             p += _RH + ln + 4
 
     def _resync(self, seg, mv, p):
-        h = self._hdr
-        n = len(mv)
-        while p + _RH + 4 <= n:
-            h[0:_RH] = mv[p : p + _RH]
-            ln = _u16(h, 2)
-            if (h[0] in _KINDS or T_INID <= h[0] <= T_SEG) and p + _RH + ln + 4 <= n:
-                if _u16(h, 10) == header_check(self._hdr, self._seed(seg, p)):
-                    h2 = bytearray(h)
-                    h2[12] = h2[13] = h2[14] = h2[15] = 0xFF
-                    c = crc32(mv[p + _RH : p + _RH + ln], crc32(h2)) & 0xFFFFFFFF
-                    if _u32(mv, p + _RH + ln) == c:
-                        return p
+        while p + _RH + 4 <= len(mv):
+            if self._valid(seg, mv, p) == 2:
+                return p
             p += 1
         return -1
+
+    def _valid(self, seg, mv, p):
+        """The record at p in mv, its header copied into self._hdr: 2 valid,
+        1 a header that checks but a bad CRC, 0 none there."""
+        h = self._hdr
+        h[0:_RH] = mv[p : p + _RH]
+        ln = _u16(h, 2)
+        if not (
+            (h[0] in _KINDS or T_INID <= h[0] <= T_SEG)
+            and p + _RH + ln + 4 <= len(mv)
+            and _u16(h, 10) == hcrc(h, 10, self._seed(seg, p)) & 0xFFFF
+        ):
+            return 0
+        return 2 if _u32(mv, p + _RH + ln) == crc32(mv[p + _RH : p + _RH + ln], hcrc(h, 12, 0)) & 0xFFFFFFFF else 1
 
     def _record(self, seg, off, ln, mv, ents, ins):
         h = self._hdr
@@ -448,14 +435,7 @@ class FileStore:
         elif t == T_INID:
             ins[r] = (pid, seg, off)
         elif t == T_META:
-            body = mv[off + _RH : off + _RH + ln]
-            kl = body[0] if ln else 0
-            if ln < 1 or kl > ln - 1:
-                return
-            key = bytes(body[1 : 1 + kl])
-            cur = self._meta.get(key)
-            if cur is None or r >= cur[3]:
-                self._meta[key] = [bytes(body[1 + kl :]), seg, off, r]
+            self._meta_rec(mv[off + _RH : off + _RH + ln], r, seg, off)
 
     # ------------------------------------------------------------ segments
     def _new_segment(self):
@@ -486,9 +466,9 @@ class FileStore:
         if self._f is None or (self._off > _E and self._off + ln + _E > self._seg):
             self._new_segment()
         off = self._off
-        self._mkhdr(t, flags, ln, rseq, pid, self._cur, off)
         h2 = self._hdr
-        c = crc32(body, crc32(head, crc32(h2))) & 0xFFFFFFFF
+        make_header(h2, t, flags, ln, rseq, pid, self._seed(self._cur, off))
+        c = crc32(body, crc32(head, hcrc(h2, 12, 0))) & 0xFFFFFFFF
         _put32(self._crcb, 0, c)
         f = self._f
         self._dirty = True
@@ -609,7 +589,7 @@ class FileStore:
         """Segments that lv live bytes take once moved forward: a closed one
         holds more than q of them; at most one a live record anyway."""
         q = self._seg - _E - mx
-        k = len(self._ipid) - self._lo + len(self._in) + len(self._meta) + more
+        k = self._n - self._lo + len(self._in) + len(self._meta) + more
         return lv // q + 1 if q > 0 and lv // q + 1 < k else k
 
     def _lv(self):
@@ -651,27 +631,25 @@ class FileStore:
 
     def _copy(self, seg, off, flags):
         """Re-append the record at (seg, off) with new flags; returns the new offset or -1."""
+        h = self._hdr
         with self.fs.open(self._name(seg), "rb") as f:
             f.seek(off)
-            h = f.read(_RH)
-            if len(h) < _RH:
+            if (f.readinto(h) or 0) < _RH:
                 return -1
             ln = _u16(h, 2)
             rest = f.read(ln + 4)
         if len(rest) < ln + 4:
             return -1
-        h2 = bytearray(h)
-        h2[12] = h2[13] = h2[14] = h2[15] = 0xFF
-        if crc32(memoryview(rest)[0:ln], crc32(h2)) & 0xFFFFFFFF != _u32(rest, ln):
+        if crc32(memoryview(rest)[0:ln], hcrc(h, 12, 0)) & 0xFFFFFFFF != _u32(rest, ln):
             self._say("segment %d: record at %d went bad: dropped" % (seg, off))
             return -1
         return self._emit(h[0], (h[1] & ~(F_RELOC | F_MARKED)) | flags, _u32(h, 4), _u16(h, 8), b"", rest[0:ln])
 
     def _relocate(self, seg):
         """Copy every live record of seg forward (the copies may open new segments)."""
-        for i in range(self._lo, len(self._ipid)):
+        for i in range(self._lo, self._n):
             if self._ipid[i] and self._iseg[i] == seg:
-                o = self._ioff[i]
+                o = self._iaddr[i]
                 n = self._ilen[i] + _E
                 no = self._copy(seg, o >> 3, F_RELOC | (F_MARKED if o & 1 else 0))
                 self._live[seg] -= n
@@ -679,7 +657,7 @@ class FileStore:
                     self._hole(i)
                     continue
                 self._iseg[i] = self._cur
-                self._ioff[i] = (no << 3) | (o & 7)
+                self._iaddr[i] = (no << 3) | (o & 7)
                 self._live[self._cur] += n
         for pid in list(self._in):
             s, o, r = self._in[pid]
@@ -703,40 +681,23 @@ class FileStore:
                     self._live[self._cur] += n
 
     # ------------------------------------------------------------ index
-    def _find(self, pid):
-        ip = self._ipid
-        for i in range(self._lo, len(ip)):
-            if ip[i] == pid:
-                return i
-        return -1
-
-    def _get(self, pid):
-        i = self._find(pid) if pid else -1
-        if i < 0:
-            raise KeyError(pid)
-        return i
-
     def _hole(self, i):
         self._ipid[i] = 0
-        while self._lo < len(self._ipid) and not self._ipid[self._lo]:
+        while self._lo < self._n and not self._ipid[self._lo]:
             self._lo += 1
-        if self._lo > 64 and self._lo * 2 > len(self._ipid):
+        if self._lo > 64 and self._lo * 2 > self._n:
             lo = self._lo
             self._ipid = self._ipid[lo:]
             self._iseg = self._iseg[lo:]
-            self._ioff = self._ioff[lo:]
+            self._iaddr = self._iaddr[lo:]
             self._ilen = self._ilen[lo:]
             self._irs = self._irs[lo:]
+            self._n -= lo
             self._lo = 0
 
     # ------------------------------------------------------------ contract
     def append(self, kind, pid, head, body=b""):
-        if kind not in _KINDS:
-            raise ValueError("record kind %r" % (kind,))
-        if not 0 < pid < 65536:
-            raise ValueError("packet identifier %r" % (pid,))
-        if self._find(pid) >= 0:
-            raise ValueError("packet identifier %d already pending" % pid)
+        kc = self._check(kind, pid)
         n = len(head) + len(body)
         if n > 65535:  # the record's length field: a longer one would not read back
             raise ValueError("record of %d bytes over 65535" % n)
@@ -747,25 +708,20 @@ class FileStore:
         self._last = pid
         self._ipid.append(pid)
         self._iseg.append(self._cur)
-        self._ioff.append((off << 3) | (_KINDS.index(kind) << 1))
+        self._iaddr.append((off << 3) | (kc << 1))
         self._ilen.append(n)
         self._irs.append(r)
+        self._n += 1
         self._live[self._cur] += n + _E
         self._done()
 
-    def mark(self, pid):
-        self._setmark(pid, 1)
-
-    def unmark(self, pid):
-        self._setmark(pid, 0)
-
     def _setmark(self, pid, want):
-        if self._ioff[self._get(pid)] & 1 == want:
+        if self._iaddr[self._get(pid)] & 1 == want:
             return
         self._room(_E)
         i = self._get(pid)  # (the room made may have moved it)
         self._emit(T_OP, OP_MARK if want else OP_UNMARK, self._irs[i], pid, b"", b"")
-        self._ioff[i] = (self._ioff[i] & ~1) | want
+        self._iaddr[i] = (self._iaddr[i] & ~1) | want
         self._done()
 
     def release(self, pid):
@@ -781,18 +737,6 @@ class FileStore:
         self._done()
         self._gc()
 
-    def pending(self):
-        return [p for p in self._ipid[self._lo :] if p]
-
-    def has(self, pid):
-        return bool(pid) and self._find(pid) >= 0
-
-    def kind(self, pid):
-        return _KINDS[(self._ioff[self._get(pid)] >> 1) & 3]
-
-    def marked(self, pid):
-        return bool(self._ioff[self._get(pid)] & 1)
-
     def size(self, pid):
         return self._ilen[self._get(pid)]
 
@@ -807,13 +751,13 @@ class FileStore:
         if self._iseg[i] == self._cur:
             self._sync()
         with self.fs.open(self._name(self._iseg[i]), "rb") as f:
-            f.seek((self._ioff[i] >> 3) + _RH + offset)
+            f.seek((self._iaddr[i] >> 3) + _RH + offset)
             got = f.readinto(buf if n == len(buf) else memoryview(buf)[0:n])
         return got or 0
 
     def count(self):
         c = 0
-        for i in range(self._lo, len(self._ipid)):
+        for i in range(self._lo, self._n):
             if self._ipid[i]:
                 c += 1
         return c
@@ -855,18 +799,11 @@ class FileStore:
         self._done()
         self._gc()
 
-    def meta(self, key):
-        m = self._meta.get(key.encode() if isinstance(key, str) else bytes(key))
-        return None if m is None else m[0]
-
     def set_meta(self, key, value):
-        k = key.encode() if isinstance(key, str) else bytes(key)
-        v = bytes(value)
-        if len(k) > 255:
-            raise ValueError("meta key too long")
-        cur = self._meta.get(k)
-        if cur is not None and cur[0] == v:
+        kv = self._meta_kv(key, value)
+        if kv is None:
             return
+        k, v, cur = kv
         n = _E + 1 + len(k)
         self._take(n + len(v), 0 if cur is None else n + len(cur[0]))
         r = self._rseq
@@ -879,9 +816,6 @@ class FileStore:
             self._live[cur[1]] -= n + len(cur[0])
         self._done()
         self._gc()
-
-    def last_pid(self):
-        return self._last
 
     def commit(self):
         self._sync()

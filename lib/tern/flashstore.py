@@ -74,12 +74,14 @@ from .logrec import (
     OP_UNMARK,
     OP_RELEASE,
     OP_INREL,
+    KINDS as _KINDS,
+    Log,
     apply_op,
     u16 as _u16,
     u32 as _u32,
     put16 as _put16,
     put32 as _put32,
-    header_check,
+    hcrc,
     make_header,
 )
 
@@ -94,7 +96,6 @@ _SH = const(32)  # sector header bytes
 _FLOOR_SZ = const(24)  # a record with no body
 _KEEP = const(640)  # what a message leaves free: inbound QoS 2 ids and meta (the boot counter) on a full outbox
 _MKEEP = const(64)  # what an inbound QoS 2 id leaves of it: a meta value
-_KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
 _WIN = const(512)
 _CHUNK = const(64)  # index growth step (entries)
 ENOSPC = const(28)
@@ -111,16 +112,12 @@ def _isset(b):
     return ((v + (v >> 4)) & 0x0F) <= 4
 
 
-def _warn(msg):
-    print("tern.flashstore: " + msg)
-
-
 class FlashCorrupt(Exception):
     """The partition cannot be used (wrong geometry)."""
 
 
-class FlashStore:
-    durable = True
+class FlashStore(Log):
+    _tag = "tern.flashstore: "
 
     def __init__(self, dev, append_acks=False, group_commit=False, group_bytes=512, verbose=True):
         self.dev = dev
@@ -217,22 +214,6 @@ class FlashStore:
 
     def _seed(self, s, off):
         return (self._sseq[s] * 4099 + off) & 0xFFFFFFFF
-
-    def _hcrc(self):
-        """CRC-32 of the header with its status bytes read as 0xFF."""
-        h = self._hdr
-        # byte by byte: a u32 of them would be a big int (allocated) on a 32-bit board
-        a = h[12]
-        b = h[13]
-        c = h[14]
-        d = h[15]
-        h[12] = h[13] = h[14] = h[15] = 0xFF
-        v = crc32(h)
-        h[12] = a
-        h[13] = b
-        h[14] = c
-        h[15] = d
-        return v
 
     def _mkhdr(self, t, flags, ln, rseq, pid, addr):
         make_header(self._hdr, t, flags, ln, rseq, pid, self._seed(addr >> self._shift, addr & self._mask))
@@ -432,13 +413,13 @@ class FlashStore:
         t = h[0]
         if not (t == PUBLISH or t == SUBSCRIBE or t == UNSUBSCRIBE or T_INID <= t <= T_FLOOR):
             return False
-        if _u16(h, 10) != header_check(self._hdr, self._seed(s, off)):
+        if _u16(h, 10) != (hcrc(self._hdr, 10, self._seed(s, off)) & 0xFFFF):
             return False
         return off + _rsize(_u16(h, 2)) <= self.bs
 
     def _crc_ok(self, addr, ln):
         """CRC of the record at addr whose header is in self._hdr."""
-        c = self._hcrc()
+        c = hcrc(self._hdr, 12, 0)
         p = addr + _RH
         left = ln
         while left > 0:
@@ -552,17 +533,10 @@ class FlashStore:
         elif t == T_META:
             if r >= self._rseq:
                 self._rseq = r + 1
-            ln = _u16(h, 2)
-            body = bytearray(ln)
+            body = bytearray(_u16(h, 2))
             self._read(addr + _RH, body)
-            kl = body[0] if ln else 0
-            if ln < 1 or kl > ln - 1:
+            if not self._meta_rec(body, r, addr, size):
                 self._say("meta record at 0x%x malformed: skipped" % addr)
-                return
-            key = bytes(body[1 : 1 + kl])
-            cur = self._meta.get(key)
-            if cur is None or r >= cur[3]:
-                self._meta[key] = [bytes(body[1 + kl :]), addr, size, r]
         elif t == T_OP:
             self._pin[s] = 1
             apply_op(ents, ins, fl, r, 1)
@@ -570,10 +544,6 @@ class FlashStore:
             self._pin[s] = 1
             ins.clear()
         # T_FLOOR: read before the scan
-
-    def _say(self, msg):
-        if self.verbose:
-            _warn(msg)
 
     # ------------------------------------------------------------ space
     def _free(self):
@@ -728,7 +698,7 @@ class FlashStore:
         f = self._sseq[o] + 1
         a = self._head * self.bs + self._off
         self._mkhdr(T_FLOOR, 0, 0, f, 0, a)
-        c = self._hcrc() & 0xFFFFFFFF
+        c = hcrc(self._hdr, 12, 0) & 0xFFFFFFFF
         _put32(self._crcb, 0, c)
         self._prog(a, self._hdr)
         self._prog(a + _RH, self._crcb)
@@ -771,10 +741,10 @@ class FlashStore:
         h = self._hdr
         self._read(src, h)
         ln = _u16(h, 2)
-        old = self._hcrc()
+        old = hcrc(self._hdr, 12, 0)
         h[1] = (h[1] & ~(F_RELOC | F_MARKED)) | flags
         self._mkhdr(h[0], h[1], ln, _u32(h, 4), _u16(h, 8), dst)
-        new = self._hcrc()
+        new = hcrc(self._hdr, 12, 0)
         self._prog(dst, h)
         p = 0
         while p < ln:
@@ -832,7 +802,7 @@ class FlashStore:
         lb = len(body)
         ln = lh + lb
         self._mkhdr(t, flags, ln, rseq, pid, addr)
-        c = crc32(body, crc32(head, self._hcrc())) & 0xFFFFFFFF
+        c = crc32(body, crc32(head, hcrc(self._hdr, 12, 0))) & 0xFFFFFFFF
         _put32(self._crcb, 0, c)
         if self.group:
             g = self._gbuf
@@ -878,19 +848,6 @@ class FlashStore:
         return a
 
     # ------------------------------------------------------------ index
-    def _find(self, pid):
-        ip = self._ipid
-        for i in range(self._lo, self._n):
-            if ip[i] == pid:
-                return i
-        return -1
-
-    def _get(self, pid):
-        i = self._find(pid) if pid else -1
-        if i < 0:
-            raise KeyError(pid)
-        return i
-
     def _drop(self, i):
         self._ipid[i] = 0
         self._count -= 1
@@ -932,18 +889,7 @@ class FlashStore:
 
     # ------------------------------------------------------------ contract
     def append(self, kind, pid, head, body=b""):
-        if kind == PUBLISH:
-            kc = 0
-        elif kind == SUBSCRIBE:
-            kc = 1
-        elif kind == UNSUBSCRIBE:
-            kc = 2
-        else:
-            raise ValueError("record kind %r" % (kind,))
-        if not 0 < pid < 65536:
-            raise ValueError("packet identifier %r" % (pid,))
-        if self._find(pid) >= 0:
-            raise ValueError("packet identifier %d already pending" % pid)
+        kc = self._check(kind, pid)
         size = _rsize(len(head) + len(body))
         a = self._alloc(size)
         self._write(kind, 0, self._rseq, pid, head, body, a)
@@ -956,12 +902,6 @@ class FlashStore:
         self._n = i + 1
         self._count += 1
         self._lv(a, size)
-
-    def mark(self, pid):
-        self._setmark(pid, 1)
-
-    def unmark(self, pid):
-        self._setmark(pid, 0)
 
     def _setmark(self, pid, want):
         """Flip the mark: in place, program the next erased mark byte (12, 14,
@@ -1015,18 +955,6 @@ class FlashStore:
         self._drop(i)
         self._maybe_retire(a >> self._shift)
         self._early()
-
-    def pending(self):
-        return [self._ipid[i] for i in range(self._lo, self._n) if self._ipid[i]]
-
-    def has(self, pid):
-        return bool(pid) and self._find(pid) >= 0
-
-    def kind(self, pid):
-        return _KINDS[(self._iaddr[self._get(pid)] >> 1) & 3]
-
-    def marked(self, pid):
-        return bool(self._iaddr[self._get(pid)] & 1)
 
     def size(self, pid):
         self._gflush()
@@ -1103,19 +1031,12 @@ class FlashStore:
         while self._inn:
             self._in_del(self._inn - 1)
 
-    def meta(self, key):
-        m = self._meta.get(key.encode() if isinstance(key, str) else bytes(key))
-        return None if m is None else m[0]
-
     def set_meta(self, key, value):
         self._gflush()
-        k = key.encode() if isinstance(key, str) else bytes(key)
-        v = bytes(value)
-        if len(k) > 255:
-            raise ValueError("meta key too long")
-        cur = self._meta.get(k)
-        if cur is not None and cur[0] == v:
+        kv = self._meta_kv(key, value)
+        if kv is None:
             return
+        k, v, cur = kv
         size = _rsize(1 + len(k) + len(v))
         a = self._alloc(size, 0 if cur is None else -cur[2])  # (a new value replaces the old one)
         r = self._rseq
@@ -1127,9 +1048,6 @@ class FlashStore:
         if cur is not None:
             self._lv(cur[1], -cur[2])
             self._maybe_retire(cur[1] >> self._shift)
-
-    def last_pid(self):
-        return self._last
 
     def commit(self):
         self._gflush()

@@ -1,5 +1,6 @@
-"""The record format FlashStore and FileStore share, so a board that uses only
-one of them loads only its own code plus this.
+"""The record format FlashStore and FileStore share, and what they do the same
+way (class Log: the index of pending messages, append's checks, meta values),
+so a board that uses only one of them loads only its own code plus this.
 
 A record: 16-byte header (type, flags, body length, record sequence, packet id,
 header check, four status bytes), the body, CRC-32 over header (status bytes
@@ -10,7 +11,7 @@ for a real one. Integers are little-endian.
 
 from binascii import crc32
 
-from .wire import const
+from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
 
 RH = const(16)  # record header bytes
 
@@ -27,6 +28,8 @@ OP_MARK = const(1)
 OP_UNMARK = const(2)
 OP_RELEASE = const(3)
 OP_INREL = const(4)
+
+KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)  # message records: the kind code is the index
 
 
 def u16(b, i):
@@ -49,17 +52,22 @@ def put32(b, i, v):
     b[i + 3] = (v >> 24) & 0xFF
 
 
-def header_check(h, seed):
-    """CRC-16 of header h with its check and status bytes (10..15) read as 0xFF."""
-    # (one statement per byte: a tuple swap would allocate on MicroPython)
+def hcrc(h, i, seed):
+    """CRC-32 of header h with bytes i to 15 read as 0xFF; h is left as it
+    was and nothing is allocated (one statement per byte: a tuple swap would
+    allocate on MicroPython, a loop is slower at boot). i = 10: the header
+    check (its low 16 bits, seeded with where the record lives); i = 12,
+    seed 0: where the record's CRC-32 starts (go on over the body)."""
     a = h[10]
     b = h[11]
     c = h[12]
     d = h[13]
     e = h[14]
     f = h[15]
-    h[10] = h[11] = h[12] = h[13] = h[14] = h[15] = 0xFF
-    v = crc32(h, seed) & 0xFFFF
+    if i == 10:
+        h[10] = h[11] = 0xFF
+    h[12] = h[13] = h[14] = h[15] = 0xFF
+    v = crc32(h, seed)
     h[10] = a
     h[11] = b
     h[12] = c
@@ -77,7 +85,7 @@ def make_header(h, t, flags, ln, rseq, pid, seed):
     put32(h, 4, rseq)
     put16(h, 8, pid)
     h[12] = h[13] = h[14] = h[15] = 0xFF
-    put16(h, 10, header_check(h, seed))
+    put16(h, 10, hcrc(h, 10, seed) & 0xFFFF)
 
 
 def apply_op(ents, ins, fl, r, i):
@@ -95,3 +103,95 @@ def apply_op(ents, ins, fl, r, i):
         e[i] |= 1
     elif fl == OP_UNMARK:
         e[i] &= ~1
+
+
+
+class Log:
+    """What FileStore and FlashStore keep the same way (see lib/tern/store.py
+    for the contract). A store sets:
+    - the index of pending messages, in record-sequence order: arrays _ipid
+      (packet id, 0 = a hole) and _iaddr (where the record is, its low 3 bits
+      kind code << 1 | marked), live from _lo to _n;
+    - _meta: key bytes -> [value, where, where, record sequence];
+    - _last: the newest appended packet id; and _setmark(pid, want);
+    - verbose, and _tag: what its warnings start with."""
+
+    durable = True
+
+    def _say(self, msg):
+        if self.verbose:
+            print(self._tag + msg)
+
+    def _find(self, pid):
+        ip = self._ipid
+        for i in range(self._lo, self._n):
+            if ip[i] == pid:
+                return i
+        return -1
+
+    def _get(self, pid):
+        i = self._find(pid) if pid else -1
+        if i < 0:
+            raise KeyError(pid)
+        return i
+
+    def _check(self, kind, pid):
+        """append's checks on its arguments; the kind's code."""
+        if kind not in KINDS:
+            raise ValueError("record kind %r" % (kind,))
+        if not 0 < pid < 65536:
+            raise ValueError("packet identifier %r" % (pid,))
+        if self._find(pid) >= 0:
+            raise ValueError("packet identifier %d already pending" % pid)
+        return KINDS.index(kind)
+
+    def mark(self, pid):
+        self._setmark(pid, 1)
+
+    def unmark(self, pid):
+        self._setmark(pid, 0)
+
+    def pending(self):
+        ip = self._ipid
+        return [ip[i] for i in range(self._lo, self._n) if ip[i]]
+
+    def has(self, pid):
+        return bool(pid) and self._find(pid) >= 0
+
+    def kind(self, pid):
+        return KINDS[(self._iaddr[self._get(pid)] >> 1) & 3]
+
+    def marked(self, pid):
+        return bool(self._iaddr[self._get(pid)] & 1)
+
+    def meta(self, key):
+        m = self._meta.get(key.encode() if isinstance(key, str) else bytes(key))
+        return None if m is None else m[0]
+
+    def _meta_kv(self, key, value):
+        """set_meta's checks: (key bytes, value bytes, current entry), or None
+        when the value is already that."""
+        k = key.encode() if isinstance(key, str) else bytes(key)
+        v = bytes(value)
+        if len(k) > 255:
+            raise ValueError("meta key too long")
+        cur = self._meta.get(k)
+        if cur is not None and cur[0] == v:
+            return None
+        return k, v, cur
+
+    def _meta_rec(self, body, r, a, b):
+        """A META record (body: key length, key, value) read at boot, kept
+        where it is the newest for its key; False if malformed."""
+        ln = len(body)
+        kl = body[0] if ln else 0
+        if ln < 1 or kl > ln - 1:
+            return False
+        key = bytes(body[1 : 1 + kl])
+        cur = self._meta.get(key)
+        if cur is None or r >= cur[3]:
+            self._meta[key] = [bytes(body[1 + kl :]), a, b, r]
+        return True
+
+    def last_pid(self):
+        return self._last

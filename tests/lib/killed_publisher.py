@@ -30,7 +30,7 @@ def main():
         st = FlashStore(NorFlash(path, blocks=8), group_commit=True, verbose=False)
     else:
         if medium == "lfs":
-            from test_store_contract import LfsVolume
+            from storekit import LfsVolume
 
             path, fs = LfsVolume(path, format=False).mount()
         st = FileStore(path, fs=fs, group_commit=True, verbose=False)

@@ -6,7 +6,7 @@ waits that cannot end. Runs on CPython and MicroPython."""
 from check import MICROPYTHON, raises
 from norflash import NorFlash
 from pump import client, until
-from test_norflash import tmppath, rm, rmtree
+from storekit import tmppath, rm, rmtree
 from tern.client import Client, ticks_ms
 from tern.codec import Packet, encode
 from tern.filestore import FileStore

@@ -5,8 +5,7 @@ and a full filesystem (the store's own budget, and one filled from elsewhere).""
 import os
 
 from check import MICROPYTHON, Rng, raises, read_all
-from test_norflash import tmppath, rm, rmtree
-from test_store_contract import LfsVolume
+from storekit import LfsVolume, tmppath, rm, rmtree
 from tern.store import PUBLISH, SUBSCRIBE
 from tern.filestore import FileStore
 

@@ -5,7 +5,7 @@ from binascii import crc32
 
 from check import MICROPYTHON, Rng, allocated, raises, read_all
 from norflash import NorFlash
-from test_norflash import tmppath, rm
+from storekit import tmppath, rm
 from tern.store import PUBLISH, SUBSCRIBE
 from tern.flashstore import FlashStore, FlashCorrupt
 

@@ -4,39 +4,7 @@ import os
 
 from check import MICROPYTHON, raises
 from norflash import NorFlash, NorViolation, PowerCut, read_wear
-
-
-# -- helpers shared by the store tests (imported from here) --------------------
-def tmppath(tag):
-    """A fresh path under /tmp that works on both runtimes."""
-    r = os.urandom(6)
-    return "/tmp/tern-%s-%s" % (tag, "".join("%02x" % b for b in r))
-
-
-def rm(*paths):
-    for p in paths:
-        for q in (p, p + ".wear"):
-            try:
-                os.remove(q)
-            except OSError:
-                pass
-
-
-def rmtree(path):
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return
-    for n in names:
-        p = path + "/" + n
-        try:
-            os.remove(p)
-        except OSError:
-            rmtree(p)
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
+from storekit import tmppath, rm
 
 
 def image(path):
@@ -231,7 +199,7 @@ def test_littlefs_formats_and_mounts_over_it():
                 assert f.read() == data
             vfs.umount(mp)
         else:
-            from test_store_contract import lfs_mount
+            from storekit import lfs_mount
 
             fs = lfs_mount(d, fresh=True)
             with fs.open("f.bin", "wb") as f:

@@ -7,7 +7,7 @@ tools/store_sweep.py; this runs a seeded sample on both runtimes."""
 from check import Rng
 from norflash import NorFlash, PowerCut
 from pump import until
-from test_norflash import tmppath, rm
+from storekit import tmppath, rm
 from tern.client import Client
 from tern.flashstore import FlashStore
 

@@ -21,8 +21,7 @@ import os
 
 from check import MICROPYTHON, Rng, read_all
 from norflash import NorFlash, PowerCut
-from test_norflash import tmppath, rm, rmtree
-from test_store_contract import LfsVolume
+from storekit import LfsVolume, tmppath, rm, rmtree
 from tern.store import PUBLISH, SUBSCRIBE, UNSUBSCRIBE
 from tern.flashstore import FlashStore
 from tern.filestore import FileStore
