@@ -423,7 +423,7 @@ class Session:
                 elif self._inflight < limit:
                     self._inflight += 1
                 elif self._uctl:  # the window is full; a SUBSCRIBE further on is outside it
-                    i = (i + 1) % len(flags)
+                    i = (i + 1) % cap
                     continue
                 else:
                     return
@@ -651,7 +651,7 @@ class Session:
         s = Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
                    auto=auto, user_props=user_props, late=True)
         self._subs.append(s)
-        self._flush(now)
+        self._send_late(now)
         return s.pid
 
     def unsubscribe(self, flt, now, user_props=None):
@@ -674,7 +674,7 @@ class Session:
             self._gone.append(flt)
         return pid
 
-    def _flush(self, now):
+    def _send_late(self, now):
         # Send the subscriptions and unsubscriptions that wait (made offline,
         # or all of them for a broker without our session) while the ring has
         # room: they take ring slots as messages do, and a full ring (an
@@ -932,7 +932,7 @@ class Session:
                     self._event(EV_UNSUBACK, r >> 8, [0x11])
                 else:
                     self._event(EV_PUBLISHED, r >> 8, r & 255)
-            self._flush(now)
+            self._send_late(now)
             self._pump(now)
             if self.state == CONNECTED:  # not when a resend found the connection dead
                 self._event(EV_CONNACK, sp, p)
@@ -1031,7 +1031,7 @@ class Session:
             self._wrong_ack(t, pid, i, f, now)
         self._free(i)
         if self._n < len(self._rflags):
-            self._flush(now)  # what waited for room goes first
+            self._send_late(now)  # what waited for room goes first
         if t > _PUBCOMP:
             for s in self._subs:
                 if s.pid == pid:
