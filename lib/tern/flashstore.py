@@ -112,6 +112,15 @@ def _isset(b):
     return ((v + (v >> 4)) & 0x0F) <= 4
 
 
+def _grow(a, code, size, n):
+    """a copied into a zeroed array of n items of size bytes (from bytes:
+    no list of n objects on the way)."""
+    b = array(code, bytes(size * n))
+    for i in range(len(a)):
+        b[i] = a[i]
+    return b
+
+
 class FlashCorrupt(Exception):
     """The partition cannot be used (wrong geometry)."""
 
@@ -306,9 +315,9 @@ class FlashStore(Log):
         cap = _CHUNK
         while cap < len(keys) + 1:
             cap += _CHUNK
-        self._ipid = array("H", [0] * cap)
-        self._iaddr = array("I", [0] * cap)
-        self._isz = array("H", [0] * cap)
+        self._ipid = array("H", bytes(2 * cap))
+        self._iaddr = array("I", bytes(4 * cap))
+        self._isz = array("H", bytes(2 * cap))
         for i in range(len(keys)):
             e = ents[keys[i]]
             self._ipid[i] = e[0]
@@ -321,8 +330,8 @@ class FlashStore(Log):
         cap = 8
         while cap < len(ik) + 1:
             cap += 8
-        self._inpid = array("H", [0] * cap)
-        self._inaddr = array("I", [0] * cap)
+        self._inpid = array("H", bytes(2 * cap))
+        self._inaddr = array("I", bytes(4 * cap))
         for i in range(len(ik)):
             e = ins[ik[i]]
             self._inpid[i] = e[0]
@@ -867,17 +876,18 @@ class FlashStore(Log):
             self._lo = 0
             self._n = j
             if j == len(ip):
-                self._ipid = self._grow(ip, "H")
-                self._iaddr = self._grow(ia, "I")
-                self._isz = self._grow(iz, "H")
+                self.reserve(j + _CHUNK)
         return self._n
 
-    @staticmethod
-    def _grow(a, code):
-        b = array(code, [0] * (len(a) + _CHUNK))
-        for i in range(len(a)):
-            b[i] = a[i]
-        return b
+    def reserve(self, n):
+        """Index room for n live records, taken at boot while the heap is
+        whole: grown late, in a long outage on a small heap, the copy can find
+        no free block big enough (MemoryError at publish, seen at 130 pending
+        in 32 KiB). Holes are compacted before the index grows."""
+        if n > len(self._ipid):
+            self._ipid = _grow(self._ipid, "H", 2, n)
+            self._iaddr = _grow(self._iaddr, "I", 4, n)
+            self._isz = _grow(self._isz, "H", 2, n)
 
     def _lv(self, addr, d):
         self._live[addr >> self._shift] += d
@@ -990,8 +1000,9 @@ class FlashStore(Log):
         a = self._small(T_INID, 0, self._rseq, pid)
         self._rseq += 1
         if self._inn == len(self._inpid):
-            self._inpid = self._grow(self._inpid, "H")
-            self._inaddr = self._grow(self._inaddr, "I")
+            n = self._inn + 8
+            self._inpid = _grow(self._inpid, "H", 2, n)
+            self._inaddr = _grow(self._inaddr, "I", 4, n)
         self._inpid[self._inn] = pid
         self._inaddr[self._inn] = a
         self._inn += 1

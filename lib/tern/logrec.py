@@ -118,6 +118,9 @@ class Log:
 
     durable = True
 
+    def reserve(self, n):
+        pass
+
     def _say(self, msg):
         if self.verbose:
             print(self._tag + msg)

@@ -227,6 +227,7 @@ class Session:
         self._last_pid = store.last_pid()
         pids = store.pending()
         cap = max_pending if max_pending > len(pids) else len(pids)
+        store.reserve(cap)
         self._ring = array("H", bytes(2 * cap))  # zeroed, without a list of cap items
         self._rflags = bytearray(cap)
         for pid in pids:

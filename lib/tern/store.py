@@ -23,6 +23,9 @@ power loss):
 - meta(key), set_meta(key, value): small bytes values (client id, protocol
   version, subscriptions, the firmware's boot counter).
 - has(pid), count(): is pid live; how many records are live.
+- reserve(n): room for n live records, asked for once at start (the session's
+  max_pending) so that a store with tables in RAM takes them while the heap is
+  whole; a store that needs nothing does nothing.
 - last_pid(): the pid of the newest record ever appended (0 if none), so
   identifiers keep advancing across reboots instead of reusing recent ones.
 - commit(): make appends durable (group commit); close().
@@ -50,6 +53,9 @@ class MemoryStore:
         return self
 
     commit = close = open
+
+    def reserve(self, n):
+        pass
 
     def append(self, kind, pid, head, body=b""):
         if pid in self._rec:
