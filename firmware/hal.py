@@ -9,7 +9,11 @@ Console lines for the host start with PREFIX and carry one JSON object; the host
 
 import sys
 import gc
-from time import ticks_ms, ticks_diff, ticks_add, sleep_ms
+import json
+from time import ticks_ms, ticks_diff, ticks_add, sleep_ms, time, gmtime
+
+# Imports stay at module level: a built-in module a file may extend (json, time, ...) imported inside
+# a function is looked up on the filesystem first at every call (8 LittleFS lookups a console line).
 
 PREFIX = "TERN "
 SEP = (",", ":")
@@ -25,8 +29,6 @@ T0 = ticks_ms()
 
 def say(ev, **kw):
     # One structured console line: the host turns these into its ledger.
-    import json
-
     kw["ev"] = ev
     print(PREFIX + json.dumps(kw, separators=SEP))
 
@@ -37,8 +39,6 @@ def profile():
     if emuboard:
         return emuboard.PROFILE
     try:
-        import json
-
         with open("profile.json") as f:
             return json.load(f)
     except (OSError, ValueError):
@@ -139,13 +139,12 @@ def link(prof):
     return None
 
 
+_EPOCH = 946684800 if gmtime(0)[0] == 2000 else 0  # embedded ports count from 2000
+
+
 def epoch():
     """Seconds since 1970 when the board knows the time, else None (no clock set yet)."""
-    from time import time, gmtime
-
-    t = time()
-    if gmtime(0)[0] == 2000:  # embedded ports count from 2000
-        t += 946684800
+    t = time() + _EPOCH
     return t if t > 1600000000 else None
 
 

@@ -394,6 +394,22 @@ def test_latency_adds_the_delay_to_each_round_trip_and_pipelines(chaos):
     c.close()
 
 
+def test_packets_read_after_the_latency_is_lifted_never_overtake_those_it_still_holds(chaos):
+    # With nothing to hold them back packets leave from the reading thread at once; while the writer
+    # still holds earlier ones they queue behind them.
+    c = Raw(chaos.address)
+    c.connect("order")
+    chaos.latency(0.3, C2B)
+    c.send(*[Packet(PUBLISH, topic="o/t", payload=b"x", qos=1, pid=i) for i in range(1, 6)])
+    assert chaos.wait_for(lambda: chaos.connections[0].bytes_in[C2B] > 0 and
+                          len(chaos.connections[0].queues[C2B]) == 5, TIMEOUT)
+    chaos.latency(0)
+    c.send(*[Packet(PUBLISH, topic="o/t", payload=b"x", qos=1, pid=i) for i in range(6, 11)])
+    assert [c.recv().pid for _ in range(10)] == list(range(1, 11))
+    assert [r.pid for r in chaos.packets(C2B, type="PUBLISH")] == list(range(1, 11))
+    c.close()
+
+
 def test_bandwidth_limit_slows_a_100kb_transfer_to_the_rate(chaos):
     c = Raw(chaos.address)
     c.connect("bandwidth")
