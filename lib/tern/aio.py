@@ -9,8 +9,11 @@ driven by asyncio streams. One file for MicroPython's asyncio and CPython's.
         ...
     await c.disconnect()
 
-Tasks. `connect()` starts three: a reader (socket -> session), a writer
-(session -> socket) and a supervisor (keepalive, and with reconnect=True the
+Transport: a TCP connection (TLS when asked), or with `stream=` any open
+byte stream, as in the blocking client (a UART to a modem; see Client).
+
+Tasks. `connect()` starts three: a reader (stream -> session), a writer
+(session -> stream) and a supervisor (keepalive, and with reconnect=True the
 reconnect loop with exponential backoff and jitter, as the blocking client).
 The session's output goes through one write buffer that only the writer task
 hands to the stream, so writes from the reader (acknowledgements), the
@@ -121,7 +124,12 @@ if MICROPYTHON:
         except BaseException:
             s.close()
             raise
-        s = asyncio.StreamReader(s)
+        return _pair(s)
+
+    def _pair(st):
+        # A pollable stream (a socket, a machine.UART: readinto/write and ioctl) as asyncio's
+        # reader and writer: MicroPython's Stream is both.
+        s = asyncio.StreamReader(st)
         return s, s
 
     def _close_stream(w):
@@ -138,6 +146,16 @@ if MICROPYTHON:
 
 else:
     _open_connection = asyncio.open_connection
+
+    def _pair(st):
+        # What stream= may be on CPython: an asyncio (reader, writer) pair, as it is; or a file-like
+        # stream as the blocking client takes it (tern.filestream: a host-only module).
+        if isinstance(st, tuple):
+            return st
+        from .filestream import FileStream
+
+        f = FileStream(st)
+        return f, f
 
     def _wait_for_ms(aw, ms):
         return asyncio.wait_for(aw, ms / 1000)
@@ -185,17 +203,29 @@ class Client(_Driver):
     messages messages() holds before the reader stops reading (backpressure,
     see the module docstring). Further keyword arguments go to the Session
     (window, rx_size, will_topic, username, manual_ack, session_expiry ...).
+
+    stream: as the blocking client's, an open byte stream used instead of a
+    TCP connection (a UART to a cellular or LoRa modem in transparent mode);
+    each connect() and reconnect sends CONNECT over it, and the client never
+    closes it. MicroPython: an object asyncio can poll (readinto/write and
+    ioctl: a machine.UART, a socket). CPython: an asyncio (reader, writer)
+    pair (asyncio.open_connection, open_unix_connection, pyserial-asyncio's
+    open_serial_connection ...), or a file-like stream as the blocking client
+    takes it (non-blocking readinto/write and fileno: a pyserial Serial with
+    timeout=0, a pty, a socket's makefile), waited on with the event loop's
+    add_reader/add_writer (the default loop on Unix).
     """
 
     def __init__(self, client_id="", server="127.0.0.1", port=None, version=4, keepalive=60,
                  clean=True, store=None, ssl=None, server_hostname=None, reconnect=True,
                  backoff_min=0.25, backoff_max=30, connect_timeout=10, healthy_after=10,
-                 queue_size=16, **session_opts):
+                 queue_size=16, stream=None, **session_opts):
         if queue_size < 1:
             raise ValueError("queue_size must be at least 1")
         _Driver.__init__(self, client_id, server, port, version, keepalive, clean, store, ssl, server_hostname,
                          reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, session_opts)
         self.queue_size = queue_size
+        self.stream = stream
         self.session.on_message = self._enqueue
         self.on_error = None  # on_error(exception) for an exception a handler raised
         self._r = self._w = None
@@ -321,7 +351,8 @@ class Client(_Driver):
                     w.write(bytes(self._obuf))
                 except Exception:
                     pass
-            _close_stream(w)
+            if self.stream is None:  # the application's stream stays open
+                _close_stream(w)
         # Bytes for a dead connection never go out on the next one (nor what
         # a failed write left in the writer's buffer): the session resends
         # from its store after CONNACK.
@@ -340,6 +371,12 @@ class Client(_Driver):
             self._call(self.on_disconnect, err)
 
     async def _open(self, t_ms):
+        # The connection's (reader, writer): the application's stream, or a dialled socket.
+        if self.stream is not None:
+            return _pair(self.stream)
+        return await self._dial(t_ms)
+
+    async def _dial(self, t_ms):
         kw = {}
         if self.ssl:
             kw["ssl"] = self._tls_context()
@@ -697,9 +734,13 @@ class Client(_Driver):
         self._qspace.set()
         self._progress.set()
 
-    async def disconnect(self, reason=0, props=None):
+    async def disconnect(self, reason=0, props=None, linger_ms=1000):
         """Send DISCONNECT (the broker discards the will), close, and stop
-        reconnecting. Messages still pending stay in the store."""
+        reconnecting. Messages still pending stay in the store. Over a
+        stream= (which stays open), what still arrives is then read and
+        dropped until the far end hangs up, at most linger_ms, as the
+        blocking client does: what the broker sent before it read the
+        DISCONNECT must not reach the next connection over that stream."""
         self._stop()
         s = self.session
         w = self._w
@@ -707,8 +748,9 @@ class Client(_Driver):
             # Stop reading, queue DISCONNECT behind what is buffered, and let
             # the writer task hand it all to the stream (cancelling a drain
             # half way could repeat bytes on MicroPython).
-            if self._tasks:
-                self._tasks[0].cancel()
+            rt = self._tasks[0] if self._tasks else None
+            if rt is not None:
+                rt.cancel()
             try:
                 s.disconnect(ticks_ms(), reason, props)
                 t_ms = self._ms(None)
@@ -717,14 +759,36 @@ class Client(_Driver):
                     left = t_ms - ticks_diff(ticks_ms(), start)
                     if left <= 0 or not await _wait(self._drained, left):
                         break
+                if self.stream is not None and self._w is w:
+                    if rt is not None:
+                        try:
+                            await rt  # its read ends before ours starts (CPython's reader takes one)
+                        except _CancelledError:
+                            pass
+                    await self._linger(self._r, int(linger_ms))
             except OSError:
                 pass
         self._finish()
-        if w is not None and not MICROPYTHON:
+        if w is not None and not MICROPYTHON and self.stream is None:
             try:
                 await asyncio.wait_for(w.wait_closed(), 1)
             except Exception:
                 pass
+
+    async def _linger(self, r, ms):
+        # Read and drop until end of stream, at most ms.
+        mv = self.session.rxmv  # the session is done with it
+        end = ticks_add(ticks_ms(), ms)
+        try:
+            while True:
+                left = ticks_diff(end, ticks_ms())
+                if left <= 0:
+                    return
+                n = await _wait_for_ms(r.readinto(mv) if MICROPYTHON else r.read(len(mv)), left)
+                if n is not None and not n:
+                    return  # end of stream (0, b""): the far end hung up
+        except _TimeoutError:
+            pass
 
     def close(self):
         """Drop the connection without DISCONNECT (the broker publishes the

@@ -17,7 +17,7 @@ from ternlab.devset import device_files
 ROOT = Path(__file__).resolve().parents[2]
 MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
 MOSQ_SUB = "/usr/bin/mosquitto_sub"
-HOST_ONLY = {"codec.py", "manifest.py"}  # the full codec (hosts, tests) and the manifest itself
+HOST_ONLY = {"codec.py", "manifest.py", "filestream.py"}  # the full codec (hosts, tests), the manifest itself, tern.aio's CPython file-stream adapter
 MICROPYTHON_SRC = ROOT.parent / "shared" / "third_party" / "micropython-1.28.0-subset.tar.gz"
 
 

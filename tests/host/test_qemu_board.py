@@ -144,6 +144,44 @@ def test_pubsub_over_the_link_uart_through_the_chaos_proxy(qb, chaos):
     assert qb.link_dials == 2
 
 
+AIO_OVER_THE_LINK = """import asyncio, emuboard
+from tern.aio import Client
+async def main():
+    c = Client('qemu-aio', version=5, stream=emuboard.uart(), clean=False, session_expiry=60,
+               backoff_min=0.05, backoff_max=0.2)
+    lost = []
+    c.on_disconnect = lost.append
+    await c.connect()
+    print(await c.subscribe('q/aio', 1))
+    it = c.messages()
+    got = []
+    for i in range(4):
+        await c.publish('q/aio', b'a%d' % i, qos=1)
+        got.append(await asyncio.wait_for(it.__anext__(), 10))
+    await c.wait_all(10)
+    print([(m.topic, m.payload) for m in got], got[3].dup)
+    print(lost)
+    await c.disconnect()
+asyncio.run(main())
+"""
+
+
+def test_aio_over_the_link_uart_through_the_chaos_proxy(qb, chaos):
+    # tern.aio with stream=: MicroPython's asyncio polls the link UART (its ioctl) as it polls a socket.
+    # The proxy drops the 4th PUBLISH and cuts: the bridge raises the carrier, the client reads end of
+    # stream and reconnects over the same UART (a new dial), and the message goes again.
+    qb.link(chaos.address)
+    chaos.cut_at_packet("PUBLISH", 4, "c2b", connections=1)
+    out = qb.exec(AIO_OVER_THE_LINK, timeout=60)
+    assert out.strip().splitlines() == [
+        "[1]", "[('q/aio', b'a0'), ('q/aio', b'a1'), ('q/aio', b'a2'), ('q/aio', b'a3')] False",
+        "[OSError('connection closed by the broker',)]"], out
+    kinds = [p.type for p in chaos.packets(direction="c2b")]
+    assert kinds.count("CONNECT") == 2 and kinds[-1] == "DISCONNECT", kinds
+    pubs = [p.conn for p in chaos.packets(direction="c2b", type="PUBLISH")]  # the dropped one is not logged
+    assert pubs == [1, 1, 1, 2] and qb.link_dials == 2, pubs
+
+
 def test_board_json_is_what_the_firmware_boots_from(qb):
     cfg = json.loads((qb.workdir / "board.json").read_text())
     assert cfg["id"] == "qemu-1" and cfg["profile"]["name"] == "qemu-m3-esp32"

@@ -19,16 +19,15 @@ import test_scripted  # noqa: E402  (the scripts; the host copy is only read for
 from test_qemu_store import board_with  # noqa: E402
 
 FILES = [LIB_TESTS / "check.py", LIB_TESTS / "pump.py", LIB_TESTS / "test_scripted.py"]
-# the client's dial is the link UART (no IP stack on the board)
-DIAL = "import emuboard, tern.client\ntern.client.Client._dial = lambda self: emuboard.uart()\n"
+# The clients' dial is the link UART (no IP stack on the board): tern.client's as a socket, tern.aio's
+# as the asyncio stream over it that its stream= makes (tern.aio._pair).
+DIAL = ("import emuboard, tern.client, tern.aio\ntern.client.Client._dial = lambda self: emuboard.uart()\n"
+        "async def _adial(self, t_ms):\n    return tern.aio._pair(emuboard.uart())\n"
+        "tern.aio.Client._dial = _adial\n")
 # Not here: the broker that stops reading (over a serial link the bridge, not the board, would block).
-# Nor tern.aio's (it has no stream transport yet: it dials a socket, which the board lacks), nor the
-# version fallback's reconnect at once after a refusal (the link is not dialled again in time: not
-# run on the board; on both runtimes of the unix port it is, tests/lib/test_scripted.py).
-OFF_BOARD = {"test_a_broker_that_stops_reading_times_the_send_out", "test_aio_mqtt5_refusal_and_fallback",
-             "test_aio_puback_answering_qos2_fails_the_wait", "test_version_5_4_falls_back_to_3_1_1_and_remembers_it",
-             "test_version_5_4_falls_back_when_the_broker_closes_on_mqtt5",
-             "test_version_5_4_falls_back_when_the_broker_never_answers_mqtt5"}
+# Nor the blocking client's reconnect at once after the version fallback (the link is not dialled again
+# in time: not run on the board; on both runtimes of the unix port it is, tests/lib/test_scripted.py).
+OFF_BOARD = {"test_a_broker_that_stops_reading_times_the_send_out", "test_version_5_4_falls_back_to_3_1_1_and_remembers_it"}
 NAMES = [n for n in test_scripted.SCRIPTS if n not in OFF_BOARD]
 # Known gaps on the board, kept as strict expected failures (red the day they pass).
 GAPS = {

@@ -49,6 +49,26 @@ async def listen(serve, seed):
     raise OSError("no free port")
 
 
+def _close(w):
+    w.close()
+    s = getattr(w, "s", None)  # MicroPython's Stream.close may not close the socket
+    if s is not None:
+        s.close()
+
+
+async def _relay(r, w):
+    """Copy r to w until r ends or either fails."""
+    try:
+        while True:
+            d = await r.read(1024)
+            if not d:
+                break
+            w.write(d)
+            await w.drain()
+    except Exception:
+        pass
+
+
 class Proxy:
     """A TCP relay between the client and the broker that can cut every
     connection it carries (the client sees the broker close the socket)."""
@@ -67,19 +87,8 @@ class Proxy:
         ur, uw = await asyncio.open_connection(*self.up)
         link = (cw, uw, [])
         self.links.append(link)
-        link[2].append(asyncio.create_task(self._pipe(cr, uw)))
-        link[2].append(asyncio.create_task(self._pipe(ur, cw)))
-
-    async def _pipe(self, r, w):
-        try:
-            while True:
-                d = await r.read(1024)
-                if not d:
-                    break
-                w.write(d)
-                await w.drain()
-        except Exception:
-            pass
+        link[2].append(asyncio.create_task(_relay(cr, uw)))
+        link[2].append(asyncio.create_task(_relay(ur, cw)))
 
     def stall(self):
         """Stop relaying but keep the sockets open: a silent, dead link."""
@@ -92,15 +101,107 @@ class Proxy:
         self.stall()
         for cw, uw, tasks in self.links:
             for w in (cw, uw):
-                w.close()
-                s = getattr(w, "s", None)  # MicroPython's Stream.close may not close the socket
-                if s is not None:
-                    s.close()
+                _close(w)
         self.links = []
 
     def stop(self):
         self.drop()
         self.server.close()
+
+
+def _frame_len(b):
+    """The length of the whole MQTT packet at the start of b, or None while incomplete."""
+    n = shift = 0
+    for i in range(1, min(len(b), 5)):
+        n |= (b[i] & 127) << shift
+        shift += 7
+        if b[i] < 128:
+            return i + 1 + n if len(b) >= i + 1 + n else None
+    return None
+
+
+class Modem:
+    """A modem in transparent mode for the stream tests: the client's stream is a connection to it
+    (the line, opened once); following the MQTT framing of what comes down the line, it dials the
+    broker for each CONNECT and relays both ways; when the broker hangs up it keeps the line open and
+    drops what the client sends until its next CONNECT (as the qemu board's link bridge does)."""
+
+    def __init__(self, host, port):
+        self.up = (host, port)
+        self.lines = 0  # connections made to the modem: one per stream
+        self.dials = 0  # connections the modem made to the broker
+        self.line_open = False  # the client's end of the line has not closed it
+        self.bw = None  # the writer to the broker while a call is up
+
+    async def start(self, seed):
+        self.server, self.port = await listen(self._serve, seed)
+        return self
+
+    async def _serve(self, lr, lw):
+        self.lines += 1
+        self.line_open = True
+        buf = b""
+        try:
+            while True:
+                d = await lr.read(1024)
+                if not d:
+                    break
+                buf += d
+                n = _frame_len(buf)
+                while n:
+                    pkt, buf = buf[:n], buf[n:]
+                    if self.bw is None and pkt[0] >> 4 == CONNECT:
+                        br, self.bw = await asyncio.open_connection(*self.up)
+                        self.dials += 1
+                        asyncio.create_task(self._down(br, lw, self.bw))
+                    if self.bw is not None:
+                        self.bw.write(pkt)
+                        await self.bw.drain()
+                    n = _frame_len(buf)
+        except Exception:
+            pass
+        self.line_open = False
+        self.hang_up()
+        _close(lw)
+
+    async def _down(self, br, lw, bw):
+        await _relay(br, lw)
+        if self.bw is bw:
+            self.hang_up()
+
+    def hang_up(self):
+        bw = self.bw
+        self.bw = None
+        if bw is not None:
+            _close(bw)
+
+    def stop(self):
+        self.hang_up()
+        self.server.close()
+
+
+async def _line(port, kind):
+    """(close, stream): an open stream to the modem. "socket": a non-blocking socket (MicroPython's
+    asyncio polls it as it polls a machine.UART); "pair": asyncio's (reader, writer); "file": a
+    file-like stream (a socket's makefile: non-blocking readinto/write, fileno), as the blocking
+    client takes it."""
+    if kind == "pair":
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        return w.close, (r, w)
+    import socket
+
+    s = socket.socket()
+    s.connect(socket.getaddrinfo("127.0.0.1", port)[0][-1])
+    s.setblocking(False)
+    if kind == "socket":
+        return s.close, s
+    f = s.makefile("rwb", buffering=0)
+
+    def close():
+        f.close()  # the socket closes with the last file made from it
+        s.close()
+
+    return close, f
 
 
 # --------------------------------------------------------------------------
@@ -329,6 +430,66 @@ def test_disconnect_is_clean_close_sends_the_will(broker_addr):
         (m,) = await take(watch.messages(), 1)
         assert m.topic == "will/end", m  # and a's will never came
         await watch.disconnect()
+
+    run(main())
+
+
+def test_a_stream_is_the_transport_across_reconnects_and_stays_open(broker_addr):
+    # stream=: MQTT over an open byte stream (a UART to a modem in transparent mode), as the blocking
+    # client. The broker hanging up (a session takeover) does not end the stream (the modem keeps the
+    # line up): the client finds the call dead by its keepalive and reconnects over the same stream,
+    # the messages published meanwhile go first; a second client connects over it after disconnect();
+    # the client never closes it (the modem's line stays up until the test closes it).
+    host, port = broker_addr
+    mp = sys.implementation.name == "micropython"
+
+    async def main():
+        m = await Modem(host, port).start(11)
+        peer = Client("aio-stream-peer", host, port)
+        await peer.connect()
+        assert await peer.subscribe("as/#", 2) == [2]
+        seen = peer.messages()
+        for k, kind in enumerate(["socket"] if mp else ["pair", "file"]):
+            close, stream = await _line(m.port, kind)
+            cid = "aio-stream-" + kind
+            ups, downs = [], []
+            c = Client(cid, version=5, stream=stream, backoff_min=0.5, backoff_max=0.5, keepalive=1, ping_timeout=0.3)
+            c.on_connect = lambda present, reason: ups.append(reason)
+            c.on_disconnect = downs.append
+            assert await c.connect() is False and ups == [0]
+            assert await c.subscribe("as/%s/#" % kind, 2) == [2]
+            it = c.messages()
+            await c.publish("as/%s/a" % kind, b"over a stream", qos=1, wait_ack=True)
+            (r,) = await take(it, 1)
+            assert (r.topic, r.payload, r.qos) == ("as/%s/a" % kind, b"over a stream", 1), r
+            rival = Client(cid, host, port, version=5, reconnect=False)
+            await rival.connect()
+            await rival.disconnect()
+            await until(lambda: downs, "the dead call to be found")
+            assert "PINGRESP" in str(downs[0]) and not c.connected and m.dials == 3 * k + 1, downs
+            p1 = await c.publish("as/%s/b" % kind, b"away-1", qos=1)
+            p2 = await c.publish("as/%s/c" % kind, b"away-2", qos=2)
+            assert c.session.pending() == [p1, p2]
+            await until(lambda: len(ups) == 2, "the reconnect over the same stream")
+            await c.wait_all(T)
+            got = await take(seen, 3)
+            assert [(g.topic, g.payload) for g in got] == [("as/%s/a" % kind, b"over a stream"),
+                                                           ("as/%s/b" % kind, b"away-1"),
+                                                           ("as/%s/c" % kind, b"away-2")], got
+            await c.disconnect()
+            assert c.stream is stream and (m.lines, m.dials) == (k + 1, 3 * k + 2), (m.lines, m.dials)
+            c4 = Client(cid + "-4", version=4, stream=stream)
+            assert await c4.connect() is False
+            await c4.publish("as/%s/d" % kind, b"3.1.1", qos=1, wait_ack=True)
+            (g,) = await take(seen, 1)
+            assert (g.topic, g.payload) == ("as/%s/d" % kind, b"3.1.1"), g
+            await c4.disconnect()
+            await asyncio.sleep(0.2)
+            assert m.line_open and (m.lines, m.dials) == (k + 1, 3 * k + 3), (m.line_open, m.lines, m.dials)
+            close()  # the application closes its stream: the modem sees the line go
+            await until(lambda: not m.line_open, "the line to close")
+        await peer.disconnect()
+        m.stop()
 
     run(main())
 
