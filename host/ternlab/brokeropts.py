@@ -168,8 +168,8 @@ def add_broker_options(g, host_default=None, host_help="localhost", version_defa
     # a required -i is named --id first in argparse's message (tern collect's words before it had -i)
     g.add_argument(*(("--id", "-i") if id_required else ("-i", "--id")), dest=id_dest, required=id_required,
                    help=id_help)
-    g.add_argument("-k", "--keepalive", type=int_range("--keepalive", 0, 65535), default=60,
-                   help="keepalive in seconds (default: 60)")
+    g.add_argument("-k", "--keepalive", type=int_range("--keepalive", 5, 65535), default=60,
+                   help="keepalive in seconds, 5 to 65535 as mosquitto_pub/sub take it (default: 60)")
 
 
 def add_login_options(g, old_spellings=False):

@@ -85,8 +85,8 @@ def compile_format(fmt):
 
 def _iso(ns, micro=False):
     t = _dt.datetime.fromtimestamp(ns / 1e9).astimezone()
-    if micro:
-        return t.strftime("%Y-%m-%dT%H:%M:%S.%f%z")
+    if micro:  # %j's tst, as mosquitto_sub 2.0 writes it: a 'Z' and then the offset
+        return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ%z")
     return t.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 

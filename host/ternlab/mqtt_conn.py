@@ -59,8 +59,8 @@ def settings(args, tool):
         if v != 5:
             raise UsageError("-D needs MQTT 5 (-V 5)")
         props = collect_properties(args.props, tool)
-    if args.expiry is not None and v != 5:
-        raise UsageError("-x needs MQTT 5 (-V 5)")
+    if v != 5:
+        args.expiry = None  # as mosquitto_pub/sub: -x is an MQTT 5 setting, ignored under 3.1.x
     if args.client_id is not None and args.id_prefix is not None:
         raise UsageError("-i and -I cannot be used together")
     if args.persistent and args.client_id is None and args.id_prefix is None:

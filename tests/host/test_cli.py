@@ -316,6 +316,7 @@ def test_sub_format_output(capsys, broker):
     j = json.loads(fields[18])
     assert (j["topic"], j["qos"], j["retain"], j["payload"], j["payloadlen"]) == ("f/1", 1, 1, "hé", 3)
     assert j["properties"] == {"user-properties": {"a": "b"}, "content-type": "text/x"}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z[+-]\d{4}", j["tst"]), j["tst"]  # as mosquitto_sub 2.0
     # -N: no newline
     rc, out, _ = tern(capsys, "sub", *conn(broker), "-t", "f/1", "-C", 1, "-N", "-F", "<%p>")
     assert rc == 0 and out == "<hé>"
@@ -362,6 +363,14 @@ def test_sub_persistent_session(capsys, broker, expiry_args, queued):
         assert (rc, out) == (0, "while away\n"), err
     else:
         assert (rc, out) == (27, ""), err
+
+
+def test_session_expiry_is_ignored_under_mqtt_3_as_mosquitto_does(capsys, broker):
+    # mosquitto_sub -x 10 on 3.1.1 connects and waits: -x is an MQTT 5 setting
+    r = subprocess.run([MOSQ_SUB, *map(str, conn(broker)), "-t", "quiet", "-x", "10", "-W", "1"],
+                       capture_output=True, timeout=10)
+    rc, out, err = tern(capsys, "sub", *conn(broker), "-t", "quiet", "-x", 10, "-W", 1)
+    assert (rc, out) == (r.returncode, "") == (27, ""), err
 
 
 def test_shared_subscription_splits_between_two_tern_processes(broker, tmp_path):
@@ -421,6 +430,8 @@ def test_shared_subscription_splits_between_two_tern_processes(broker, tmp_path)
     (["sub", "-t", "a/#/b"], "'#'", True),
     (["sub", "-t", "x", "-V", "5", "-D", "publish", "content-type", "x"], "unknown command", False),
     (["sub", "-t", "x", "--bogus"], "unrecognized arguments: --bogus", True),
+    (["pub", "-t", "x", "-m", "a", "-k", "4"], "--keepalive must be 5..65535", True),
+    (["sub", "-t", "x", "-k", "0"], "--keepalive must be 5..65535", True),
     # tern's own
     (["pub", "-t", "x", "-m", "a", "--outbox", "ob"], "--outbox needs -c and a client id (-i)", None),
     (["pub", "-t", "x", "-m", "a", "--outbox", "ob", "-c", "-I", "p"], "--outbox needs -c and a client id", None),
