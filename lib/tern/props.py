@@ -260,3 +260,41 @@ def scan_publish(m, buf, sub_ids):
     _walk(buf, m.props_start, m.props_end, _PUBLISH, None, m, sub_ids)
     if m.topic_start == m.topic_end and not m.alias:
         fail("empty topic without a topic alias", _PROTOCOL_ERROR)
+
+
+# What a client must not send, beyond what encode() checks for any sender:
+# only a server puts a subscription identifier in a PUBLISH [MQTT-3.3.4-6], a
+# response topic is a topic name, payload format 1 promises UTF-8 (3.3.2.3.2),
+# a topic alias is 1..the server's Topic Alias Maximum [MQTT-3.3.2-9] and
+# means something only on the connection that set it.
+def client_publish(props, payload, qos, topic, alias_max):
+    if _SUB_ID in props:
+        _bad(_SUB_ID, "is put in a PUBLISH by the server only", 0)
+    rt = props.get(0x08)
+    if rt is not None:
+        from .topic import validate_name
+
+        validate_name(rt)
+    if props.get(0x01) == 1:
+        try:
+            check_utf8(payload, 0, len(payload))
+        except Exception:
+            _bad(0x01, "is 1 but the payload is not valid UTF-8", 0)
+    a = props.get(0x23)
+    if a is not None:
+        if not (isinstance(a, int) and 0 < a <= alias_max):
+            _bad(0x23, "%r: the server takes 1..%d (CONNACK Topic Alias Maximum)" % (a, alias_max), 0)
+        if qos and not topic:
+            raise ValueError("a QoS 1/2 message may go again on another connection: give its topic, not an alias alone")
+
+
+# DISCONNECT reason codes a client may send ([MQTT-3.14.2-1], 3.14.2.1)
+_CLIENT_DISCONNECT = b"\x00\x04\x80\x81\x82\x83\x90\x93\x94\x95\x96\x97\x98\x99"
+
+
+def client_disconnect(reason, props, connect_props):
+    if reason not in _CLIENT_DISCONNECT:
+        raise ValueError("DISCONNECT reason code 0x%02X is not one a client sends" % reason)
+    if props and props.get(0x11) and not (connect_props and connect_props.get(0x11)):
+        # 3.14.2.2.2: a session that was to end with the connection cannot be kept at DISCONNECT
+        _bad(0x11, "cannot be set at DISCONNECT after a CONNECT with session expiry 0", 0)

@@ -93,6 +93,12 @@ class NotConnected(OSError):
     pass
 
 
+def _filter(flt):
+    """A filter checked, as str (given as bytes too)."""
+    b = validate_filter(flt)
+    return flt if isinstance(flt, str) else b.decode()
+
+
 class Session:
     """One MQTT session. See the module docstring for the I/O contract.
 
@@ -131,6 +137,14 @@ class Session:
                  manual_ack=False, auth=None, ping_timeout=None, outbound_aliases=0, receive_max=32):
         if version not in (3, 4, 5):
             raise ValueError("protocol version must be 3 (3.1), 4 (3.1.1) or 5")
+        if not client_id and version < _V5 and not clean:
+            # [MQTT-3.1.3-7] (an MQTT 3.1 client gets a random one: see set_version)
+            raise ValueError("an empty client id needs a clean session before MQTT 5")
+        if will_topic is not None:
+            try:
+                validate_name(will_topic)
+            except ValueError as e:
+                raise ValueError("will " + e.args[0])
         self.client_id = client_id
         self.version = version
         self.keepalive = keepalive
@@ -251,8 +265,7 @@ class Session:
         Stored packets keep the encoding they were stored with.
         MQTT 3.1 needs a client id of 1-23 characters: an empty one gets a
         random one, but not for a persistent session (clean=False), which a
-        restart could never resume; the broker refuses the empty id instead
-        (identifier rejected)."""
+        restart could never resume: refused when the session is made."""
         self.version = v
         self.connect_props = None
         for s in self._subs:
@@ -473,16 +486,21 @@ class Session:
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
         self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
-        if isinstance(topic, str):
-            # Devices publish to a handful of topics: validate and encode each
-            # once, so a str topic costs no allocation on the steady path.
-            t = self._cache.get(topic)
-            if t is None:
+        # Devices publish to a handful of topics: validate (and encode) each
+        # once, so a str or bytes topic costs no allocation on the steady path.
+        c = self._cache
+        keyed = isinstance(topic, str) or isinstance(topic, bytes)  # (a tuple of types is built at every call)
+        t = c.get(topic) if keyed else None
+        if t is None:
+            if topic or not (props and _P_ALIAS in props):  # empty: by an alias set on this connection
                 t = validate_name(topic)
-                if len(self._cache) >= 24:
-                    self._cache.clear()
-                self._cache[topic] = t
-            topic = t
+                if keyed:
+                    if len(c) >= 24:
+                        c.clear()
+                    c[topic] = t
+            else:
+                t = b""
+        topic = t
         # What the server's last CONNACK said it supports (MQTT 5; before any
         # CONNACK everything is allowed): refused here, before a byte is sent
         # or stored, rather than by a DISCONNECT from the server.
@@ -494,6 +512,7 @@ class Session:
         if props:
             if self.version != _V5:
                 raise ValueError("properties need MQTT 5")
+            self._P.client_publish(props, payload, qos, topic, self.server.get(_P_ALIAS_MAX, 0))
             pblock = self._P.encode(props, _PUBLISH)
         plen = len(payload)
         tx = self._tx
@@ -520,17 +539,23 @@ class Session:
                 if d is None:
                     d = self._oalias = {}
                 blk = d.get(topic)
-                if blk is not None:
-                    topic = b""
-                elif len(d) < self._oalias_cap:
+                new = blk is None and len(d) < self._oalias_cap
+                if new:
                     a = len(d) + 1
-                    blk = d[topic] = bytes((3, _P_ALIAS, a >> 8, a & 0xFF))
+                    blk = bytes((3, _P_ALIAS, a >> 8, a & 0xFF))
                 if blk is not None:
                     if props:
                         pp = dict(props)
                         pp[_P_ALIAS] = blk[2] << 8 | blk[3]
                         blk = self._P.encode(pp, _PUBLISH)
-                    pblock = blk
+                    if not new:
+                        topic = b""
+                        pblock = blk
+                    elif n + len(blk) - (len(pblock) if pblock else 1) + 1 <= mx:
+                        # (+1: the remaining length may take a byte more) a new alias only where
+                        # its property keeps the packet within the server's maximum [MQTT-3.1.2-24]
+                        d[topic] = bytes((3, _P_ALIAS, a >> 8, a & 0xFF)) if props else blk
+                        pblock = blk
             n = pkt.publish_header_into(tx, topic, 0, retain, False, 0, plen, self.version, pblock)
             if n + plen <= len(tx):
                 # One write per packet: a header and a payload written apart
@@ -608,7 +633,7 @@ class Session:
         matching (a documented downgrade, not an error). A subscription
         registered before the first CONNACK is sent as it is; a server that
         lacks the feature refuses it in SUBACK."""
-        validate_filter(flt)
+        flt = _filter(flt)
         auto = False
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
@@ -642,6 +667,7 @@ class Session:
         opts = qos
         if self.version == _V5:  # the other options exist only in MQTT 5
             opts |= (4 if no_local else 0) | (8 if retain_as_published else 0) | retain_handling << 4
+        self._fits(_SUBSCRIBE, (flt, opts), user_props, sub_id)
         self.unsubscribe(flt, now, 0)  # a filter subscribed again replaces its entry
         # A subscription is a record of its fields (a Packet used as one: no
         # class of its own to load): filter (str), opts as sent, match (the
@@ -659,7 +685,9 @@ class Session:
         """Forget the filter's handler and send UNSUBSCRIBE now when connected,
         else after the next CONNACK if the broker kept the session.
         (user_props=0: only forget; subscribe() replacing an entry.)"""
-        validate_filter(flt)
+        flt = _filter(flt)
+        if user_props != 0:
+            self._fits(_UNSUBSCRIBE, flt, user_props, None)
         for s in self._subs:
             if s.filter == flt:
                 self._subs.remove(s)
@@ -698,18 +726,33 @@ class Session:
                 return
             g.pop(0)
 
-    def _ctrl(self, t, topic, user_props, sid, now):
-        # SUBSCRIBE or UNSUBSCRIBE of one filter: stored, queued in the ring
-        # like a QoS 1 message (outside the window), resent until acknowledged.
-        # The caller made sure the ring has room; a store without room (ENOSPC)
-        # makes it wait like a full ring: 0 is returned, nothing is queued.
+    def _ctrl_packet(self, t, topic, user_props, sid, pid):
         props = {}
         if sid and self.version == _V5 and self.sid_ok:
             props[_P_SUB_ID] = sid
         if user_props:
             props[_P_USER] = list(user_props)
+        return pkt.encode(Packet(t, pid=pid, topics=[topic], props=props or None), self.version)
+
+    def _fits(self, t, topic, user_props, sid):
+        """ValueError when the server's Maximum Packet Size (MQTT 5 CONNACK) is
+        below this SUBSCRIBE/UNSUBSCRIBE [MQTT-3.1.2-24]; checked before anything is
+        registered. (One registered offline, before a CONNACK said the maximum,
+        goes as it is.)"""
+        mx = self.server.get(_P_MAX_PACKET)
+        if mx:
+            n = len(self._ctrl_packet(t, topic, user_props, sid, 1))
+            if n > mx:
+                raise ValueError("%s of %d bytes is over the server's maximum packet size %d"
+                                 % ("SUBSCRIBE" if t == _SUBSCRIBE else "UNSUBSCRIBE", n, mx))
+
+    def _ctrl(self, t, topic, user_props, sid, now):
+        # SUBSCRIBE or UNSUBSCRIBE of one filter: stored, queued in the ring
+        # like a QoS 1 message (outside the window), resent until acknowledged.
+        # The caller made sure the ring has room; a store without room (ENOSPC)
+        # makes it wait like a full ring: 0 is returned, nothing is queued.
         pid = self._alloc_pid()
-        b = pkt.encode(Packet(t, pid=pid, topics=[topic], props=props or None), self.version)
+        b = self._ctrl_packet(t, topic, user_props, sid, pid)
         try:
             self.store.append(t, pid, b, b"")
         except OSError as e:
@@ -941,6 +984,8 @@ class Session:
                 self.stats_resent += resent
                 self._event(_EV_RESTORED, resent, lost)
         elif t == _DISCONNECT:
+            if self.version != _V5 or p.reason == 0x04:  # only a client sends DISCONNECT before MQTT 5, and 0x04
+                self._violation(_PROTOCOL_ERROR, "DISCONNECT (reason 0x%02X) from the server" % p.reason, now)
             self.connection_lost()
             self._event(EV_DISCONNECT, p.reason, p)
         elif t == _AUTH:
@@ -950,7 +995,8 @@ class Session:
             cp = self.connect_props
             m = cp and cp.get(_P_AUTH_METHOD)
             if not (self.auth and m and (self.state == _CONNECTING or self.reauthing)) or r == 0x19 or (
-                    r == 0 and not self.reauthing):
+                    r == 0 and not self.reauthing) or not p.props or p.props.get(_P_AUTH_METHOD) != m:
+                # (the method is that of the CONNECT, in every AUTH: 3.15.2.2.2)
                 self._violation(_PROTOCOL_ERROR, "unexpected %s (reason 0x%02X)" % ("AUTH", r), now)
             try:
                 out = self.auth(r, p.props)
@@ -1030,6 +1076,17 @@ class Session:
             done = not f & _QOS2 if t == _PUBACK else f & _QOS2 and (t == _PUBREC or f & _MARKED)
         if not done:
             self._wrong_ack(t, pid, i, f, now)
+        if t > _PUBCOMP:
+            # One filter a SUBSCRIBE/UNSUBSCRIBE, so one reason code ([MQTT-3.8.4-6],
+            # [MQTT-3.11.3-2]; UNSUBACK before MQTT 5: none), and never more than the QoS asked for.
+            q = -1
+            for e in self._subs:
+                if e.pid == pid:
+                    q = e.opts & 3
+            if len(reason) != (1 if t == _SUBACK or self.version == _V5 else 0) or (
+                    t == _SUBACK and q >= 0 and reason[0] < 0x80 and reason[0] > q):
+                self._violation(_PROTOCOL_ERROR, "%s %d does not answer its request: %r" % (
+                    "SUBACK" if t == _SUBACK else "UNSUBACK", pid, reason), now)
         self._free(i)
         if self._n < len(self._rflags):
             self._send_late(now)  # what waited for room goes first
@@ -1310,6 +1367,8 @@ class Session:
 
     def disconnect(self, now, reason=0, props=None):
         """Send DISCONNECT (the will is discarded) and close the session."""
+        if self.version == _V5 and (reason or props):
+            self._P.client_disconnect(reason, props, self.connect_props)
         if self.state == CONNECTED:
             self._packet(Packet(_DISCONNECT, reason=reason, props=props), now)
         self.connection_lost()

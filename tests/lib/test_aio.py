@@ -568,7 +568,9 @@ def test_session_takeover(broker_addr):
 
 def test_server_disconnect_then_reconnect(broker_addr):
     # MQTT 5: a topic alias above the broker's maximum makes Mosquitto send
-    # DISCONNECT 0x94 (QoS 0, so nothing is resent after the reconnect).
+    # DISCONNECT 0x94 (QoS 0, so nothing is resent after the reconnect). The
+    # client refuses to send one (tests/lib/test_client_rules.py): the packet is
+    # written past it, as a broken client would.
     host, port = broker_addr
 
     async def main():
@@ -577,7 +579,8 @@ def test_server_disconnect_then_reconnect(broker_addr):
         c.on_disconnect = downs.append
         await c.connect()
         await c.subscribe("back", 1)
-        await c.publish("bad/alias", b"x", qos=0, props={P.TOPIC_ALIAS: 60000})
+        bad = encode(Packet(PUBLISH, topic="bad/alias", payload=b"x", props={P.TOPIC_ALIAS: 60000}), 5)
+        c.session.send(bad, 0, len(bad))
         await until(lambda: len(downs) == 1, "the broker's DISCONNECT")
         assert isinstance(downs[0], MQTTError) and downs[0].code == 0x94, downs
         await until(lambda: c.connected, "the reconnect")
@@ -591,13 +594,13 @@ def test_server_disconnect_then_reconnect(broker_addr):
     run(main())
 
 
-def test_refusal_raises_connect_error(broker_addr):
-    host, port = broker_addr
+def test_refusal_raises_connect_error(scripted_addr):
+    host, port = scripted_addr
 
     async def main():
         for v in (3, 4):
-            # An empty client id with a persistent session: identifier rejected.
-            c = Client("", host, port, version=v, clean=False)
+            # Identifier rejected (CONNACK 2; the script's broker refuses every client id).
+            c = Client("refused", host, port, version=v, clean=False)
             try:
                 await c.connect()
                 raise AssertionError("the broker accepted the connection")
@@ -728,6 +731,10 @@ HELLO = [("recv_type", CONNECT), ("send", E(CONNACK))]
 # Played by the scripted_addr fixture (tests/lib/conftest.py), which fails the
 # test on any byte the client sends that the script does not expect.
 SCRIPTS = {
+    "test_refusal_raises_connect_error": ([
+        [("recv_type", CONNECT), ("send", E(CONNACK, reason=2)), ("close",)],
+        [("recv_type", CONNECT), ("send", E(CONNACK, reason=2)), ("close",)],
+    ], 4),
     "test_a_broker_that_breaks_the_protocol_is_told_why": ([
         [("recv_type", CONNECT), ("send", E(CONNACK, 5)),
          ("send", E(PUBLISH, 5, topic="a", payload=b"1", props={P.TOPIC_ALIAS: 5})),

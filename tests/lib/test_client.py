@@ -201,13 +201,23 @@ def test_qos0_offline_is_refused_and_bad_input_is_named(broker_addr):
     assert "topic" in str(raises(ValueError, c.subscribe, "a/#/b", 1))
 
 
-def test_refused_connection_is_permanent_for_bad_protocol(broker_addr):
-    # Mosquitto refuses an empty client id with clean session off (3.1.1: 0x02).
+def test_refused_connection_is_permanent_for_bad_protocol(scripted_addr):
+    # Identifier rejected (3.1.1: 0x02; the script's broker refuses every client id). An empty
+    # client id with clean session off, which Mosquitto refuses so, is refused before sending now
+    # (tests/lib/test_client_rules.py).
     from tern.client import Client
 
-    c = Client("", server=broker_addr[0], port=broker_addr[1], version=4, clean=False)
+    c = Client("refused", server=scripted_addr[0], port=scripted_addr[1], version=4, clean=False)
     e = raises(ConnectError, c.connect)
     assert e.reason == 2 and e.permanent, e.reason
+
+
+# Played by the scripted_addr fixture (tests/lib/conftest.py).
+SCRIPTS = {
+    "test_refused_connection_is_permanent_for_bad_protocol": ([
+        [("recv_type", 1), ("send", b"\x20\x02\x00\x02"), ("close",)],
+    ], 4),
+}
 
 
 def test_mqtt31_with_the_default_client_id_connects(broker_addr):
