@@ -318,9 +318,10 @@ class _Bridge(threading.Thread):
     """The link UART's far end: QEMU's socket on one side, `target` (host, port) on the other,
     dialled when the board starts an MQTT connection (sends CONNECT) and the far end is not
     connected (a modem in transparent mode).
-    A far end that hangs up, or cannot be reached, is reported on the carrier line (one byte on
-    QEMU's UART2 socket): the board's link stream then reads end of stream. A byte from the board on
-    that line (its link stream was closed: a modem's DTR dropped) hangs up the far end."""
+    A far end that hangs up, or cannot be reached, is reported on the carrier line (QEMU's UART2
+    socket) with the count of bytes put on the link in all: the board reads end of stream after the
+    last of them (the two UARTs keep no order between them). A byte from the board on that line (its
+    link stream was closed: a modem's DTR dropped) hangs up the far end."""
 
     def __init__(self, board):
         super().__init__(name="qemulink-%s" % board.id, daemon=True)
@@ -357,8 +358,14 @@ class _Bridge(threading.Thread):
             self.far = None
         if hangup and self.dcd is not None:
             self.log.event("link: far end hung up")
+            self._notify(0)
+
+    def _notify(self, kind):
+        # On the carrier line: kind (0 the far end hung up, 1 the board's hang-up was taken) and the
+        # bytes put on the board's link UART in all
+        if self.dcd is not None:
             try:
-                self.dcd.sendall(b"\x00")
+                self.dcd.sendall(bytes((kind,)) + (self.sent & 0xFFFFFFFF).to_bytes(4, "little"))
             except OSError:
                 pass
 
@@ -401,18 +408,19 @@ class _Bridge(threading.Thread):
                 self._from_board(data, self._starts(data))
                 far = self.far
         if far is not None and far in r:
-            data = self._recv(far)
-            if data is None:
-                with self.lock:
-                    if self.far is far:
-                        self._close_far(hangup=True)
-                return
-            if q is not None:
-                try:
-                    q.sendall(data)
-                    self.sent += len(data)
-                except OSError:
-                    pass
+            with self.lock:  # a hang-up notice (link()) counts every byte put on the link before it
+                if self.far is not far:
+                    return
+                data = self._recv(far)
+                if data is None:
+                    self._close_far(hangup=True)
+                    return
+                if q is not None:
+                    try:
+                        q.sendall(data)
+                        self.sent += len(data)
+                    except OSError:
+                        pass
 
     def _starts(self, data):
         # Where MQTT packets start in data (the board's bytes are a sequence of whole packets; the
@@ -482,10 +490,7 @@ class _Bridge(threading.Thread):
                 pass
             self._close_far()
             self.log.event("link: the board dropped the line (%d bytes sent to it in all)" % self.sent)
-            try:
-                dcd.sendall(b"\x01" + (self.sent & 0xFFFFFFFF).to_bytes(4, "little"))
-            except OSError:
-                pass
+            self._notify(1)
             if held is not None:
                 self._from_board(*held)
 
