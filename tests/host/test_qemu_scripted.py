@@ -21,21 +21,11 @@ from test_qemu_store import board_with  # noqa: E402
 FILES = [LIB_TESTS / "check.py", LIB_TESTS / "pump.py", LIB_TESTS / "test_scripted.py"]
 # the client's dial is the link UART (no IP stack on the board)
 DIAL = "import emuboard, tern.client\ntern.client.Client._dial = lambda self: emuboard.uart()\n"
-# Not here: the broker that stops reading (over a serial link the bridge, not the board, would block).
-# Nor tern.aio's (it has no stream transport yet: it dials a socket, which the board lacks), nor the
-# version fallback's reconnect at once after a refusal (the link is not dialled again in time: not
-# run on the board; on both runtimes of the unix port it is, tests/lib/test_scripted.py).
-OFF_BOARD = {"test_a_broker_that_stops_reading_times_the_send_out", "test_aio_mqtt5_refusal_and_fallback",
-             "test_aio_puback_answering_qos2_fails_the_wait", "test_version_5_4_falls_back_to_3_1_1_and_remembers_it",
-             "test_version_5_4_falls_back_when_the_broker_closes_on_mqtt5",
-             "test_version_5_4_falls_back_when_the_broker_never_answers_mqtt5"}
-NAMES = [n for n in test_scripted.SCRIPTS if n not in OFF_BOARD]
-# Known gaps on the board, kept as strict expected failures (red the day they pass).
-GAPS = {
-    "test_a_protocol_violation_during_a_reconnect_is_retried": "the third connection is not made in time",
-    "test_reconnect_and_first_connect_across_the_clock_wrap": "the reconnection after the wrap is not made in time",
-}
-PARAMS = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=GAPS[n])) if n in GAPS else n for n in NAMES]
+# Not here: the broker that stops reading (over a serial link the bridge, not the board, would block),
+# nor tern.aio's tests (test_aio_*: it has no stream transport yet, it dials a socket, which the
+# board lacks).
+OFF_BOARD = {"test_a_broker_that_stops_reading_times_the_send_out"}
+NAMES = [n for n in test_scripted.SCRIPTS if n not in OFF_BOARD and not n.startswith("test_aio_")]
 
 
 # The scripts are written with the host codec (tern.codec), which is not in the device set frozen into
@@ -55,7 +45,7 @@ def board(tmp_path_factory):
     b.close()
 
 
-@pytest.mark.parametrize("name", PARAMS)
+@pytest.mark.parametrize("name", NAMES)
 def test_scripted_on_the_board(request, board, name):
     from ternlab.pytest_plugin import attach, console_text
 
