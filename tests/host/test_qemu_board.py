@@ -231,8 +231,13 @@ def test_a_new_dial_after_a_hang_up_drops_what_the_old_connection_left_unread(qb
     # The board dials, the far end sends and hangs up while the board reads nothing; the board dials
     # again: it reads the new connection's bytes only (they came after the old one's, which a socket
     # of the old connection would have taken with it).
+    import time
+
     qb.link(_far_end(b"old" * 100, b"new"))
-    out = qb.exec("import emuboard, time\nu = emuboard.uart()\n" + _DIAL + "time.sleep_ms(500)\n" + _DIAL
-                  + _READ_TO_EOF.replace("PAYLOAD", "b'new'"), timeout=30)
+    qb.exec("import emuboard, time\nu = emuboard.uart()\n" + _DIAL)
+    end = time.monotonic() + 10
+    while not any("far end hung up" in x.text for x in qb.log.lines) and time.monotonic() < end:
+        time.sleep(0.02)
+    out = qb.exec("time.sleep_ms(200)\n" + _DIAL + _READ_TO_EOF.replace("PAYLOAD", "b'new'"), timeout=30)
     assert out.split() == ["3", "3", "0", "True"], out
     assert qb.link_dials == 2
