@@ -34,10 +34,10 @@ import socket
 import subprocess
 import threading
 import time
-import tty
 
 from .board import BoardError, device_profile
 from .emulated import EmulatedBoard
+from .emulated_pty import PortRelay
 
 _UP = b"\x00TERN:UP\x00"
 _BACKLOG = 64 * 1024
@@ -50,36 +50,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
-class _Relay(threading.Thread):
+class _Relay(PortRelay):
     """Runs QEMU and relays its REPL UART to the board's pty; what EmulatedBoard expects of its
     supervisor (spawn, kill, freeze, state, booted/boot_failed/off events, cut_deadline)."""
 
     def __init__(self, board):
-        super().__init__(name="qemuboard-%s" % board.id, daemon=True)
-        self.b = board
-        self.log = board.log
-        self.m_out, self.s_out = os.openpty()
-        tty.setraw(self.s_out)
-        os.set_blocking(self.m_out, False)
-        self.port = os.ttyname(self.s_out)
-        self.wake_r, self.wake_w = os.pipe()
-        self.lock = threading.RLock()
-        self.proc = None
+        super().__init__(board, "qemuboard-%s" % board.id)
         self.q_in = self.q_out = None  # QEMU's stdin (we write) and stdout (we read)
-        self.state = "off"
-        self.expect = None
-        self.cut_deadline = None
-        self.cut_note = ""
-        self.booted = threading.Event()
-        self.boot_failed = threading.Event()
-        self.off = threading.Event()
-        self.off.set()
-        self.backlog = bytearray()
         self.acc = b""
-        self.pending_in = bytearray()
-        self.running = True
-        self.cause = "pwron"
-        self.frozen = False
         self.link_port = None
 
     # -- QEMU ------------------------------------------------------------------------
@@ -133,29 +111,7 @@ class _Relay(threading.Thread):
             p.send_signal(sig)
             return True
 
-    def freeze(self, on=True):
-        with self.lock:
-            p = self.proc
-            if p is None or p.poll() is not None:
-                return False
-            os.kill(p.pid, signal.SIGSTOP if on else signal.SIGCONT)
-            self.frozen = on
-            return True
-
-    def _wake(self):
-        if self.running:
-            os.write(self.wake_w, b"x")
-
     # -- relay -------------------------------------------------------------------------
-    def run(self):
-        while self.running:
-            try:
-                self._step()
-            except Exception as e:  # never let the relay die silently: the board would hang
-                if self.running:
-                    self.log.event("relay error: %s: %s" % (e.__class__.__name__, e))
-                    time.sleep(0.05)
-
     def _step(self):
         with self.lock:
             q_out = self.q_out
@@ -214,13 +170,6 @@ class _Relay(threading.Thread):
             self.backlog += data
             if len(self.backlog) > _BACKLOG:
                 del self.backlog[: len(self.backlog) - _BACKLOG]
-
-    def _flush(self):
-        try:
-            n = os.write(self.m_out, self.backlog)
-            del self.backlog[:n]
-        except BlockingIOError:
-            pass
 
     def _read_host(self):
         try:
