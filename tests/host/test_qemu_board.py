@@ -216,3 +216,66 @@ def test_closing_the_link_stream_hangs_up_and_drops_what_the_old_connection_left
     out = qb.exec("c.connect()\nc.subscribe('q/x', 1)\nprint(c.connected)\nc.disconnect()\n", timeout=30)
     assert out.strip() == "True"
     assert qb.link_dials == 2
+
+
+def _far_end(*payloads):
+    # A far end that, for each connection in turn, takes the board's first packet, sends that
+    # connection's payload and hangs up at once: its last bytes and the hang-up reach the board
+    # together, on two UARTs that keep no order between them.
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        for p in payloads:
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(64)
+                conn.sendall(p)
+        srv.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv.getsockname()
+
+
+# The board dials (a packet that starts as CONNECT does), then reads until three reads in a row
+# return end of stream (or 5 s pass): what it got, and whether anything came after the first end.
+_DIAL = "u.write(b'\\x10\\x03\\x00\\x01x')\n"
+_READ_TO_EOF = (
+    "buf = bytearray(512)\ngot = bytearray()\neofs = late = 0\nt = time.ticks_ms()\n"
+    "while eofs < 3 and time.ticks_diff(time.ticks_ms(), t) < 5000:\n"
+    " n = u.readinto(buf)\n"
+    " if n == 0:\n  eofs += 1\n"
+    " elif n:\n  late += eofs > 0\n  got += buf[:n]\n"
+    "print(len(got), eofs, late, got == PAYLOAD)\n")
+
+
+@pytest.mark.parametrize("size", [4, 3000])
+def test_the_far_ends_last_bytes_then_end_of_stream_for_good(qb, size):
+    # A far end that sends and hangs up: the board read its last bytes and then end of stream only
+    # once (a read that found bytes first went on, took the end and returned the bytes: the end was
+    # lost, and the client never noticed the outage), or before the bytes still on their way through
+    # the link UART. Now every byte comes, then end of stream on every read, as from a socket.
+    payload = bytes(i % 251 for i in range(size))
+    qb.link(_far_end(payload))
+    out = qb.exec("import emuboard, time\nu = emuboard.uart()\n" + _DIAL
+                  + _READ_TO_EOF.replace("PAYLOAD", repr(payload)), timeout=30)
+    assert out.split() == [str(size), "3", "0", "True"], out
+    assert qb.link_dials == 1
+
+
+def test_a_new_dial_after_a_hang_up_drops_what_the_old_connection_left_unread(qb):
+    # The board dials, the far end sends and hangs up while the board reads nothing; the board dials
+    # again: it reads the new connection's bytes only (they came after the old one's, which a socket
+    # of the old connection would have taken with it).
+    import time
+
+    qb.link(_far_end(b"old" * 100, b"new"))
+    qb.exec("import emuboard, time\nu = emuboard.uart()\n" + _DIAL)
+    end = time.monotonic() + 10
+    while not any("far end hung up" in x.text for x in qb.log.lines) and time.monotonic() < end:
+        time.sleep(0.02)
+    out = qb.exec("time.sleep_ms(200)\n" + _DIAL + _READ_TO_EOF.replace("PAYLOAD", "b'new'"), timeout=30)
+    assert out.split() == ["3", "3", "0", "True"], out
+    assert qb.link_dials == 2

@@ -25,16 +25,8 @@ DIAL = ("import emuboard, tern.client, tern.aio\ntern.client.Client._dial = lamb
         "async def _adial(self, t_ms):\n    return tern.aio._pair(emuboard.uart())\n"
         "tern.aio.Client._dial = _adial\n")
 # Not here: the broker that stops reading (over a serial link the bridge, not the board, would block).
-# Nor the blocking client's reconnect at once after the version fallback (the link is not dialled again
-# in time: not run on the board; on both runtimes of the unix port it is, tests/lib/test_scripted.py).
-OFF_BOARD = {"test_a_broker_that_stops_reading_times_the_send_out", "test_version_5_4_falls_back_to_3_1_1_and_remembers_it"}
+OFF_BOARD = {"test_a_broker_that_stops_reading_times_the_send_out"}
 NAMES = [n for n in test_scripted.SCRIPTS if n not in OFF_BOARD]
-# Known gaps on the board, kept as strict expected failures (red the day they pass).
-GAPS = {
-    "test_a_protocol_violation_during_a_reconnect_is_retried": "the third connection is not made in time",
-    "test_reconnect_and_first_connect_across_the_clock_wrap": "the reconnection after the wrap is not made in time",
-}
-PARAMS = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=GAPS[n])) if n in GAPS else n for n in NAMES]
 
 
 # The scripts are written with the host codec (tern.codec), which is not in the device set frozen into
@@ -54,7 +46,7 @@ def board(tmp_path_factory):
     b.close()
 
 
-@pytest.mark.parametrize("name", PARAMS)
+@pytest.mark.parametrize("name", NAMES)
 def test_scripted_on_the_board(request, board, name):
     from ternlab.pytest_plugin import attach, console_text
 

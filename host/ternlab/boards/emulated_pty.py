@@ -76,11 +76,14 @@ def micropython_path():
     return found
 
 
-class Supervisor(threading.Thread):
-    """Owns the port pty and the device process; see the module docstring."""
+class PortRelay(threading.Thread):
+    """What a board's relay thread is, whatever runs the device (the unix port here, QEMU for the
+    qemu-m3 board): the port pty, the wake-up pipe, the state EmulatedBoard reads and waits on, the
+    backlog for a reader that is not there, freezing the device process, and a loop of _step()
+    that never dies silently."""
 
-    def __init__(self, board):
-        super().__init__(name="emuboard-%s" % board.id, daemon=True)
+    def __init__(self, board, name):
+        super().__init__(name=name, daemon=True)
         self.b = board
         self.log = board.log
         self.m_out, self.s_out = os.openpty()
@@ -90,9 +93,7 @@ class Supervisor(threading.Thread):
         self.wake_r, self.wake_w = os.pipe()
         self.lock = threading.RLock()
         self.proc = None
-        self.m_in = None
         self.state = "off"  # off | booting | on
-        self.mode = "friendly"  # REPL mode of the device, tracked from its output
         self.expect = None  # why the host is killing the process: "off" | "cycle"
         self.cut_deadline = None
         self.cut_note = ""
@@ -102,19 +103,58 @@ class Supervisor(threading.Thread):
         self.off.set()
         self.backlog = bytearray()
         self.pending_in = bytearray()  # host bytes held while the device boots
+        self.running = True
+        self.cause = "pwron"  # why the running process was booted (emuboard.reset_cause())
+        self.frozen = False  # fault injection: the process is stopped (SIGSTOP)
+
+    def freeze(self, on=True):
+        """Stop (SIGSTOP) or resume (SIGCONT) the device process: an app that hangs."""
+        with self.lock:
+            p = self.proc
+            if p is None or p.poll() is not None:
+                return False
+            os.kill(p.pid, signal.SIGSTOP if on else signal.SIGCONT)
+            self.frozen = on
+            return True
+
+    def _wake(self):
+        if self.running:
+            os.write(self.wake_w, b"x")
+
+    def run(self):
+        while self.running:
+            try:
+                self._step()
+            except Exception as e:  # never let the relay die silently: the board would hang
+                if self.running:
+                    self.log.event("relay error: %s: %s" % (e.__class__.__name__, e))
+                    time.sleep(0.05)
+
+    def _flush(self):
+        try:
+            n = os.write(self.m_out, self.backlog)
+            del self.backlog[:n]
+        except BlockingIOError:
+            pass
+
+
+class Supervisor(PortRelay):
+    """Owns the port pty and the device process; see the module docstring."""
+
+    def __init__(self, board):
+        super().__init__(board, "emuboard-%s" % board.id)
+        self.m_in = None
+        self.mode = "friendly"  # REPL mode of the device, tracked from its output
         self.acc = bytearray()  # device output not yet passed on (sentinels)
         self.swallow = False  # after a raw-mode reboot: hide the friendly banner
         self.tail = b""
         self.last_out = 0
-        self.running = True
         self.start_time = None
         self.sigint_pid = None  # the process the relay last sent a SIGINT (Ctrl-C) to
-        self.cause = "pwron"  # why the running process was booted (emuboard.reset_cause())
         self.wdt_ms = None  # the watchdog's timeout once the device started it
         self.wdt_deadline = None  # monotonic time by which the next feed must arrive
         self.sleep_ms = None  # from the device's deep-sleep sentinel (-1: no wake-up timer)
         self.wake_at = None  # monotonic time the sleeping board boots again
-        self.frozen = False  # fault injection: the process is stopped (SIGSTOP)
 
     # -- device process ---------------------------------------------------------
     def spawn(self, mode="friendly", cut_at=0, seed=1, cause="pwron"):
@@ -191,16 +231,6 @@ class Supervisor(threading.Thread):
             p.send_signal(sig)
             return True
 
-    def freeze(self, on=True):
-        """Stop (SIGSTOP) or resume (SIGCONT) the device process: an app that hangs."""
-        with self.lock:
-            p = self.proc
-            if p is None or p.poll() is not None:
-                return False
-            os.kill(p.pid, signal.SIGSTOP if on else signal.SIGCONT)
-            self.frozen = on
-            return True
-
     def _bite(self):
         # The watchdog's deadline passed. Feeds the device wrote before it may still sit in the pty
         # (the relay was busy): read them first, so only a feed that really never came resets it.
@@ -219,20 +249,7 @@ class Supervisor(threading.Thread):
                 if not self.kill("watchdog"):
                     self.wdt_ms = None
 
-    def _wake(self):
-        if self.running:
-            os.write(self.wake_w, b"x")
-
     # -- relay -------------------------------------------------------------------
-    def run(self):
-        while self.running:
-            try:
-                self._step()
-            except Exception as e:  # never let the relay die silently: the board would hang
-                if self.running:
-                    self.log.event("relay error: %s: %s" % (e.__class__.__name__, e))
-                    time.sleep(0.05)
-
     def _step(self):
         with self.lock:
             m_in = self.m_in
@@ -374,13 +391,6 @@ class Supervisor(threading.Thread):
         if len(self.backlog) > _BACKLOG:  # nobody reads the port: keep the newest, like a FIFO overrun
             del self.backlog[: len(self.backlog) - _BACKLOG]
         self._flush()
-
-    def _flush(self):
-        try:
-            n = os.write(self.m_out, self.backlog)
-            del self.backlog[:n]
-        except BlockingIOError:
-            pass
 
     def _read_host(self):
         try:

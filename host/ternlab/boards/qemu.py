@@ -34,10 +34,10 @@ import socket
 import subprocess
 import threading
 import time
-import tty
 
 from .board import BoardError, device_profile
 from .emulated import EmulatedBoard
+from .emulated_pty import PortRelay
 
 _UP = b"\x00TERN:UP\x00"
 _BACKLOG = 64 * 1024
@@ -50,36 +50,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
-class _Relay(threading.Thread):
+class _Relay(PortRelay):
     """Runs QEMU and relays its REPL UART to the board's pty; what EmulatedBoard expects of its
     supervisor (spawn, kill, freeze, state, booted/boot_failed/off events, cut_deadline)."""
 
     def __init__(self, board):
-        super().__init__(name="qemuboard-%s" % board.id, daemon=True)
-        self.b = board
-        self.log = board.log
-        self.m_out, self.s_out = os.openpty()
-        tty.setraw(self.s_out)
-        os.set_blocking(self.m_out, False)
-        self.port = os.ttyname(self.s_out)
-        self.wake_r, self.wake_w = os.pipe()
-        self.lock = threading.RLock()
-        self.proc = None
+        super().__init__(board, "qemuboard-%s" % board.id)
         self.q_in = self.q_out = None  # QEMU's stdin (we write) and stdout (we read)
-        self.state = "off"
-        self.expect = None
-        self.cut_deadline = None
-        self.cut_note = ""
-        self.booted = threading.Event()
-        self.boot_failed = threading.Event()
-        self.off = threading.Event()
-        self.off.set()
-        self.backlog = bytearray()
         self.acc = b""
-        self.pending_in = bytearray()
-        self.running = True
-        self.cause = "pwron"
-        self.frozen = False
         self.link_port = None
 
     # -- QEMU ------------------------------------------------------------------------
@@ -133,29 +111,7 @@ class _Relay(threading.Thread):
             p.send_signal(sig)
             return True
 
-    def freeze(self, on=True):
-        with self.lock:
-            p = self.proc
-            if p is None or p.poll() is not None:
-                return False
-            os.kill(p.pid, signal.SIGSTOP if on else signal.SIGCONT)
-            self.frozen = on
-            return True
-
-    def _wake(self):
-        if self.running:
-            os.write(self.wake_w, b"x")
-
     # -- relay -------------------------------------------------------------------------
-    def run(self):
-        while self.running:
-            try:
-                self._step()
-            except Exception as e:  # never let the relay die silently: the board would hang
-                if self.running:
-                    self.log.event("relay error: %s: %s" % (e.__class__.__name__, e))
-                    time.sleep(0.05)
-
     def _step(self):
         with self.lock:
             q_out = self.q_out
@@ -214,13 +170,6 @@ class _Relay(threading.Thread):
             self.backlog += data
             if len(self.backlog) > _BACKLOG:
                 del self.backlog[: len(self.backlog) - _BACKLOG]
-
-    def _flush(self):
-        try:
-            n = os.write(self.m_out, self.backlog)
-            del self.backlog[:n]
-        except BlockingIOError:
-            pass
 
     def _read_host(self):
         try:
@@ -318,9 +267,10 @@ class _Bridge(threading.Thread):
     """The link UART's far end: QEMU's socket on one side, `target` (host, port) on the other,
     dialled when the board starts an MQTT connection (sends CONNECT) and the far end is not
     connected (a modem in transparent mode).
-    A far end that hangs up, or cannot be reached, is reported on the carrier line (one byte on
-    QEMU's UART2 socket): the board's link stream then reads end of stream. A byte from the board on
-    that line (its link stream was closed: a modem's DTR dropped) hangs up the far end."""
+    A far end that hangs up, or cannot be reached, is reported on the carrier line (QEMU's UART2
+    socket) with the count of bytes put on the link in all: the board reads end of stream after the
+    last of them (the two UARTs keep no order between them). A byte from the board on that line (its
+    link stream was closed: a modem's DTR dropped) hangs up the far end."""
 
     def __init__(self, board):
         super().__init__(name="qemulink-%s" % board.id, daemon=True)
@@ -357,8 +307,14 @@ class _Bridge(threading.Thread):
             self.far = None
         if hangup and self.dcd is not None:
             self.log.event("link: far end hung up")
+            self._notify(0)
+
+    def _notify(self, kind):
+        # On the carrier line: kind (0 the far end hung up, 1 the board's hang-up was taken) and the
+        # bytes put on the board's link UART in all
+        if self.dcd is not None:
             try:
-                self.dcd.sendall(b"\x00")
+                self.dcd.sendall(bytes((kind,)) + (self.sent & 0xFFFFFFFF).to_bytes(4, "little"))
             except OSError:
                 pass
 
@@ -401,18 +357,19 @@ class _Bridge(threading.Thread):
                 self._from_board(data, self._starts(data))
                 far = self.far
         if far is not None and far in r:
-            data = self._recv(far)
-            if data is None:
-                with self.lock:
-                    if self.far is far:
-                        self._close_far(hangup=True)
-                return
-            if q is not None:
-                try:
-                    q.sendall(data)
-                    self.sent += len(data)
-                except OSError:
-                    pass
+            with self.lock:  # a hang-up notice (link()) counts every byte put on the link before it
+                if self.far is not far:
+                    return
+                data = self._recv(far)
+                if data is None:
+                    self._close_far(hangup=True)
+                    return
+                if q is not None:
+                    try:
+                        q.sendall(data)
+                        self.sent += len(data)
+                    except OSError:
+                        pass
 
     def _starts(self, data):
         # Where MQTT packets start in data (the board's bytes are a sequence of whole packets; the
@@ -482,10 +439,7 @@ class _Bridge(threading.Thread):
                 pass
             self._close_far()
             self.log.event("link: the board dropped the line (%d bytes sent to it in all)" % self.sent)
-            try:
-                dcd.sendall(b"\x01" + (self.sent & 0xFFFFFFFF).to_bytes(4, "little"))
-            except OSError:
-                pass
+            self._notify(1)
             if held is not None:
                 self._from_board(*held)
 

@@ -11,8 +11,9 @@
 // Flash(start, count) is a partition of it with MicroPython's extended block protocol.
 //
 // UART(): the link UART (UART1) as a non-blocking stream (read/readinto/write, select.poll). UART2
-// is its carrier line (a modem's DCD): when the host's bridge says the far end hung up, a read that
-// finds nothing more returns end of stream (0), as a socket does when its peer closes; close() drops
+// is its carrier line (a modem's DCD): when the host's bridge says the far end hung up, reads return
+// end of stream (0) once what the far end sent before is read, and go on returning it, as a socket's
+// do when its peer closed, until the next CONNECT is written (the bridge dials for it); close() drops
 // the line the other way (a modem's DTR: one byte out on UART2), and the bridge hangs up the far end.
 
 #include <string.h>
@@ -391,8 +392,7 @@ static MP_DEFINE_CONST_OBJ_TYPE(qb_flash_type, MP_QSTR_Flash, MP_TYPE_FLAG_NONE,
 // ---------------------------------------------------------------- UART(): the link UART (UART1)
 extern int uart1_rx_chr(void);
 extern size_t uart1_rx_any(void);
-extern int uart1_hung_up(void);
-extern int uart1_carrier_lost(void);
+extern int uart1_eof(void);
 extern void uart1_carrier_up(void);
 extern void uart1_hang_up(void);
 extern void uart1_tx_strn(const char *buf, size_t len);
@@ -419,8 +419,8 @@ static mp_uint_t qb_uart_read(mp_obj_t self, void *buf, mp_uint_t size, int *err
         b[n++] = c;
     }
     if (n == 0 && size) {
-        if (uart1_hung_up()) {
-            return 0;  // end of stream: the far end hung up (the carrier line)
+        if (uart1_eof()) {
+            return 0;  // end of stream: the far end hung up (the carrier line), every read from now on
         }
         *err = MP_EAGAIN;
         return MP_STREAM_ERROR;
@@ -439,7 +439,7 @@ static mp_uint_t qb_uart_write(mp_obj_t self, const void *buf, mp_uint_t size, i
 static mp_uint_t qb_uart_ioctl(mp_obj_t self, mp_uint_t request, uintptr_t arg, int *err) {
     if (request == MP_STREAM_POLL) {
         mp_uint_t r = arg & MP_STREAM_POLL_WR;
-        if ((arg & MP_STREAM_POLL_RD) && (uart1_rx_any() || uart1_carrier_lost())) {
+        if ((arg & MP_STREAM_POLL_RD) && (uart1_rx_any() || uart1_eof())) {
             r |= MP_STREAM_POLL_RD;
         }
         return r;
