@@ -342,7 +342,12 @@ class Session:
         # A PUBREL (our QoS 2 flow) waits with the rest of what the read
         # released; the acknowledgement of an inbound message leaves at once:
         # the broker may be holding its next messages until it comes (a full
-        # window), and QoS 0 ones would then overtake them.
+        # window), and QoS 0 ones would then overtake them. Either goes after
+        # the messages that acknowledgements read before its trigger let out
+        # of the window (trigger order; see _on_ack): a PUBREL from the ring
+        # (_send_ring) is not pumped for, the others are.
+        if ptype != _PUBREL:
+            self._pump(now)
         q = ptype == _PUBREL and self._rpos >= 0
         k = self._txn
         if not q or k + 5 > len(self._tx):
@@ -800,6 +805,7 @@ class Session:
                     break
                 self._rpos = pos + size  # consumed even if a handler raises: never handled twice
                 self._handle(pos, pos + size, now)
+            self._pump(now)  # what the acknowledgements read let out of the window (see _on_ack)
         except MQTTError as e:
             self._violation(e.code, e.args[0], now)  # the unread rest is dropped
         finally:
@@ -813,6 +819,7 @@ class Session:
                 self.rx_len = base + left
             if top:
                 self.flush()
+                self._pump(now)  # (only after an exception has something to do: sent as it is, not queued)
 
     def rx_space(self):
         """How many bytes the driver may write at rx[rx_len:]."""
@@ -1026,6 +1033,8 @@ class Session:
         if self._ring[i] != pid or not self._n:  # (acknowledgements come in send order: the oldest, mostly)
             i = self._find(pid)
         f = self._rflags[i] if i >= 0 else 0
+        if t == _PUBREC:
+            self._pump(now)  # (its PUBREL goes after what earlier acknowledgements let out: see _ack)
         if i < 0 or not f & _SENT:
             # Unknown identifier: nothing pending changes (a late ack after a
             # reboot or a confused server). PUBREC still needs an answer.
@@ -1059,7 +1068,9 @@ class Session:
         else:
             self._inflight -= 1
             self._event(EV_PUBLISHED, pid, reason)
-            self._pump(now)
+            # What this lets out of the window leaves when the read is handled
+            # (feed_n pumps once for all the acknowledgements in it, in one pass)
+            # or before a message handler runs, whichever comes first.
 
     def _wrong_ack(self, t, pid, i, f, now):
         # An acknowledgement of the wrong type for what pid is (a PUBACK for
@@ -1183,6 +1194,7 @@ class Session:
         ids = m.sub_ids
         sids = v == _V5 and self.sid_ok
         dflt = self.on_message
+        self._pump(now)  # what the read let out of the window (see _on_ack), then
         self.flush()  # what the read queued leaves before application code runs
         self._depth = d + 1
         try:
