@@ -582,13 +582,14 @@ class Client(_Driver):
         if isinstance(payload, str):
             payload = payload.encode()
         s = self.session
-        t = self._ms(timeout)
-        start = ticks_ms()
+        start = None  # the wait for room, timed from the first refusal (no clock read for a message that goes)
         while True:
             pid = s.publish(topic, payload, qos, retain, ticks_ms(), props)
             if pid != _WOULD_BLOCK:
                 return pid
-            self._full(qos, start, t, self._next_try is None or not self.reconnect)
+            if start is None:
+                start = ticks_ms()
+            self._full(qos, start, self._ms(timeout), self._next_try is None or not self.reconnect)
             self.loop(20, True)
 
     def wait_published(self, pid, timeout=None):

@@ -126,22 +126,35 @@ def frame_size(buf, pos, end, max_size):
 def publish_header_into(buf, topic, qos, retain, dup, pid, payload_len, version, props=None):
     """Write a PUBLISH's fixed and variable header; the payload follows it on
     the wire. `topic` is bytes, `props` an encoded property block or None.
-    Returns the header length. Allocates nothing."""
-    tl = check("topic length", len(topic), 0 if version == _V5 else 1, 65535)
-    check("QoS", qos, 0, 2)
+    Returns the header length. Allocates nothing. (Written out rather than
+    through put_*: it runs for every message, and each call counts there.)"""
+    tl = len(topic)
+    if tl > 65535 or not tl and version != _V5:
+        check("topic length", tl, 0 if version == _V5 else 1, 65535)  # raises
+    if qos and not 0 < pid < 65536 or qos < 0 or qos > 2:
+        check("QoS", qos, 0, 2)
+        check("packet id", pid, 1, 65535)
     if dup and not qos:
         raise ValueError("DUP on QoS 0")
     n = 2 + tl + payload_len
     if qos:
         n += 2
-        check("packet id", pid, 1, 65535)
     if version == _V5:
         n += len(props) if props else 1
-    check("packet size", n, 0, _VARINT_MAX)
     buf[0] = 0x30 | (8 if dup else 0) | qos << 1 | (1 if retain else 0)
-    p = put_data(buf, put_varint(buf, 1, n), topic)
+    if n < 128:
+        buf[1] = n
+        p = 2
+    else:
+        p = put_varint(buf, 1, n)  # checks the packet size
+    buf[p] = tl >> 8
+    buf[p + 1] = tl & 0xFF
+    p += 2 + tl
+    buf[p - tl : p] = topic
     if qos:
-        p = put_u16(buf, p, pid)
+        buf[p] = pid >> 8
+        buf[p + 1] = pid & 0xFF
+        p += 2
     if version == _V5:
         if props:
             buf[p : p + len(props)] = props

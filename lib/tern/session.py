@@ -214,6 +214,7 @@ class Session:
         self._uctl = 0  # of which SUBSCRIBE or UNSUBSCRIBE
         self._subs = []
         self._gone = []  # filters unsubscribed while offline: UNSUBSCRIBE when the broker kept the session
+        self._late = False  # False: nothing waits for _send_late (it ran to its end since)
         self._next_sid = 1
         self._aliases = None
         # With manual_ack, the queue of acknowledgements in arrival order:
@@ -244,6 +245,7 @@ class Session:
         store.reserve(cap)
         self._ring = array("H", bytes(2 * cap))  # zeroed, without a list of cap items
         self._rflags = bytearray(cap)
+        self._cap = cap  # (len() is a global lookup and a call: too dear for every message on MicroPython)
         for pid in pids:
             f = _EVER
             if store.kind(pid) != _PUBLISH:
@@ -278,7 +280,7 @@ class Session:
     # ------------------------------------------------------------- send ring
 
     def _push(self, pid, f):
-        i = (self._head + self._n) % len(self._rflags)
+        i = (self._head + self._n) % self._cap
         self._ring[i] = pid
         self._rflags[i] = f
         self._n += 1
@@ -287,7 +289,7 @@ class Session:
             self._uctl += 1
 
     def _find(self, pid):
-        cap = len(self._rflags)  # the ring's capacity, max_pending
+        cap = self._cap
         i = self._head
         k = self._n
         ring = self._ring
@@ -307,7 +309,7 @@ class Session:
         ring[i] = 0
         self._rflags[i] = 0
         while self._n and ring[self._head] == 0:
-            self._head = (self._head + 1) % len(self._rflags)
+            self._head = (self._head + 1) % self._cap
             self._n -= 1
 
     def pending(self):
@@ -322,10 +324,10 @@ class Session:
 
     def _alloc_pid(self):
         p = self._last_pid
-        has = self.store.has
+        st = self.store
         for _ in range(65535):
             p = p % 65535 + 1
-            if not has(p):
+            if not st.has(p):
                 self._last_pid = p
                 return p
         raise OSError("no free packet identifier")
@@ -353,7 +355,12 @@ class Session:
         # A PUBREL (our QoS 2 flow) waits with the rest of what the read
         # released; the acknowledgement of an inbound message leaves at once:
         # the broker may be holding its next messages until it comes (a full
-        # window), and QoS 0 ones would then overtake them.
+        # window), and QoS 0 ones would then overtake them. Either goes after
+        # the messages that acknowledgements read before its trigger let out
+        # of the window (trigger order; see _on_ack): a PUBREL from the ring
+        # (_send_ring) is not pumped for, the others are.
+        if ptype != _PUBREL:
+            self._pump(now)
         q = ptype == _PUBREL and self._rpos >= 0
         k = self._txn
         if not q or k + 5 > len(self._tx):
@@ -406,16 +413,20 @@ class Session:
     def _pump(self, now):
         """Send what the window allows, oldest first: a PUBREL for a QoS 2
         message whose PUBREC was seen, else the stored packet as it is
-        (with DUP when a PUBLISH went out before)."""
-        if self.state != CONNECTED or not self._unsent:
-            return
+        (with DUP when a PUBLISH went out before). Nothing can while the
+        window is full and no SUBSCRIBE waits (PUBRELs count in the window):
+        told here, in a call that costs little."""
+        if self.state == CONNECTED and self._unsent and (self._inflight < self._limit or self._uctl):
+            self._send_ring(now)
+
+    def _send_ring(self, now):
+        limit = self._limit
         st = self.store
         st.commit()  # write-ahead: durable before the first byte leaves (group commit)
-        limit = self._limit
         tx = self._tx
         flags = self._rflags
         ring = self._ring
-        cap = len(flags)
+        cap = self._cap
         # Messages leave in ring order and the pump stops at the first that may
         # not (a SUBSCRIBE beyond a full window may go on: it is outside it),
         # and only sent ones are released on a live connection: the unsent ones
@@ -485,7 +496,8 @@ class Session:
         """
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
-        self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
+        if self._txn:
+            self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
         # Devices publish to a handful of topics: validate (and encode) each
         # once, so a str or bytes topic costs no allocation on the steady path.
         c = self._cache
@@ -576,7 +588,7 @@ class Session:
                 raise
             self._last_tx = now
             return 0
-        if self._n >= len(self._rflags):
+        if self._n >= self._cap:
             return WOULD_BLOCK
         pid = self._alloc_pid()
         n = pkt.publish_header_into(tx, topic, qos, retain, False, pid, plen, self.version, pblock)
@@ -589,10 +601,11 @@ class Session:
             if len(self._cache) >= 24:
                 self._cache.clear()
             v = self._cache[n] = memoryview(tx)[:n]
-        self.store.append(_PUBLISH, pid, v, payload)
+        st = self.store
+        st.append(_PUBLISH, pid, v, payload)
         # Durable before publish() returns, online or not (group commit: offline, no pump would commit
         # until the next CONNACK); a store failure is not an acceptance.
-        self.store.commit()
+        st.commit()
         self._push(pid, _QOS2 if qos == 2 else 0)
         if self.state == CONNECTED:
             try:
@@ -701,6 +714,7 @@ class Session:
             pid = self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
         if not pid:
             self._gone.append(flt)
+            self._late = True
         return pid
 
     def _send_late(self, now):
@@ -709,9 +723,10 @@ class Session:
         # room: they take ring slots as messages do, and a full ring (an
         # outbox full of messages at reconnect) keeps them waiting for the
         # next acknowledgement instead of overwriting a live entry.
+        self._late = True
         if self.state != CONNECTED:
             return
-        cap = len(self._rflags)
+        cap = self._cap
         for s in self._subs:
             if s.late:
                 if self._n >= cap:
@@ -725,6 +740,8 @@ class Session:
             if not self._ctrl(_UNSUBSCRIBE, g[0], None, None, now):
                 return
             g.pop(0)
+        if not g:
+            self._late = False
 
     def _ctrl_packet(self, t, topic, user_props, sid, pid):
         props = {}
@@ -795,6 +812,7 @@ class Session:
         if n:
             self._ping_sent = -1
         rx = self.rx
+        cap = len(rx)
         base = self._rpos
         top = base < 0
         if top:
@@ -818,8 +836,11 @@ class Session:
                     if k >> 16:
                         self._answer(_PUBACK if k >> 16 == 1 else _PUBREC, k & 0xFFFF, now)
                     continue
-                size = pkt.frame_size(rx, pos, end, 268435460) if pos < end else -1
-                if size > len(rx):
+                if pos + 1 < end and rx[pos] > 15 and rx[pos + 1] < 128:
+                    size = rx[pos + 1] + 2  # (a one-byte remaining length: acknowledgements, short messages)
+                else:
+                    size = pkt.frame_size(rx, pos, end, 268435460) if pos < end else -1
+                if size > cap:
                     if self._oversize(pos, end, size):
                         continue
                     break
@@ -827,6 +848,7 @@ class Session:
                     break
                 self._rpos = pos + size  # consumed even if a handler raises: never handled twice
                 self._handle(pos, pos + size, now)
+            self._pump(now)  # what the acknowledgements read let out of the window (see _on_ack)
         except MQTTError as e:
             self._violation(e.code, e.args[0], now)  # the unread rest is dropped
         finally:
@@ -840,6 +862,7 @@ class Session:
                 self.rx_len = base + left
             if top:
                 self.flush()
+                self._pump(now)  # (only after an exception has something to do: sent as it is, not queued)
 
     def rx_space(self):
         """How many bytes the driver may write at rx[rx_len:]."""
@@ -1052,8 +1075,12 @@ class Session:
                 self.disconnect(now)  # (normal: no will) and the driver reconnects
                 raise OSError("%d QoS 2 messages over Receive Maximum left for the broker to resend: reconnecting" % n)
             return
-        i = self._find(pid)
+        i = self._head
+        if self._ring[i] != pid or not self._n:  # (acknowledgements come in send order: the oldest, mostly)
+            i = self._find(pid)
         f = self._rflags[i] if i >= 0 else 0
+        if t == _PUBREC:
+            self._pump(now)  # (its PUBREL goes after what earlier acknowledgements let out: see _ack)
         if i < 0 or not f & _SENT:
             # Unknown identifier: nothing pending changes (a late ack after a
             # reboot or a confused server). PUBREC still needs an answer.
@@ -1088,7 +1115,7 @@ class Session:
                 self._violation(_PROTOCOL_ERROR, "%s %d does not answer its request: %r" % (
                     "SUBACK" if t == _SUBACK else "UNSUBACK", pid, reason), now)
         self._free(i)
-        if self._n < len(self._rflags):
+        if self._late and self._n < self._cap:
             self._send_late(now)  # what waited for room goes first
         if t > _PUBCOMP:
             for s in self._subs:
@@ -1098,7 +1125,9 @@ class Session:
         else:
             self._inflight -= 1
             self._event(EV_PUBLISHED, pid, reason)
-            self._pump(now)
+            # What this lets out of the window leaves when the read is handled
+            # (feed_n pumps once for all the acknowledgements in it, in one pass)
+            # or before a message handler runs, whichever comes first.
 
     def _wrong_ack(self, t, pid, i, f, now):
         # An acknowledgement of the wrong type for what pid is (a PUBACK for
@@ -1222,6 +1251,7 @@ class Session:
         ids = m.sub_ids
         sids = v == _V5 and self.sid_ok
         dflt = self.on_message
+        self._pump(now)  # what the read let out of the window (see _on_ack), then
         self.flush()  # what the read queued leaves before application code runs
         self._depth = d + 1
         try:

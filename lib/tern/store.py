@@ -36,16 +36,30 @@ from .wire import PUBLISH, SUBSCRIBE, UNSUBSCRIBE  # noqa: F401
 
 
 class MemoryStore:
-    """Session state in RAM: for QoS 0 use or when losing it on reset is fine."""
+    """Session state in RAM: for QoS 0 use or when losing it on reset is fine.
+
+    Records sit in lists in append order (the session acknowledges and sends
+    oldest first, so a search is short) rather than in a dict keyed by pid:
+    on MicroPython a dict that holds a few hundred pids and loses and gains
+    one per message costs microseconds per new key, as deleted slots fill it.
+    A released record's buffer is kept for the next record of its size: a
+    device's messages mostly have one size, and the allocation it saves is the
+    one that costs most on MicroPython (several blocks, searched for in a heap
+    full of the other records)."""
 
     durable = False
 
     def __init__(self):
-        self._rec = {}  # pid -> [kind, marked, bytes]
         self._pids = []  # live pids in append order
+        self._data = []  # their packets (bytearray)
+        self._spare = []  # released buffers of one size, for reuse (at most 16)
+        self._kind = []  # their kinds, | 128 when marked
         self._in = set()
         self._meta = {}
         self._last = 0
+        # Every live pid is within _span ids before _last (cyclically, ids
+        # 1..65535; an upper bound): what lets has() answer a new pid at once.
+        self._span = 0
 
     def open(self):
         # Nothing to recover; nothing to make durable or let go of either, so
@@ -57,45 +71,86 @@ class MemoryStore:
     def reserve(self, n):
         pass
 
+    # (Few locals in the methods a message passes through: a MicroPython
+    # function whose frame needs more than 11 words gets it from the heap at
+    # every call.)
+
     def append(self, kind, pid, head, body=b""):
-        if pid in self._rec:
+        if self.has(pid):
             raise ValueError("packet identifier %d already pending" % pid)
-        self._rec[pid] = [kind, False, bytes(head) + bytes(body)]
+        self._span = self._span + (pid - self._last) % 65535 if self._pids else 0
         self._pids.append(pid)
+        self._data.append(self._copy(head, body))
+        self._kind.append(kind)
         self._last = pid
 
+    def _copy(self, head, body):
+        h = len(head)
+        sp = self._spare
+        b = sp.pop() if sp and len(sp[-1]) == h + len(body) else bytearray(h + len(body))
+        b[:h] = head
+        b[h:] = body
+        return b
+
+    def _at(self, pid):
+        try:
+            return self._pids.index(pid)
+        except ValueError:
+            raise KeyError(pid)
+
     def mark(self, pid):
-        self._rec[pid][1] = True
+        self._kind[self._at(pid)] |= 128
 
     def unmark(self, pid):
-        self._rec[pid][1] = False
+        self._kind[self._at(pid)] &= 127
 
     def release(self, pid):
-        if self._rec.pop(pid, None):
-            self._pids.remove(pid)
+        p = self._pids
+        if pid not in p:
+            return
+        i = p.index(pid)
+        b = self._data.pop(i)
+        del p[i], self._kind[i]
+        sp = self._spare
+        if sp and len(sp[0]) != len(b):
+            del sp[:]
+        if len(sp) < 16:
+            sp.append(b)
+        if not i and p:  # a new oldest: the span shrinks by the ids between
+            self._span -= (p[0] - pid) % 65535
 
     def pending(self):
         return self._pids[:]
 
     def has(self, pid):
-        return pid in self._rec
+        # The session asks this of every new pid (one after _last, in the
+        # steady state): answered without a search when it lies beyond the span.
+        d = (pid - self._last) % 65535
+        if d and d + self._span < 65535:
+            return False
+        return pid in self._pids
 
     def kind(self, pid):
-        return self._rec[pid][0]
+        return self._kind[self._at(pid)] & 127
 
     def marked(self, pid):
-        return self._rec[pid][1]
+        return self._kind[self._at(pid)] > 127
 
     def size(self, pid):
-        return len(self._rec[pid][2])
+        return len(self._data[self._at(pid)])
 
     def read(self, pid, offset, buf):
-        data = self._rec[pid][2][offset : offset + len(buf)]
-        buf[: len(data)] = data
-        return len(data)
+        d = self._data[self._at(pid)]
+        n = len(d) - offset
+        if n > len(buf):
+            n = len(buf)
+        if n <= 0:
+            return 0
+        buf[:n] = memoryview(d)[offset : offset + n] if offset or n < len(d) else d
+        return n
 
     def count(self):
-        return len(self._rec)
+        return len(self._pids)
 
     def in_add(self, pid):
         self._in.add(pid)

@@ -124,6 +124,57 @@ def test_what_one_read_triggers_leaves_in_one_write():
         assert s2.pending() == list(range(9, 17)), s2.pending()
 
 
+def test_what_a_read_lets_out_leaves_even_when_application_code_raises():
+    # The messages the acknowledgements of one read let out of the window
+    # leave once the read is handled (one pass), or before a message handler
+    # runs; application code that raises under the read (a message handler,
+    # the published event) must not leave them waiting with the window open.
+    for case in ("handler", "event"):
+        s = Session("raises", 4, window=2, tx_size=512)
+        sent = []
+        s.send = lambda buf, off, n: sent.append(bytes(buf[off : off + n]))
+        s.connect_packet(0)
+
+        def feed(*ps):
+            b = b"".join(encode(p, 4) for p in ps)
+            s.rx[s.rx_len : s.rx_len + len(b)] = b
+            s.feed_n(len(b), 0)
+
+        seen = []
+
+        def boom(*a):
+            seen.append([t for w in _whole(sent) for t in w].count(PUBLISH))
+            raise RuntimeError("application code failed")
+
+        s.subscribe("in/#", 1, 0, handler=boom if case == "handler" else None)
+        feed(Packet(CONNACK), Packet(SUBACK, pid=1, reasons=[1]))
+        pids = [s.publish(b"t/x", b"p" * 10, 1, False, 0) for _ in range(4)]  # 2 in flight, 2 wait
+        del sent[:]
+        if case == "event":
+            s.on_event = boom
+            acks = [Packet(PUBACK, pid=pids[0]), Packet(PUBACK, pid=pids[1])]
+        else:
+            acks = [Packet(PUBACK, pid=pids[0]), Packet(PUBACK, pid=pids[1]),
+                    Packet(PUBLISH, topic="in/a", payload=b"x", qos=1, pid=9)]
+        try:
+            feed(*acks)
+            raise AssertionError("the application's exception did not reach the driver")
+        except RuntimeError:
+            pass
+        got = [t for w in _whole(sent) for t in w]
+        if case == "event":
+            # the event of the first acknowledgement raised: the second is still unread
+            assert got == [PUBLISH] and s.pending() == pids[1:], (_whole(sent), s.pending())
+            s.on_event = None
+            s.feed_n(0, 0)  # (what a driver does with frames left behind)
+            got = [t for w in _whole(sent) for t in w]
+        assert got.count(PUBLISH) == 2, (case, _whole(sent))  # messages 3 and 4 left
+        assert s._inflight == 2 and s.pending() == pids[2:], (case, s.pending())
+        if case == "handler":
+            assert got == [PUBLISH, PUBLISH, PUBACK], got  # the message's ack after its handler, behind them
+            assert seen == [2], seen  # and they had left before the handler ran
+
+
 # --------------------------------------------------- at a socket, both drivers
 
 

@@ -1,6 +1,7 @@
 """The session's steady path allocates nothing on MicroPython: publishing at
 QoS 0, receiving at QoS 0/1/2 with dispatch and acknowledgement, handling the
-acknowledgement of our own QoS 1 message, and the keepalive timer.
+acknowledgement of our own QoS 1 message, a QoS 1 publish with its PUBACK
+(MemoryStore: the record reuses a released buffer), and the keepalive timer.
 
 Frames are fed the way the blocking client feeds them: written into the
 session's receive buffer, then feed_n()."""
@@ -115,3 +116,21 @@ def test_a_raising_handler_does_not_replay_the_stream():
     assert s.rx_len == len(frames) - 2 * len(frames) // 3, s.rx_len  # message 3 still waits
     _feed(s, b"")
     assert seen == [1, 2, 3], seen  # 1 and 2 not handled again
+
+
+def test_qos1_publish_and_its_puback_allocate_nothing():
+    # With the default MemoryStore the record of a QoS 1 message takes the
+    # buffer a released record of its size left (the store keeps a few), so a
+    # steady stream of same-size messages allocates nothing once warmed up.
+    for v in (4, 5):
+        s, _ = _session(v)
+        payload = b"x" * 64
+        ack = [encode(Packet(PUBACK, pid=p), v) for p in range(1, 40)]
+
+        def one():
+            _feed(s, ack[s.publish(b"a/q1", payload, 1, False, 1000) - 1])
+
+        for _ in range(4):
+            one()
+        _check("QoS 1 publish + PUBACK, MemoryStore, v%d" % v, allocated(one))
+        assert s.pending() == [] and s.store.count() == 0 and s._last_pid == 7, (s.pending(), s._last_pid)
