@@ -62,7 +62,7 @@ import sys
 import asyncio
 
 from . import session as S
-from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, reply_args, _CLOSED, nodelay
+from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, _CLOSED, nodelay
 from .wire import MQTTError
 
 try:
@@ -342,7 +342,9 @@ class Client(_Driver):
     async def _open(self, t_ms):
         kw = {}
         if self.ssl:
-            kw["ssl"] = self._tls_context()
+            from .tls import given
+
+            kw["ssl"] = given(self.ssl)
             kw["server_hostname"] = self.server_hostname
         coro = _open_connection(self.server, self.port, **kw)
         try:
@@ -667,6 +669,8 @@ class Client(_Driver):
     async def reply(self, msg, payload, qos=0, props=None, wait_ack=False, timeout=None):
         """Answer a request (MQTT 5): publish to msg's Response Topic with its
         Correlation Data (msg: a Message or a Received record)."""
+        from .v5 import reply_args
+
         topic, props = reply_args(msg, props)
         return await self.publish(topic, payload, qos=qos, props=props, wait_ack=wait_ack, timeout=timeout)
 

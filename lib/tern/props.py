@@ -192,7 +192,10 @@ def decode(r, ptype):
     Returns a dict, or None when the block is empty (the common case costs
     nothing).
     """
-    n = r.varint()
+    n = get_varint(r.buf, r.pos, r.end)
+    if n < 0:
+        fail("truncated")
+    r.pos += varint_size(n)
     p = r.need(n)  # a property may not run past its block
     r.pos = p + n
     if not n:
