@@ -254,6 +254,16 @@ def encode(props, ptype):
     return bytes(b[: put_varint(b, 0, len(out))]) + out
 
 
+def of_message(m):
+    """Message.properties: the properties of the PUBLISH in m (checked by
+    scan_publish when it arrived) as a dict, None when there are none."""
+    if m.props_end == m.props_start:
+        return None
+    out = {}
+    _walk(m.buf, m.props_start, m.props_end, _PUBLISH, out, None, None)
+    return out
+
+
 def scan_publish(m, buf, sub_ids):
     """Check a PUBLISH's properties in place and pick out what the session
     needs: m.alias (0 = none), m.n_sub_ids with the identifiers stored into the

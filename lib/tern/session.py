@@ -1013,9 +1013,11 @@ class Session:
         if v == _V5:
             self._P.scan_publish(m, rx, m.sub_ids)
             if m.alias or m.topic_end == m.topic_start:
-                from .v5 import alias_in
+                # `import tern.v5`, not `from .v5 import alias_in`: that one
+                # builds its tuple of names (32 bytes) at every message.
+                import tern.v5
 
-                alias_in(self, m, now)
+                tern.v5.alias_in(self, m, now)
         else:
             m.n_sub_ids = 0
         q = m.qos
@@ -1135,9 +1137,9 @@ class Session:
         Acknowledgements still leave in the order the messages arrived: this
         sends those at the head of the queue that are ready."""
         if self._inq is not None:
-            from .manual import ack
+            import tern.manual  # (not `from .manual import`: see _on_publish)
 
-            ack(self, ack_id, now)
+            tern.manual.ack(self, ack_id, now)
 
     def _event(self, kind, a, b):
         if self.on_event:
