@@ -62,7 +62,7 @@ import sys
 import asyncio
 
 from . import session as S
-from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, _CLOSED, nodelay
+from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, _CLOSED, nodelay
 from .wire import MQTTError
 
 try:
@@ -467,6 +467,8 @@ class Client(_Driver):
             self._authed = True
             self._progress.set()
         elif kind == S.EV_DISCONNECT:
+            from .v5 import server_disconnect
+
             self._lost(server_disconnect(a, b))
 
     # ------------------------------------------------------------ supervisor

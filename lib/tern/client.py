@@ -107,12 +107,6 @@ class ConnectError(OSError):
 _CLOSED = "connection closed by the broker"
 
 
-def server_disconnect(reason, p):
-    """The error for a DISCONNECT from the server, with its reason string."""
-    rs = p.props.get(0x1F) if p is not None and p.props else None
-    return MQTTError(reason, "server sent DISCONNECT" + (": " + rs if rs else ""))
-
-
 class _Driver:
     """What the blocking and the asyncio driver share: where to connect, how
     to back off, the session and the application's callbacks."""
@@ -353,9 +347,13 @@ class Client(_Driver):
                 self._replies[a] = b
         elif kind == _EV_AUTH:
             self._authed = True
-        elif kind == _EV_LOST or kind == _EV_DISCONNECT:
-            # EV_LOST: a write failed under publish() (a QoS 1/2 message is kept); the connection is over
-            self._drop(b if kind == _EV_LOST else server_disconnect(a, b))
+        elif kind == _EV_LOST:
+            # a write failed under publish() (a QoS 1/2 message is kept); the connection is over
+            self._drop(b)
+        elif kind == _EV_DISCONNECT:
+            from .v5 import server_disconnect
+
+            self._drop(server_disconnect(a, b))
 
     def connect(self, timeout=None):
         """Open the connection and wait for CONNACK; returns session present.

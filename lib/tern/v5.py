@@ -1,11 +1,11 @@
 """The session's MQTT 5 paths that a plain connect never runs, imported on first use (a board
 speaking MQTT 3.1.1, or MQTT 5 without them, does not load this module): enhanced authentication
 and re-authentication, inbound topic aliases, the checks of the subscription options beyond
-QoS (functions of the session `s`, called from where they were its methods), and the drivers'
-reply() to a request.
+QoS (functions of the session `s`, called from where they were its methods), and for the
+drivers the error of a server's DISCONNECT and reply() to a request.
 """
 
-from .wire import const
+from .wire import const, MQTTError
 from .pkt import Packet
 
 _CONNECTING = const(1)  # the session's states and events
@@ -110,3 +110,9 @@ def reply_args(msg, props):
     if 0x09 in mp:
         out[0x09] = mp[0x09]
     return topic, out
+
+
+def server_disconnect(reason, p):
+    """The error for a DISCONNECT from the server (MQTT 5 only), with its reason string."""
+    rs = p.props.get(0x1F) if p is not None and p.props else None
+    return MQTTError(reason, "server sent DISCONNECT" + (": " + rs if rs else ""))
