@@ -592,12 +592,14 @@ class Session:
         auto = False
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
+        if retain_handling not in (0, 1, 2):
+            raise ValueError("retain handling must be 0, 1 or 2")
         shared = parse_shared(flt)
         match = (shared[1] if shared else flt).encode()
-        if no_local or retain_handling != 0 or sub_id or not (self.shared_ok and self.wildcard_ok):
+        if no_local or sub_id or not (self.shared_ok and self.wildcard_ok):
             from .v5 import check_sub
 
-            check_sub(self, flt, shared, match, no_local, retain_handling, sub_id)
+            check_sub(self, flt, shared, match, no_local, sub_id)
         if sub_id is None and self.version == _V5 and self.sid_ok:
             # Every subscription gets an identifier (see _on_publish): the
             # next one no current subscription holds.

@@ -1,8 +1,8 @@
 """The session's MQTT 5 paths that a plain connect never runs, imported on first use (a board
 speaking MQTT 3.1.1, or MQTT 5 without them, does not load this module): enhanced authentication
-and re-authentication, inbound topic aliases, the checks of the subscription options beyond
-QoS (functions of the session `s`, called from where they were its methods), and for the
-drivers the error of a server's DISCONNECT and reply() to a request.
+and re-authentication, inbound topic aliases, the checks of No Local, chosen subscription
+identifiers and what the server lacks (functions of the session `s`, called from where they were
+its methods), and for the drivers the error of a server's DISCONNECT and reply() to a request.
 """
 
 from .wire import const, MQTTError
@@ -76,12 +76,11 @@ def alias_in(s, m, now):
         m.topic_end = len(t)
 
 
-def check_sub(s, flt, shared, match, no_local, retain_handling, sub_id):
-    # The subscription options beyond QoS, and what the server's last CONNACK
-    # said it lacks (Session.subscribe's docstring): ValueError before anything
-    # is registered or sent.
-    if retain_handling not in (0, 1, 2):
-        raise ValueError("retain handling must be 0, 1 or 2")
+def check_sub(s, flt, shared, match, no_local, sub_id):
+    # No Local, a chosen subscription identifier, and what the server's last
+    # CONNACK said it lacks (Session.subscribe's docstring): ValueError before
+    # anything is registered or sent. (Retain Handling, an option a device
+    # commonly sets, is checked in the session without loading this module.)
     if shared and no_local:
         raise ValueError("No Local cannot be set on a shared subscription")
     if shared and not s.shared_ok:
