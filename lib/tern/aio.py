@@ -65,7 +65,7 @@ import sys
 import asyncio
 
 from . import session as S
-from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, server_disconnect, reply_args, _CLOSED, nodelay
+from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, _CLOSED, nodelay
 from .wire import MQTTError
 
 try:
@@ -379,7 +379,9 @@ class Client(_Driver):
     async def _dial(self, t_ms):
         kw = {}
         if self.ssl:
-            kw["ssl"] = self._tls_context()
+            from .tls import given
+
+            kw["ssl"] = given(self.ssl)
             kw["server_hostname"] = self.server_hostname
         coro = _open_connection(self.server, self.port, **kw)
         try:
@@ -502,6 +504,8 @@ class Client(_Driver):
             self._authed = True
             self._progress.set()
         elif kind == S.EV_DISCONNECT:
+            from .v5 import server_disconnect
+
             self._lost(server_disconnect(a, b))
 
     # ------------------------------------------------------------ supervisor
@@ -704,6 +708,8 @@ class Client(_Driver):
     async def reply(self, msg, payload, qos=0, props=None, wait_ack=False, timeout=None):
         """Answer a request (MQTT 5): publish to msg's Response Topic with its
         Correlation Data (msg: a Message or a Received record)."""
+        from .v5 import reply_args
+
         topic, props = reply_args(msg, props)
         return await self.publish(topic, payload, qos=qos, props=props, wait_ack=wait_ack, timeout=timeout)
 

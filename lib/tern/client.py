@@ -96,41 +96,15 @@ class ConnectError(OSError):
     says whether retrying can help."""
 
     def __init__(self, reason, version=4):
-        # Names for the refusals a user most often has to act on: built here
-        # rather than kept in a module-level dict, as a refusal is rare.
-        w = {4: "bad user name or password", 5: "not authorized", 0x86: "bad user name or password",
-             0x87: "not authorized", 0x8A: "banned", 0x8C: "bad authentication method"}.get(reason)
-        if reason == 1 or reason == 0x84:  # unacceptable / unsupported protocol version
-            w = "the broker does not support MQTT %s" % ("3.1.1" if version == 4 else "3.1" if version == 3 else "5")
-        super().__init__("connection refused by the broker: reason 0x%02X%s" % (reason, " (%s)" % w if w else ""))
+        from .refused import describe  # a refusal is rare: its words are not loaded before one
+
+        msg, permanent = describe(reason, version)
+        super().__init__(msg)
         self.reason = reason
-        # Refusals a retry with the same settings cannot fix: protocol version
-        # (1, 0x84), bad or unknown identity (2, 4, 5, 0x85, 0x86, 0x87, 0x8A,
-        # 0x8C), a CONNECT or will the server does not take (0x95, 0x99, 0x9A,
-        # 0x9B). Bytes: less memory than a tuple.
-        self.permanent = reason in b"\x01\x02\x04\x05\x84\x85\x86\x87\x8a\x8c\x95\x99\x9a\x9b"
+        self.permanent = permanent
 
 
 _CLOSED = "connection closed by the broker"
-
-
-def server_disconnect(reason, p):
-    """The error for a DISCONNECT from the server, with its reason string."""
-    rs = p.props.get(0x1F) if p is not None and p.props else None
-    return MQTTError(reason, "server sent DISCONNECT" + (": " + rs if rs else ""))
-
-
-def reply_args(msg, props):
-    """(topic, properties) to answer a request message `msg` (MQTT 5
-    request/response): its Response Topic, with its Correlation Data copied."""
-    mp = msg.properties or {}
-    topic = mp.get(0x08)
-    if not topic:
-        raise ValueError("the message has no response topic to reply to")
-    out = dict(props) if props else {}
-    if 0x09 in mp:
-        out[0x09] = mp[0x09]
-    return topic, out
 
 
 class _Driver:
@@ -167,9 +141,15 @@ class _Driver:
         self.session = s
         v = s.store.meta("version") if len(vs) > 1 else None
         if v and int(v) in vs[1:]:
-            s.set_version(int(v))  # what this store's broker took last time
+            v = int(v)  # what this store's broker took last time
         elif vs[0] == 3:
-            s.set_version(3)  # an empty client id gets one
+            v = 3  # an empty client id gets one
+        else:
+            v = 0
+        if v:
+            from .refused import set_version
+
+            set_version(s, v)
         self.on_connect = None  # on_connect(session_present, reason)
         self.on_disconnect = None  # on_disconnect(error) when an established connection is lost
         self.on_published = None  # on_published(pid, reason)
@@ -180,27 +160,15 @@ class _Driver:
         self._up = None
 
     def _fallback(self, reason):
-        """After a failed connect: reason is the CONNACK's refusal code, -1
-        when the broker never answered an MQTT 5 CONNECT (amqtt, when it
-        carries properties), or the error that ended the connection before
-        a CONNACK (the broker closing it counts as -1: RabbitMQ 3.10's answer
-        to MQTT 5). True when the next version of `version=(5, 4)` is to be
-        tried now (the broker does not support this one, and nothing is
-        stored pending in this one's encoding); remembered in the store's
-        meta "version" (a durable store: across reboots too). A refusal not
-        tried again raises ConnectError."""
+        # After a failed connect (reason: the CONNACK's refusal code, or the
+        # error that ended the connection before a CONNACK, the broker closing
+        # it counting as -1): True when the next version of version=(5, 4) is
+        # to be tried now; else False, or ConnectError for a refusal (tern.refused).
         if not isinstance(reason, int):
             reason = -1 if reason.args == (_CLOSED,) else 0  # an end of stream, or another error
-        s = self.session
-        vs = self._versions
-        if not (reason == 1 or reason == 0x84 or reason < 0 and s.version == 5) or s.version == vs[-1] or s.pending():
-            if reason > 0:
-                raise ConnectError(reason, s.version)
-            return False
-        v = vs[vs.index(s.version) + 1]
-        s.set_version(v)
-        s.store.set_meta("version", str(v).encode())
-        return True
+        from .refused import fallback
+
+        return fallback(self, reason, ConnectError)
 
     def _ms(self, timeout):
         # A call's timeout in seconds (None: connect_timeout), in ms.
@@ -233,15 +201,6 @@ class _Driver:
         if late or qos and stop and not self.connected:
             raise OSError("outbox full%s: %d messages await acknowledgement"
                            % ("" if late else " (offline)", len(self.session.pending())))
-
-    def _tls_context(self):
-        # ssl=True: the system's CAs, verification on (CPython only)
-        ctx = self.ssl
-        if ctx is True:
-            from .tls import context
-
-            ctx = context()
-        return ctx
 
     def _backoff_ms(self, e):
         # After a lost connection or a failed attempt (e, kept as
@@ -388,9 +347,13 @@ class Client(_Driver):
                 self._replies[a] = b
         elif kind == _EV_AUTH:
             self._authed = True
-        elif kind == _EV_LOST or kind == _EV_DISCONNECT:
-            # EV_LOST: a write failed under publish() (a QoS 1/2 message is kept); the connection is over
-            self._drop(b if kind == _EV_LOST else server_disconnect(a, b))
+        elif kind == _EV_LOST:
+            # a write failed under publish() (a QoS 1/2 message is kept); the connection is over
+            self._drop(b)
+        elif kind == _EV_DISCONNECT:
+            from .v5 import server_disconnect
+
+            self._drop(server_disconnect(a, b))
 
     def connect(self, timeout=None):
         """Open the connection and wait for CONNACK; returns session present.
@@ -454,13 +417,9 @@ class Client(_Driver):
             raise err or OSError("%s does not resolve" % self.server)
         try:
             if self.ssl:
-                ctx = self._tls_context()  # a bad ssl argument stays a ValueError
-                try:
-                    sock = ctx.wrap_socket(sock, server_hostname=self.server_hostname)
-                except OSError:  # CPython's SSLCertVerificationError is a ValueError too: kept as it is
-                    raise
-                except ValueError as e:  # MicroPython's mbedtls: the server failed verification
-                    raise OSError("TLS: " + str(e).strip())  # like CPython's SSLError: retried with backoff
+                from .tls import wrap
+
+                sock = wrap(sock, self.ssl, self.server_hostname)
             sock.setblocking(False)
         except BaseException:
             sock.close()
@@ -621,6 +580,8 @@ class Client(_Driver):
     def reply(self, msg, payload, qos=0, props=None, timeout=None):
         """Answer a request (MQTT 5): publish to msg's Response Topic with its
         Correlation Data. ValueError when msg has no Response Topic."""
+        from .v5 import reply_args
+
         topic, props = reply_args(msg, props)
         return self.publish(topic, payload, qos=qos, props=props, timeout=timeout)
 

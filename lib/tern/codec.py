@@ -33,6 +33,7 @@ from .wire import (
     VARINT_MAX,
     fail,
     utf8,
+    check_utf8,
 )
 from . import pkt as _pkt
 from . import props as _props
@@ -170,6 +171,20 @@ def decode(buf, version=V311, max_size=VARINT_MAX + 5):
     return _pkt.decode(buf, version, max_size, Packet, _server_body)
 
 
+def _binary(r):
+    # Two-byte length then the bytes, from Reader r: the fields only a server reads.
+    n = r.u16()
+    p = r.need(n)
+    r.pos = p + n
+    return bytes(r.buf[p : p + n])
+
+
+def _string(r):
+    b = _binary(r)
+    check_utf8(b, 0, len(b))
+    return str(b, "utf-8")
+
+
 def _server_body(p, r, version):
     """The bodies only a server receives (CONNECT, PUBLISH in full, SUBSCRIBE,
     UNSUBSCRIBE, PINGREQ): tern.pkt.decode calls this first and decodes the
@@ -179,7 +194,7 @@ def _server_body(p, r, version):
     buf = r.buf
     n = r.end
     if t == CONNECT:
-        name = r.string()
+        name = _string(r)
         level = r.u8()
         if not ((name == "MQIsdp" and level == V31) or (name == "MQTT" and level in (V311, V5))):
             if name in ("MQTT", "MQIsdp"):
@@ -194,7 +209,7 @@ def _server_body(p, r, version):
         p.keepalive = r.u16()
         if v5:
             p.props = _props.decode(r, CONNECT)
-        p.client_id = r.string()
+        p.client_id = _string(r)
         if cf & 4:
             q = (cf >> 3) & 3
             if q == 3:
@@ -203,16 +218,16 @@ def _server_body(p, r, version):
             p.will_retain = bool(cf & 0x20)
             if v5:
                 p.will_props = _props.decode(r, _props.WILL)
-            p.will_topic = r.string()
-            p.will_payload = r.binary()
+            p.will_topic = _string(r)
+            p.will_payload = _binary(r)
         elif cf & 0x38:
             fail("will QoS or retain set without a will")
         if cf & 0x80:
-            p.username = r.string()
+            p.username = _string(r)
         if cf & 0x40:
             if not v5 and not cf & 0x80:
                 fail("password without a username")
-            p.password = r.binary()
+            p.password = _binary(r)
     elif t == PUBLISH:
         parse_publish(p, buf, 0, n, version)
         r.pos = p.topic_end
@@ -237,7 +252,7 @@ def _server_body(p, r, version):
             p.props = _props.decode(r, t)
         topics = []
         while r.pos < n:
-            f = r.string()
+            f = _string(r)
             if t == UNSUBSCRIBE:
                 topics.append(f)
                 continue

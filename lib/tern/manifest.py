@@ -9,7 +9,8 @@
 options.defaults(aio=True, flashstore=True, filestore=True)
 
 files = ["__init__.py", "wire.py", "propids.py", "props.py", "pkt.py", "topic.py", "message.py",
-         "store.py", "session.py", "client.py", "tls.py"]
+         "store.py", "session.py", "v5.py", "fault.py", "manual.py", "client.py", "refused.py",
+         "tls.py"]
 if options.aio:
     files.append("aio.py")
 if options.flashstore or options.filestore:

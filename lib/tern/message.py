@@ -33,14 +33,9 @@ class Message:
     @property
     def properties(self):
         """MQTT 5 properties as a dict {identifier: value} (None when there are none)."""
-        if self.props_end == self.props_start:
-            return None
-        from .wire import Reader, varint_size
-        from . import props
+        from .props import of_message
 
-        n = self.props_end - self.props_start
-        r = Reader(self.buf, self.props_start - varint_size(n), self.props_end)
-        return props.decode(r, 3)
+        return of_message(self)
 
     @property
     def ack_id(self):

@@ -192,7 +192,10 @@ def decode(r, ptype):
     Returns a dict, or None when the block is empty (the common case costs
     nothing).
     """
-    n = r.varint()
+    n = get_varint(r.buf, r.pos, r.end)
+    if n < 0:
+        fail("truncated")
+    r.pos += varint_size(n)
     p = r.need(n)  # a property may not run past its block
     r.pos = p + n
     if not n:
@@ -249,6 +252,16 @@ def encode(props, ptype):
                 out += y
     b = bytearray(4)
     return bytes(b[: put_varint(b, 0, len(out))]) + out
+
+
+def of_message(m):
+    """Message.properties: the properties of the PUBLISH in m (checked by
+    scan_publish when it arrived) as a dict, None when there are none."""
+    if m.props_end == m.props_start:
+        return None
+    out = {}
+    _walk(m.buf, m.props_start, m.props_end, _PUBLISH, out, None, None)
+    return out
 
 
 def scan_publish(m, buf, sub_ids):

@@ -19,7 +19,7 @@ keeps a `reboot` command from looping); manual acknowledgement reverses this
 for applications that make their own write durable first.
 """
 
-from .wire import const, MQTTError, fail
+from .wire import const, MQTTError
 from . import pkt
 from .pkt import Packet
 from .topic import matches_bytes, parse_shared, validate_filter, validate_name
@@ -52,7 +52,6 @@ _P_SUB_ID = const(0x0B)
 _P_SESSION_EXPIRY = const(0x11)
 _P_ASSIGNED_ID = const(0x12)
 _P_SERVER_KEEPALIVE = const(0x13)
-_P_AUTH_METHOD = const(0x15)
 _P_RECEIVE_MAX = const(0x21)
 _P_ALIAS_MAX = const(0x22)
 _P_ALIAS = const(0x23)
@@ -138,7 +137,7 @@ class Session:
         if version not in (3, 4, 5):
             raise ValueError("protocol version must be 3 (3.1), 4 (3.1.1) or 5")
         if not client_id and version < _V5 and not clean:
-            # [MQTT-3.1.3-7] (an MQTT 3.1 client gets a random one: see set_version)
+            # [MQTT-3.1.3-7] (an MQTT 3.1 client gets a random one: tern.refused.set_version)
             raise ValueError("an empty client id needs a clean session before MQTT 5")
         if will_topic is not None:
             try:
@@ -258,24 +257,6 @@ class Session:
                     f |= _MARKED
             self._push(pid, f)
         self.stats_recovered = self._n
-
-    def set_version(self, v):
-        """Speak MQTT 3.1.1 (4) or 3.1 (3) from the next CONNECT on, for a
-        driver falling back from MQTT 5: what only MQTT 5 has (CONNECT
-        properties, subscription options beyond QoS) is dropped; dispatch
-        goes by topic.
-        Stored packets keep the encoding they were stored with.
-        MQTT 3.1 needs a client id of 1-23 characters: an empty one gets a
-        random one, but not for a persistent session (clean=False), which a
-        restart could never resume: refused when the session is made."""
-        self.version = v
-        self.connect_props = None
-        for s in self._subs:
-            s.opts &= 3
-        if v == 3 and not self.client_id and self._conn[0]:
-            import random
-
-            self.client_id = "tern_%08x" % random.getrandbits(32)
 
     # ------------------------------------------------------------- send ring
 
@@ -653,23 +634,12 @@ class Session:
         if retain_handling not in (0, 1, 2):
             raise ValueError("retain handling must be 0, 1 or 2")
         shared = parse_shared(flt)
-        if shared and no_local:
-            raise ValueError("No Local cannot be set on a shared subscription")
         match = (shared[1] if shared else flt).encode()
-        if shared and not self.shared_ok:
-            raise ValueError("the server does not support shared subscriptions (CONNACK: Shared Subscription Available = 0)")
-        if not self.wildcard_ok and (43 in match or 35 in match):  # "+" or "#"
-            raise ValueError("the server does not support wildcard subscriptions (CONNACK: Wildcard Subscription Available = 0)")
-        if sub_id:  # 0: none (the subscription is reached by copies without identifiers only)
-            if not 0 < sub_id <= 268435455:
-                raise ValueError("subscription identifier must be 1..268435455")
-            if not self.sid_ok:
-                raise ValueError("the server does not support subscription identifiers (CONNACK: Subscription Identifiers Available = 0)")
-            for s in self._subs:  # an automatic identifier is never shared with a chosen one
-                if s.sid == sub_id and s.auto and s.filter != flt:
-                    raise ValueError("subscription identifier %d is the automatic one of %r: give sub_id to all "
-                                     "overlapping subscriptions or to none" % (sub_id, s.filter))
-        elif sub_id is None and self.version == _V5 and self.sid_ok:
+        if no_local or sub_id or not (self.shared_ok and self.wildcard_ok):
+            from .v5 import check_sub
+
+            check_sub(self, flt, shared, match, no_local, sub_id)
+        if sub_id is None and self.version == _V5 and self.sid_ok:
             # Every subscription gets an identifier (see _on_publish): the
             # next one no current subscription holds.
             sub_id = self._next_sid
@@ -841,7 +811,9 @@ class Session:
                 else:
                     size = pkt.frame_size(rx, pos, end, 268435460) if pos < end else -1
                 if size > cap:
-                    if self._oversize(pos, end, size):
+                    from .fault import oversize
+
+                    if oversize(self, pos, end, size):
                         continue
                     break
                 if size < 0 or pos + size > end:
@@ -1012,27 +984,9 @@ class Session:
             self.connection_lost()
             self._event(EV_DISCONNECT, p.reason, p)
         elif t == _AUTH:
-            # Enhanced authentication: a challenge (0x18) while connecting or
-            # re-authenticating, or success (0) at the end of a re-authentication.
-            r = p.reason
-            cp = self.connect_props
-            m = cp and cp.get(_P_AUTH_METHOD)
-            if not (self.auth and m and (self.state == _CONNECTING or self.reauthing)) or r == 0x19 or (
-                    r == 0 and not self.reauthing) or not p.props or p.props.get(_P_AUTH_METHOD) != m:
-                # (the method is that of the CONNECT, in every AUTH: 3.15.2.2.2)
-                self._violation(_PROTOCOL_ERROR, "unexpected %s (reason 0x%02X)" % ("AUTH", r), now)
-            try:
-                out = self.auth(r, p.props)
-            except Exception as e:
-                self._violation(0x80, "authentication hook failed: %r" % e, now)
-            if r:
-                out = dict(out) if out else {}
-                if _P_AUTH_METHOD not in out:
-                    out[_P_AUTH_METHOD] = m
-                self._packet(Packet(_AUTH, reason=0x18, props=out), now)
-            else:
-                self.reauthing = False
-                self._event(EV_AUTH, 0, p)
+            from .v5 import on_auth
+
+            on_auth(self, p, now)
         elif t != _PINGRESP:  # PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK, UNSUBACK
             self._on_ack(t, p.pid, p.reasons if t > _PUBCOMP else p.reason, now)
 
@@ -1042,16 +996,9 @@ class Session:
         (e.g. fresh Authentication Data). The hook answers the server's
         challenges; EV_AUTH (a = 0) reports success, a refusal comes as a
         server DISCONNECT."""
-        if self.state != CONNECTED:
-            raise NotConnected("not connected")
-        cp = self.connect_props
-        m = cp and cp.get(_P_AUTH_METHOD)
-        if not m or not self.auth:
-            raise ValueError("re-authentication needs auth= and an Authentication Method (0x15) in connect_props")
-        out = dict(props) if props else {}
-        out[_P_AUTH_METHOD] = m
-        self.reauthing = True
-        self._packet(Packet(_AUTH, reason=0x19, props=out), now)
+        from .v5 import reauthenticate
+
+        reauthenticate(self, now, props)
 
     def _on_ack(self, t, pid, reason, now):
         # An acknowledgement from the server; for SUBACK and UNSUBACK, reason
@@ -1071,9 +1018,9 @@ class Session:
             else:
                 self._ack(_PUBCOMP, pid, r, now)
             if self._deferred and not self._in2:
-                n = self._deferred
-                self.disconnect(now)  # (normal: no will) and the driver reconnects
-                raise OSError("%d QoS 2 messages over Receive Maximum left for the broker to resend: reconnecting" % n)
+                from .fault import redeliver
+
+                redeliver(self, now)
             return
         i = self._head
         if self._ring[i] != pid or not self._n:  # (acknowledgements come in send order: the oldest, mostly)
@@ -1102,7 +1049,9 @@ class Session:
             # refusing a QoS 2 message.
             done = not f & _QOS2 if t == _PUBACK else f & _QOS2 and (t == _PUBREC or f & _MARKED)
         if not done:
-            self._wrong_ack(t, pid, i, f, now)
+            from .fault import wrong_ack
+
+            wrong_ack(self, t, pid, i, f, now)
         if t > _PUBCOMP:
             # One filter a SUBSCRIBE/UNSUBSCRIBE, so one reason code ([MQTT-3.8.4-6],
             # [MQTT-3.11.3-2]; UNSUBACK before MQTT 5: none), and never more than the QoS asked for.
@@ -1129,27 +1078,6 @@ class Session:
             # (feed_n pumps once for all the acknowledgements in it, in one pass)
             # or before a message handler runs, whichever comes first.
 
-    def _wrong_ack(self, t, pid, i, f, now):
-        # An acknowledgement of the wrong type for what pid is (a PUBACK for
-        # QoS 2, a PUBREC for QoS 1, a PUBCOMP before PUBREC, a SUBACK for an
-        # UNSUBSCRIBE ...): a protocol violation, so the connection ends. A
-        # PUBLISH is given back failed (EV_PUBLISHED 0x82) rather than kept:
-        # sent again after the reconnect, it would meet the same answer every
-        # time (a broker that acknowledges QoS 2 as QoS 1 does so for good).
-        n = ("PUBACK", "PUBREC", "PUBREL", "PUBCOMP", "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK")
-        if f & _CTRL:
-            what = n[self.store.kind(pid) - _PUBACK]
-        else:
-            self._free(i)
-            self._inflight -= 1
-            self._event(EV_PUBLISHED, pid, _PROTOCOL_ERROR)
-            what = "QoS %d message" % (2 if f & _QOS2 else 1)
-        self._violation(_PROTOCOL_ERROR, "protocol violation: the broker answered %s %d with %s%s%s" % (
-            what, pid, n[t - _PUBACK],
-            " (it does not do QoS 2: it acknowledges it as QoS 1)" if t == _PUBACK and f & _QOS2 else
-            " before PUBREC" if t == _PUBCOMP and f & _QOS2 else "",
-            "" if f & _CTRL else "; the message is given back failed (0x82)"), now)
-
     def _answer(self, t, pid, now):
         # Acknowledge an inbound message that is not delivered, in its place
         # among the acknowledgements (arrival order).
@@ -1160,37 +1088,6 @@ class Session:
             self._held.append(pid << 4 | t)
         else:
             self._ack(t, pid, 0, now)
-
-    def _oversize(self, pos, end, size):
-        # A packet larger than the receive buffer. MQTT 5 announced the
-        # buffer as our Maximum Packet Size: the server broke it (0x95).
-        # MQTT 3.1.x cannot say it, and a disconnect would not help: the
-        # broker sends the message again after every reconnect and the client
-        # would never get past it. So a PUBLISH is discarded as it streams in
-        # and acknowledged (stats_dropped counts it). True once its packet id
-        # is read (bytes to skip in _skip); False: more bytes needed first.
-        rx = self.rx
-        b = rx[pos]
-        if self.version != _V5 and b >> 4 == _PUBLISH:
-            h = pos + 2
-            while rx[h - 1] & 0x80:  # past the remaining length
-                h += 1
-            if h + 2 > end:
-                return False
-            q = b >> 1 & 3
-            if q == 3:
-                fail("QoS 3")  # as parse_publish says it of a packet that fits
-            h += 2 + (rx[h] << 8 | rx[h + 1]) + (2 if q else 0)  # past the topic and packet id
-            if h - pos <= len(rx):  # else a topic alone fills the buffer: 0x95 all the same
-                if h > end:
-                    return False
-                pid = rx[h - 2] << 8 | rx[h - 1] if q else 0
-                if q and not pid:
-                    fail("packet id 0")
-                self._skip = size
-                self._skipid = q << 16 | pid
-                return True
-        raise MQTTError(0x95, "packet of %d bytes over the receive buffer's %d" % (size, len(rx)))
 
     def _on_publish(self, pos, end, now):
         d = self._depth
@@ -1203,24 +1100,12 @@ class Session:
         m.version = v
         if v == _V5:
             self._P.scan_publish(m, rx, m.sub_ids)
-            a = m.alias
-            if a:
-                if a > self.topic_alias_max:
-                    self._violation(0x94, "unknown topic alias %d (maximum %d)" % (a, self.topic_alias_max), now)
-                if self._aliases is None:
-                    self._aliases = {}
-                if m.topic_end > m.topic_start:
-                    self._aliases[a] = bytes(self.rxmv[m.topic_start : m.topic_end])
-                else:
-                    t = self._aliases.get(a)
-                    if t is None:
-                        self._violation(_PROTOCOL_ERROR, "unknown topic alias %d (maximum %d)" % (
-                            a, self.topic_alias_max), now)
-                    m.tbuf = t
-                    m.topic_start = 0
-                    m.topic_end = len(t)
-            elif m.topic_end == m.topic_start:
-                self._violation(_PROTOCOL_ERROR, "empty topic without a topic alias", now)
+            if m.alias or m.topic_end == m.topic_start:
+                # `import tern.v5`, not `from .v5 import alias_in`: that one
+                # builds its tuple of names (32 bytes) at every message.
+                import tern.v5
+
+                tern.v5.alias_in(self, m, now)
         else:
             m.n_sub_ids = 0
         q = m.qos
@@ -1322,11 +1207,9 @@ class Session:
         # fills the store has drained, rather than failing every connection).
         n = self._in2
         if n >= self._in_cap:
-            if not self.session_present:
-                self._violation(0x93, "Receive Maximum exceeded: %d QoS 2 messages await PUBREL" % n, now)
-            self.stats_deferred += 1
-            self._deferred += 1
-            return False
+            from .fault import over_cap
+
+            return over_cap(self, n, now)
         if rec:
             try:
                 self.store.in_add(pid)
@@ -1342,23 +1225,10 @@ class Session:
         """Manual acknowledgement: the application is done with a message.
         Acknowledgements still leave in the order the messages arrived: this
         sends those at the head of the queue that are ready."""
-        q = self._inq
-        if q is None:
-            return
-        pid = ack_id & 0xFFFF
-        t = _PUBACK if ack_id >> 16 == 1 else _PUBREC
-        for e in q:
-            if e[0] == pid and e[2] < 0 and e[1] == t:
-                e[2] = 0
-                break
-        while q and q[0][2] >= 0:
-            pid, t, r = q.pop(0)
-            if self.state != CONNECTED:
-                continue
-            if t == _PUBREC and not self.store.in_has(pid):
-                self.store.in_add(pid)
-                self.store.commit()
-            self._ack(t, pid, r, now)
+        if self._inq is not None:
+            import tern.manual  # (not `from .manual import`: see _on_publish)
+
+            tern.manual.ack(self, ack_id, now)
 
     def _event(self, kind, a, b):
         if self.on_event:
@@ -1416,7 +1286,6 @@ class Session:
         self._deferred = 0  # the broker resends them after the reconnect
         del self._held[:]  # for the old connection: the broker sends those messages again
         if self._inq is not None:
-            for e in self._inq:  # QoS 2 messages the app never acknowledged: counted, not recorded
-                if e[1] == _PUBREC and self._in2 and not self.store.in_has(e[0]):
-                    self._in2 -= 1
-            self._inq = []
+            from .manual import lost
+
+            lost(self)

@@ -2,7 +2,7 @@
 
 Why it exists: MicroPython's SSLContext starts with verification off (verify_mode CERT_NONE) and
 its mbedtls reads DER certificates only; CPython's client context verifies and takes PEM. Users
-have PEM files. Loaded only when TLS is used.
+have PEM files. Loaded only when TLS is used; the drivers' TLS set-up (given, wrap) is here too.
 """
 
 import sys
@@ -28,6 +28,23 @@ def der_certs(data):
         out.append(a2b_base64(data[i + len(_BEGIN) : j]))
         i = data.find(_BEGIN, j)
     return out
+
+
+def given(arg):
+    """The context a driver's ssl argument stands for: True, the system's CAs with verification on
+    (CPython only; context()); else the argument as it is."""
+    return context() if arg is True else arg
+
+
+def wrap(sock, arg, server_hostname):
+    """The blocking client's socket wrapped in TLS."""
+    ctx = given(arg)  # a bad ssl argument stays a ValueError
+    try:
+        return ctx.wrap_socket(sock, server_hostname=server_hostname)
+    except OSError:  # CPython's SSLCertVerificationError is a ValueError too: kept as it is
+        raise
+    except ValueError as e:  # MicroPython's mbedtls: the server failed verification
+        raise OSError("TLS: " + str(e).strip())  # like CPython's SSLError: retried with backoff
 
 
 def context(ca=None, cadata=None):

@@ -126,10 +126,6 @@ def put_u16(buf, pos, n):
     return pos + 2
 
 
-def put_u32(buf, pos, n):
-    return put_u16(buf, put_u16(buf, pos, n >> 16 & 0xFFFF), n & 0xFFFF)
-
-
 def put_data(buf, pos, data):
     """Two-byte length then the bytes (UTF-8 string or binary data)."""
     n = len(data)
@@ -205,24 +201,3 @@ class Reader:
         p = self.need(2)
         self.pos = p + 2
         return self.buf[p] << 8 | self.buf[p + 1]
-
-    def u32(self):
-        return self.u16() << 16 | self.u16()
-
-    def varint(self):
-        n = get_varint(self.buf, self.pos, self.end)
-        if n < 0:
-            fail("truncated")
-        self.pos += varint_size(n)
-        return n
-
-    def binary(self):
-        n = self.u16()
-        p = self.need(n)
-        self.pos = p + n
-        return bytes(self.buf[p : p + n])
-
-    def string(self):
-        b = self.binary()
-        check_utf8(b, 0, len(b))
-        return str(b, "utf-8")

@@ -134,3 +134,27 @@ def test_qos1_publish_and_its_puback_allocate_nothing():
             one()
         _check("QoS 1 publish + PUBACK, MemoryStore, v%d" % v, allocated(one))
         assert s.pending() == [] and s.store.count() == 0 and s._last_pid == 7, (s.pending(), s._last_pid)
+
+
+def test_receive_by_inbound_topic_alias_allocates_nothing():
+    # MQTT 5: the first message names the topic and its alias; the next ones carry the alias
+    # alone. Resolving it (tern.v5, loaded on the first alias) allocates nothing per message.
+    s = Session("alloc", 5, window=64, topic_alias_max=4)
+    s.send = sink
+    got = [0, 0]  # messages handled, topic length of the last
+
+    def handler(m):
+        got[0] += 1
+        got[1] = m.topic_end - m.topic_start
+
+    s.subscribe("a/#", 1, 0, handler=handler)
+    s.connect_packet(0)
+    _feed(s, encode(Packet(CONNACK), 5))
+    _feed(s, encode(Packet(SUBACK, pid=1, reasons=[1]), 5))
+    props = {P.SUBSCRIPTION_IDENTIFIER: [1], P.TOPIC_ALIAS: 2}
+    _feed(s, encode(Packet(PUBLISH, topic="a/b", payload=b"x", props=props), 5))
+    q0 = encode(Packet(PUBLISH, topic="", payload=b"y" * 50, props=props), 5)
+    q1 = encode(Packet(PUBLISH, topic="", payload=b"z" * 50, qos=1, pid=3, props=props), 5)
+    _check("receive QoS 0 by topic alias", allocated(lambda: _feed(s, q0)))
+    _check("receive QoS 1 by topic alias + PUBACK", allocated(lambda: _feed(s, q1)))
+    assert got == [5, 3], got  # each one (warm-up calls too) dispatched, with the topic its alias stands for

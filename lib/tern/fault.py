@@ -1,0 +1,90 @@
+"""The session's rare fault paths, imported on first use: an acknowledgement of the wrong type
+from the server, an inbound packet larger than the receive buffer, and inbound QoS 2 messages
+over the cap of ids awaiting PUBREL (Session._admit says why). Functions of the session (`s`),
+called from where they were its methods.
+"""
+
+from .wire import const, MQTTError, fail
+
+_PUBLISH = const(3)
+_PUBACK = const(4)
+_PUBCOMP = const(7)
+_V5 = const(5)
+_PROTOCOL_ERROR = const(0x82)
+_EV_PUBLISHED = const(2)  # the session's event
+_QOS2 = const(2)  # and ring flags
+_CTRL = const(8)
+
+
+def wrong_ack(s, t, pid, i, f, now):
+    # An acknowledgement of the wrong type for what pid is (a PUBACK for
+    # QoS 2, a PUBREC for QoS 1, a PUBCOMP before PUBREC, a SUBACK for an
+    # UNSUBSCRIBE ...): a protocol violation, so the connection ends. A
+    # PUBLISH is given back failed (EV_PUBLISHED 0x82) rather than kept:
+    # sent again after the reconnect, it would meet the same answer every
+    # time (a broker that acknowledges QoS 2 as QoS 1 does so for good).
+    n = ("PUBACK", "PUBREC", "PUBREL", "PUBCOMP", "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK")
+    if f & _CTRL:
+        what = n[s.store.kind(pid) - _PUBACK]
+    else:
+        s._free(i)
+        s._inflight -= 1
+        s._event(_EV_PUBLISHED, pid, _PROTOCOL_ERROR)
+        what = "QoS %d message" % (2 if f & _QOS2 else 1)
+    s._violation(_PROTOCOL_ERROR, "protocol violation: the broker answered %s %d with %s%s%s" % (
+        what, pid, n[t - _PUBACK],
+        " (it does not do QoS 2: it acknowledges it as QoS 1)" if t == _PUBACK and f & _QOS2 else
+        " before PUBREC" if t == _PUBCOMP and f & _QOS2 else "",
+        "" if f & _CTRL else "; the message is given back failed (0x82)"), now)
+
+
+def oversize(s, pos, end, size):
+    # A packet larger than the receive buffer. MQTT 5 announced the
+    # buffer as our Maximum Packet Size: the server broke it (0x95).
+    # MQTT 3.1.x cannot say it, and a disconnect would not help: the
+    # broker sends the message again after every reconnect and the client
+    # would never get past it. So a PUBLISH is discarded as it streams in
+    # and acknowledged (stats_dropped counts it). True once its packet id
+    # is read (bytes to skip in s._skip); False: more bytes needed first.
+    rx = s.rx
+    b = rx[pos]
+    if s.version != _V5 and b >> 4 == _PUBLISH:
+        h = pos + 2
+        while rx[h - 1] & 0x80:  # past the remaining length
+            h += 1
+        if h + 2 > end:
+            return False
+        q = b >> 1 & 3
+        if q == 3:
+            fail("QoS 3")  # as parse_publish says it of a packet that fits
+        h += 2 + (rx[h] << 8 | rx[h + 1]) + (2 if q else 0)  # past the topic and packet id
+        if h - pos <= len(rx):  # else a topic alone fills the buffer: 0x95 all the same
+            if h > end:
+                return False
+            pid = rx[h - 2] << 8 | rx[h - 1] if q else 0
+            if q and not pid:
+                fail("packet id 0")
+            s._skip = size
+            s._skipid = q << 16 | pid
+            return True
+    raise MQTTError(0x95, "packet of %d bytes over the receive buffer's %d" % (size, len(rx)))
+
+
+def over_cap(s, n, now):
+    # Session._admit with n ids awaiting PUBREL, at the cap: a fresh session's
+    # broker broke the protocol (0x93); on a resumed one the message is
+    # deferred (not delivered, not acknowledged). False: not taken.
+    if not s.session_present:
+        s._violation(0x93, "Receive Maximum exceeded: %d QoS 2 messages await PUBREL" % n, now)
+    s.stats_deferred += 1
+    s._deferred += 1
+    return False
+
+
+def redeliver(s, now):
+    # The ids taken are all released and messages were deferred: reconnect
+    # (DISCONNECT, normal: no will; the driver reconnects) so that the broker
+    # sends them again.
+    n = s._deferred
+    s.disconnect(now)
+    raise OSError("%d QoS 2 messages over Receive Maximum left for the broker to resend: reconnecting" % n)

@@ -1,0 +1,118 @@
+"""The session's MQTT 5 paths that a plain connect never runs, imported on first use (a board
+speaking MQTT 3.1.1, or MQTT 5 without them, does not load this module): enhanced authentication
+and re-authentication, inbound topic aliases, the checks of No Local, chosen subscription
+identifiers and what the server lacks (functions of the session `s`, called from where they were
+its methods), and for the drivers the error of a server's DISCONNECT and reply() to a request.
+"""
+
+from .wire import const, MQTTError
+from .pkt import Packet
+
+_CONNECTING = const(1)  # the session's states and events
+_CONNECTED = const(2)
+_EV_AUTH = const(7)
+_AUTH = const(15)
+_PROTOCOL_ERROR = const(0x82)
+_P_AUTH_METHOD = const(0x15)
+
+
+def on_auth(s, p, now):
+    # Enhanced authentication: a challenge (0x18) while connecting or
+    # re-authenticating, or success (0) at the end of a re-authentication.
+    r = p.reason
+    cp = s.connect_props
+    m = cp and cp.get(_P_AUTH_METHOD)
+    if not (s.auth and m and (s.state == _CONNECTING or s.reauthing)) or r == 0x19 or (
+            r == 0 and not s.reauthing) or not p.props or p.props.get(_P_AUTH_METHOD) != m:
+        # (the method is that of the CONNECT, in every AUTH: 3.15.2.2.2)
+        s._violation(_PROTOCOL_ERROR, "unexpected %s (reason 0x%02X)" % ("AUTH", r), now)
+    try:
+        out = s.auth(r, p.props)
+    except Exception as e:
+        s._violation(0x80, "authentication hook failed: %r" % e, now)
+    if r:
+        out = dict(out) if out else {}
+        if _P_AUTH_METHOD not in out:
+            out[_P_AUTH_METHOD] = m
+        s._packet(Packet(_AUTH, reason=0x18, props=out), now)
+    else:
+        s.reauthing = False
+        s._event(_EV_AUTH, 0, p)
+
+
+def reauthenticate(s, now, props):
+    # Session.reauthenticate (its docstring says what it does)
+    if s.state != _CONNECTED:
+        from .session import NotConnected
+
+        raise NotConnected("not connected")
+    cp = s.connect_props
+    m = cp and cp.get(_P_AUTH_METHOD)
+    if not m or not s.auth:
+        raise ValueError("re-authentication needs auth= and an Authentication Method (0x15) in connect_props")
+    out = dict(props) if props else {}
+    out[_P_AUTH_METHOD] = m
+    s.reauthing = True
+    s._packet(Packet(_AUTH, reason=0x19, props=out), now)
+
+
+def alias_in(s, m, now):
+    # An inbound PUBLISH with a Topic Alias, or with an empty topic (which
+    # needs one): the alias is learnt, or the topic it stands for filled in.
+    a = m.alias
+    if not a:
+        s._violation(_PROTOCOL_ERROR, "empty topic without a topic alias", now)
+    if a > s.topic_alias_max:
+        s._violation(0x94, "unknown topic alias %d (maximum %d)" % (a, s.topic_alias_max), now)
+    if s._aliases is None:
+        s._aliases = {}
+    if m.topic_end > m.topic_start:
+        s._aliases[a] = bytes(s.rxmv[m.topic_start : m.topic_end])
+    else:
+        t = s._aliases.get(a)
+        if t is None:
+            s._violation(_PROTOCOL_ERROR, "unknown topic alias %d (maximum %d)" % (a, s.topic_alias_max), now)
+        m.tbuf = t
+        m.topic_start = 0
+        m.topic_end = len(t)
+
+
+def check_sub(s, flt, shared, match, no_local, sub_id):
+    # No Local, a chosen subscription identifier, and what the server's last
+    # CONNACK said it lacks (Session.subscribe's docstring): ValueError before
+    # anything is registered or sent. (Retain Handling, an option a device
+    # commonly sets, is checked in the session without loading this module.)
+    if shared and no_local:
+        raise ValueError("No Local cannot be set on a shared subscription")
+    if shared and not s.shared_ok:
+        raise ValueError("the server does not support shared subscriptions (CONNACK: Shared Subscription Available = 0)")
+    if not s.wildcard_ok and (43 in match or 35 in match):  # "+" or "#"
+        raise ValueError("the server does not support wildcard subscriptions (CONNACK: Wildcard Subscription Available = 0)")
+    if sub_id:  # 0: none (the subscription is reached by copies without identifiers only)
+        if not 0 < sub_id <= 268435455:
+            raise ValueError("subscription identifier must be 1..268435455")
+        if not s.sid_ok:
+            raise ValueError("the server does not support subscription identifiers (CONNACK: Subscription Identifiers Available = 0)")
+        for x in s._subs:  # an automatic identifier is never shared with a chosen one
+            if x.sid == sub_id and x.auto and x.filter != flt:
+                raise ValueError("subscription identifier %d is the automatic one of %r: give sub_id to all "
+                                 "overlapping subscriptions or to none" % (sub_id, x.filter))
+
+
+def reply_args(msg, props):
+    """(topic, properties) to answer a request message `msg` (MQTT 5
+    request/response): its Response Topic, with its Correlation Data copied."""
+    mp = msg.properties or {}
+    topic = mp.get(0x08)
+    if not topic:
+        raise ValueError("the message has no response topic to reply to")
+    out = dict(props) if props else {}
+    if 0x09 in mp:
+        out[0x09] = mp[0x09]
+    return topic, out
+
+
+def server_disconnect(reason, p):
+    """The error for a DISCONNECT from the server (MQTT 5 only), with its reason string."""
+    rs = p.props.get(0x1F) if p is not None and p.props else None
+    return MQTTError(reason, "server sent DISCONNECT" + (": " + rs if rs else ""))
