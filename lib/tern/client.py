@@ -165,7 +165,9 @@ class _Driver:
         # it counting as -1): True when the next version of version=(5, 4) is
         # to be tried now; else False, or ConnectError for a refusal (tern.refused).
         if not isinstance(reason, int):
-            reason = -1 if reason.args == (_CLOSED,) else 0  # an end of stream, or another error
+            if reason.args != (_CLOSED,):
+                return False  # another error (unreachable, reset, a protocol error): nothing to load for it
+            reason = -1  # an end of stream
         from .refused import fallback
 
         return fallback(self, reason, ConnectError)
