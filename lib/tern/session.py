@@ -996,6 +996,8 @@ class Session:
         (e.g. fresh Authentication Data). The hook answers the server's
         challenges; EV_AUTH (a = 0) reports success, a refusal comes as a
         server DISCONNECT."""
+        if self.state != CONNECTED:
+            raise NotConnected("not connected")
         from .v5 import reauthenticate
 
         reauthenticate(self, now, props)

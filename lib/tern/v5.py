@@ -9,7 +9,6 @@ from .wire import const, MQTTError
 from .pkt import Packet
 
 _CONNECTING = const(1)  # the session's states and events
-_CONNECTED = const(2)
 _EV_AUTH = const(7)
 _AUTH = const(15)
 _PROTOCOL_ERROR = const(0x82)
@@ -41,11 +40,7 @@ def on_auth(s, p, now):
 
 
 def reauthenticate(s, now, props):
-    # Session.reauthenticate (its docstring says what it does)
-    if s.state != _CONNECTED:
-        from .session import NotConnected
-
-        raise NotConnected("not connected")
+    # Session.reauthenticate (its docstring says what it does; it checks the connection)
     cp = s.connect_props
     m = cp and cp.get(_P_AUTH_METHOD)
     if not m or not s.auth:

@@ -31,7 +31,7 @@ def test_collect_takes_the_flags_of_pub_and_sub():
     (["--insecure"], "--insecure needs TLS"),
     (["--cafile", "/nonexistent/ca.pem"], "cannot load --cafile /nonexistent/ca.pem"),
     (["-V", "4"], "protocol version must be 31, 311 or 5"),
-    (["-k", "70000"], "--keepalive must be 0..65535"),
+    (["-k", "70000"], "--keepalive must be 5..65535"),
 ])
 def test_collect_broker_flag_errors_are_those_of_pub_and_sub(argv, message, capsys):
     assert cli.main(["collect", "land", "--id", "c", *argv]) == 2
