@@ -62,6 +62,13 @@ class App:
         dev = self.dev = cfg["client_id"]
         self.net = hal.Net(prof, cfg["wifi_ssid"], cfg["wifi_password"])
         store, kind = hal.open_store(prof)
+        if kind == "flash":
+            # Recovered here, before the client takes its buffers, into an index sized once for max_pending
+            # (a FlashStore.open() is not repeated by the session): a scan that had to grow its index in a
+            # heap the client already split raised MemoryError at every boot over a full outbox.
+            store.reserve(cfg["max_pending"])
+            gc.collect()
+            store.open()
         v = cfg["version"]
         wd = prof.get("watchdog_ms")
         ssl = None

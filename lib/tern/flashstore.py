@@ -55,7 +55,10 @@ Write-ahead and recovery:
   sector; the newest copy of a record (by sequence) wins. If the head sector
   does not end cleanly (torn tail), it is never appended to again.
 - RAM: 8 bytes per pending message (pid, address with kind and mark bits,
-  record size), a few bytes per sector, fixed buffers.
+  record size), a few bytes per sector, fixed buffers. The boot scan builds
+  that index in place (4 bytes more per entry while it runs: the record
+  sequence), so nothing it keeps is spread over the heap between the scan's
+  garbage; reserve() before open() sizes it once.
 """
 
 from binascii import crc32
@@ -76,7 +79,6 @@ from .logrec import (
     OP_INREL,
     KINDS as _KINDS,
     Log,
-    apply_op,
     u16 as _u16,
     u32 as _u32,
     put16 as _put16,
@@ -290,7 +292,10 @@ class FlashStore(Log):
             if q >= floor:
                 self._sseq[s] = q
         scanned = 0
-        ents = {}
+        # the index is built in place, in record-sequence order (_iseq: each
+        # entry's sequence, for the scan only); reserve() before open sizes it
+        self._iseq = array("I", bytes(4 * len(self._ipid)))
+        self._n = 0
         ins = {}
         repair = []
         self._bootlast = self._rseq - 1
@@ -299,7 +304,7 @@ class FlashStore(Log):
             if self._ret[s] and s != head:
                 continue
             scanned += 1
-            end, torn = self._scan(s, ents, ins, repair)
+            end, torn = self._scan(s, ins, repair)
             if s == head:
                 self._off = end
                 self._sealed = torn
@@ -310,22 +315,18 @@ class FlashStore(Log):
                 self._sealed = True
             if self._off > self._limit or rhead:  # (never append under a damaged header)
                 self._sealed = 2
-        # build the index in record-sequence order
-        keys = sorted(ents)
-        cap = _CHUNK
-        while cap < len(keys) + 1:
-            cap += _CHUNK
-        self._ipid = array("H", bytes(2 * cap))
-        self._iaddr = array("I", bytes(4 * cap))
-        self._isz = array("H", bytes(2 * cap))
-        for i in range(len(keys)):
-            e = ents[keys[i]]
-            self._ipid[i] = e[0]
-            self._iaddr[i] = e[1]
-            self._isz[i] = e[2]
-            self._lv(e[1], e[2])
-        self._n = self._count = len(keys)
+        ip = self._ipid
+        j = 0
+        for i in range(self._n):  # close the holes (released, superseded)
+            if ip[i]:
+                ip[j] = ip[i]
+                self._iaddr[j] = self._iaddr[i]
+                self._isz[j] = self._isz[i]
+                self._lv(self._iaddr[j], self._isz[j])
+                j += 1
+        self._n = self._count = j
         self._lo = 0
+        self._iseq = None
         ik = sorted(ins)
         cap = 8
         while cap < len(ik) + 1:
@@ -357,7 +358,7 @@ class FlashStore(Log):
             "bytes_read": getattr(dev, "bytes_read", 0) - r0,
             "pending": self._count,
         }
-        del ents, ins, repair
+        del ins, repair
         return self
 
     def _recover(self, s, valid, floor):
@@ -471,7 +472,7 @@ class FlashStore(Log):
             off += k
         return end
 
-    def _scan(self, s, ents, ins, repair):
+    def _scan(self, s, ins, repair):
         """Scan sector s in log order. Returns (end offset, torn tail)."""
         base = s * self.bs
         h = self._hdr
@@ -505,11 +506,11 @@ class FlashStore(Log):
                 off += size
                 continue
             torn = False
-            self._record(s, base + off, size, ents, ins, repair)
+            self._record(s, base + off, size, ins, repair)
             off += size
         return off, torn
 
-    def _record(self, s, addr, size, ents, ins, repair):
+    def _record(self, s, addr, size, ins, repair):
         h = self._hdr
         t = h[0]
         fl = h[1]
@@ -521,16 +522,21 @@ class FlashStore(Log):
             if not fl & F_RELOC and r > self._bootlast:
                 self._bootlast = r
                 self._last = pid
-            old = ents.pop(r, None)
-            if old is not None and not self.append_acks:
-                repair.append(old[1] & ~7)
+            i = self._efind(r)
+            if i >= 0:  # an older copy: this one wins
+                if not self.append_acks:
+                    repair.append(self._iaddr[i] & ~7)
+                self._ipid[i] = 0
             if _isset(h[13]):
                 return
             mk = 1 if fl & F_MARKED else 0
             for j in (12, 14, 15):
                 if _isset(h[j]):
                     mk ^= 1
-            ents[r] = [pid, addr | (_KINDS.index(t) << 1) | mk, size]
+            i = self._eslot(r)
+            self._ipid[i] = pid
+            self._iaddr[i] = addr | (_KINDS.index(t) << 1) | mk
+            self._isz[i] = size
         elif t == T_INID:
             if r >= self._rseq:
                 self._rseq = r + 1
@@ -548,11 +554,70 @@ class FlashStore(Log):
                 self._say("meta record at 0x%x malformed: skipped" % addr)
         elif t == T_OP:
             self._pin[s] = 1
-            apply_op(ents, ins, fl, r, 1)
+            if fl == OP_INREL:
+                ins.pop(r, None)
+                return
+            i = self._efind(r)
+            if i >= 0:
+                if fl == OP_RELEASE:
+                    self._ipid[i] = 0
+                elif fl == OP_MARK:
+                    self._iaddr[i] |= 1
+                elif fl == OP_UNMARK:
+                    self._iaddr[i] &= ~1
         elif t == T_INCLEAR:
             self._pin[s] = 1
             ins.clear()
         # T_FLOOR: read before the scan
+
+    def _epos(self, r):
+        """Where sequence r is or would go in the scan's index (binary search)."""
+        q = self._iseq
+        lo = 0
+        hi = self._n
+        if hi and q[hi - 1] < r:  # (records come mostly in order)
+            return hi
+        while lo < hi:
+            m = (lo + hi) >> 1
+            if q[m] < r:
+                lo = m + 1
+            else:
+                hi = m
+        return lo
+
+    def _efind(self, r):
+        """Index entry of live record sequence r during the scan, or -1."""
+        i = self._epos(r)
+        return i if i < self._n and self._iseq[i] == r and self._ipid[i] else -1
+
+    def _eslot(self, r):
+        """An entry for sequence r during the scan, in order: a hole r left, or
+        room made at its place (holes closed first; grown only when full)."""
+        i = self._epos(r)
+        n = self._n
+        q = self._iseq
+        if i < n and q[i] == r:
+            return i
+        ip, ia, iz = self._ipid, self._iaddr, self._isz
+        if n == len(ip):
+            j = 0
+            for k in range(n):
+                if ip[k]:
+                    ip[j], ia[j], iz[j], q[j] = ip[k], ia[k], iz[k], q[k]
+                    j += 1
+            if j == n:
+                self.reserve(n + _CHUNK)
+                self._iseq = _grow(q, "I", 4, n + _CHUNK)
+                ip, ia, iz, q = self._ipid, self._iaddr, self._isz, self._iseq
+            self._n = n = j
+            i = self._epos(r)
+        k = n
+        while k > i:  # (only relocated copies land before the end)
+            ip[k], ia[k], iz[k], q[k] = ip[k - 1], ia[k - 1], iz[k - 1], q[k - 1]
+            k -= 1
+        q[i] = r
+        self._n = n + 1
+        return i
 
     # ------------------------------------------------------------ space
     def _free(self):
@@ -985,6 +1050,18 @@ class FlashStore(Log):
 
     def count(self):
         return self._count
+
+    def pending(self):
+        # one list of the exact size: a comprehension's growth steps, right
+        # after a boot's scan, are what a small heap could not find
+        ip = self._ipid
+        out = [0] * self._count
+        j = 0
+        for i in range(self._lo, self._n):
+            if ip[i]:
+                out[j] = ip[i]
+                j += 1
+        return out
 
     def _infind(self, pid):
         ip = self._inpid

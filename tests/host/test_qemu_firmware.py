@@ -5,7 +5,7 @@ MQTT goes over the link UART, bridged through the chaos proxy to a real Mosquitt
 
 import pytest
 
-from test_firmware import check_1000_readings_with_100_pending, check_delivery, run_under_faults
+from test_firmware import Device, check_1000_readings_with_100_pending, check_delivery, run_under_faults
 
 
 def test_qemu_readings_survive_power_cuts_at_flash_operations(tmp_path):
@@ -33,3 +33,27 @@ def test_qemu_tight_heap_runs_1000_readings_with_100_pending(tmp_path):
     # the full app with FlashStore, frozen, in the qemu-m3-tight profile's 32 KiB heap: 1,000 QoS 1
     # readings with an outage that leaves more than 100 pending
     check_1000_readings_with_100_pending(tmp_path, "qemu-m3-tight")
+
+
+def test_qemu_tight_boots_over_a_full_outbox(tmp_path):
+    # No broker: the app fills its FlashStore outbox up to max_pending (160) and drops the rest. Each
+    # power-on after that recovers all 160 in the 32 KiB heap: the scan that built its index in a dict
+    # of lists after the client had taken its buffers raised MemoryError in FlashStore.open at every
+    # boot (a boot loop over the board's own outbox).
+    from ternlab.broker import free_port
+
+    cfg = {"host": "127.0.0.1", "port": free_port(), "client_id": "dev-1", "interval_ms": 10, "qos": 1,
+           "count": 170, "max_pending": 160, "backoff_min_ms": 20, "backoff_max_ms": 100}
+    dev = Device(tmp_path, cfg, profile="qemu-m3-tight")
+    try:
+        dev.board.power_cycle()
+        log = dev.until(lambda t: t.counts["done"] or t.counts["crash"], 60, "the readings")
+        assert log.of("done")[0]["pending"] == 160, log.of("done")
+        for k in range(1, 5):
+            dev.board.power_off()
+            dev.board.power_on()
+            log = dev.until(lambda t: len(t.of("boot")) > k or t.counts["crash"], 30, "boot %d" % k)
+            assert not log.counts["crash"], [x.text for x in dev.board.log.lines[-14:]]
+            assert log.of("boot")[k]["recovered"] == 160, log.of("boot")[k]
+    finally:
+        dev.close()
