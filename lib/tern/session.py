@@ -482,12 +482,14 @@ class Session:
         # Devices publish to a handful of topics: validate (and encode) each
         # once, so a str or bytes topic costs no allocation on the steady path.
         c = self._cache
-        keyed = isinstance(topic, str) or isinstance(topic, bytes)  # (a tuple of types is built at every call)
-        t = c.get(topic) if keyed else None
+        try:
+            t = c.get(topic)
+        except TypeError:  # a bytearray or memoryview: not a key, checked every time
+            t = None
         if t is None:
             if topic or not (props and _P_ALIAS in props):  # empty: by an alias set on this connection
                 t = validate_name(topic)
-                if keyed:
+                if isinstance(topic, str) or isinstance(topic, bytes):
                     if len(c) >= 24:
                         c.clear()
                     c[topic] = t
@@ -537,6 +539,7 @@ class Session:
                     a = len(d) + 1
                     blk = bytes((3, _P_ALIAS, a >> 8, a & 0xFF))
                 if blk is not None:
+                    ablk = blk  # the alias alone, kept per topic
                     if props:
                         pp = dict(props)
                         pp[_P_ALIAS] = blk[2] << 8 | blk[3]
@@ -547,7 +550,7 @@ class Session:
                     elif n + len(blk) - (len(pblock) if pblock else 1) + 1 <= mx:
                         # (+1: the remaining length may take a byte more) a new alias only where
                         # its property keeps the packet within the server's maximum [MQTT-3.1.2-24]
-                        d[topic] = bytes((3, _P_ALIAS, a >> 8, a & 0xFF)) if props else blk
+                        d[topic] = ablk
                         pblock = blk
             n = pkt.publish_header_into(tx, topic, 0, retain, False, 0, plen, self.version, pblock)
             if n + plen <= len(tx):
