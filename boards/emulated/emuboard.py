@@ -151,14 +151,7 @@ class Flash(NorFlash):
             i += k
         if self._tick():
             return self._torn_program(pos, buf, n)
-        i = 0
-        while i < n:
-            k = min(_CHUNK, n - i)
-            v = self._chunk(pos + i, k)
-            for j in range(k):
-                s[j] &= buf[i + j]
-            self._put(pos + i, v)
-            i += k
+        self._put(pos, buf)  # buf clears only set bits (checked): old AND buf is buf itself
         self.programs += 1
         self.bytes_programmed += n
         self._persist_counts()

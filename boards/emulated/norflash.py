@@ -285,8 +285,7 @@ class NorFlash:
                     self._violation(pos + i, mem[pos + i], b)
             if self._tick():
                 self._torn_program(pos, buf, n)
-            for i in range(n):
-                mem[pos + i] &= buf[i]
+            mem[pos : pos + n] = buf  # buf clears only set bits (checked): old AND buf is buf itself
         else:
             old = int.from_bytes(self._mv[pos : pos + n], "big")
             new = int.from_bytes(buf, "big")
@@ -296,7 +295,7 @@ class NorFlash:
                         self._violation(pos + i, mem[pos + i], buf[i])
             if self._tick():
                 self._torn_program(pos, buf, n)
-            mem[pos : pos + n] = (old & new).to_bytes(n, "big")
+            mem[pos : pos + n] = buf
         self.programs += 1
         self.bytes_programmed += n
         self._persist_program(pos, buf, n)
