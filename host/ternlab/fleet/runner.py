@@ -8,8 +8,9 @@ schedule, collectors' processes and the view) is already a module of its own.
 
 Why it is built like this:
 - One thread (the caller's) runs the schedule, reads the consoles and calls the callbacks, so a
-  caller that drives a terminal UI (rich progress bars) never sees two callbacks at once. Only the
-  observer (an MQTT subscriber that records what the broker delivered) pumps in its own thread.
+  caller that drives a terminal UI (rich progress bars) never sees two callbacks at once. The
+  observer (an MQTT subscriber that records what the broker delivered) is a process of its own at
+  idle CPU priority (see observer.py), read on the fleet's tick.
 - Each board has its own flash image and workdir under ``out/boards/<name>``; when the scenario cuts
   the network, each board talks to the broker through its own ChaosProxy, so one board's cut leaves
   the others connected.
@@ -35,13 +36,13 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..telemetry import write_ledger
+from .observer import Observer
 from .scenario import Scenario
 from .schedule import Fault, check_seed, collector_id, make_schedule
 
@@ -112,72 +113,6 @@ class FleetResult:
     elapsed: float
     summary: dict = field(default_factory=dict)
     landing: dict | None = None  # with collectors: rows, unique, lost, duplicates, per collector
-
-
-class _Observer:
-    """A CPython Tern client with a persistent session that records every telemetry copy the broker
-    delivers: the other side of the ledger. Pumped in its own thread (the only one the fleet starts)."""
-
-    def __init__(self, name, host, port):
-        from tern.client import Client
-
-        self.rows = []          # (device, boot, seq, qos, topic, recv_ts) per copy received
-        self.keys = defaultdict(set)   # device -> {(device, boot, seq, qos)}
-        self.lock = threading.Lock()
-        self.bad = 0
-        self.c = Client(name, server=host, port=port, version=5, clean=False, session_expiry=3600,
-                        backoff_min=0.05, backoff_max=0.5, keepalive=10)
-        self.c.on_message = self._msg
-        self.stop_ev = threading.Event()
-        self.thread = None
-
-    def _msg(self, m):
-        from ..pipeline.schema import parse_payload
-
-        try:
-            p = parse_payload(bytes(m.payload))
-        except ValueError:
-            with self.lock:
-                self.bad += 1
-            return
-        key = (p["device"], p["boot"], p["seq"], p["qos"])
-        with self.lock:
-            self.rows.append(key + (m.topic, time.time()))
-            self.keys[p["device"]].add(key)
-
-    def start(self, topic):
-        self.c.connect()
-        self.c.subscribe(topic, 2)
-        self.thread = threading.Thread(target=self._pump, daemon=True, name="fleet-observer")
-        self.thread.start()
-
-    def _pump(self):
-        while not self.stop_ev.is_set():
-            try:
-                self.c.loop(20)
-            except OSError:
-                time.sleep(0.05)  # broker restarting: loop() reconnects with backoff
-
-    def received(self, device):
-        with self.lock:
-            return len(self.keys.get(device, ()))
-
-    def has(self, key):
-        with self.lock:
-            return key in self.keys.get(key[0], ())
-
-    def copies(self):
-        with self.lock:
-            return list(self.rows)
-
-    def stop(self):
-        self.stop_ev.set()
-        if self.thread:
-            self.thread.join(2)
-        try:
-            self.c.disconnect()
-        except Exception:
-            self.c.close()
 
 
 def send_commands(addr, messages, timeout=10.0):
@@ -480,14 +415,15 @@ class Fleet:
         from ..telemetry import TelemetryLog, compile_mpy, install
 
         self.out.mkdir(parents=True, exist_ok=True)
-        for old in ("boards", "broker", "landing", "collectors"):
+        for old in ("boards", "broker", "landing", "collectors", "observer"):
             # an earlier run into the same directory: its flash images (outboxes, boot counters, the
             # stop command they were sent), broker state and landed rows would leak into this one
             shutil.rmtree(self.out / old, ignore_errors=True)
         self.cb.on_phase("starting")
         self.broker = Broker(self.out / "broker", persistence=self.scenario.persistence).start()
         topic = self.firmware.get("topic", "tern/{id}/telemetry").replace("{id}", "+")
-        self.observer = _Observer(f"fleet-observer-{self.seed}", self.broker.host, self.broker.port)
+        self.observer = Observer(f"fleet-observer-{self.seed}", self.broker.host, self.broker.port,
+                                 self.out / "observer" / "copies.jsonl", self.out / "observer" / "observer.log")
         self.observer.start(topic)
         self._start_collectors(topic)
         code = compile_mpy(self.out / "mpy")
@@ -534,7 +470,7 @@ class Fleet:
         """Start, run the schedule for `duration`, settle, stop, write the output, judge."""
         t_start = time.monotonic()
         # This process relays every board's traffic (a ChaosProxy's threads per board) beside the live
-        # view, the observer and the fault schedule: a relay thread woken by a packet waits for the
+        # view, the consoles and the fault schedule: a relay thread woken by a packet waits for the
         # interpreter lock up to the switch interval (5 ms by default), which the latency figures
         # then measure. A tenth of a millisecond bounds that wait.
         switch = sys.getswitchinterval()
