@@ -89,7 +89,15 @@ def test_a_seeded_fleet_survives_every_kind_of_fault(fleet):
         assert rec.events[(name, "published")] == result.boards[name]["published"] > 10
         assert (result.out / "boards" / name / "console.log").stat().st_size > 0
         assert (result.out / "boards" / name / "packets.jsonl").exists()
-    assert json.loads((result.out / "summary.json").read_text())["seed"] == 3
+    summary = json.loads((result.out / "summary.json").read_text())
+    assert summary["seed"] == 3
+    # the offset puts the proxy's packet times on the ledger's clock: each board's first reading left
+    # (a PUBLISH through its proxy) after its timestamp and within a second of it
+    for name in f.board_names:
+        first = min((r for r in ledger if r["device"] == name), key=lambda r: r["sent_ts"])
+        sent = [p["t"] + summary["wall_minus_monotonic"] for p in read_jsonl(result.out / "boards" / name / "packets.jsonl")
+                if p.get("direction") == "c2b" and p.get("type") == "PUBLISH"]
+        assert any(first["sent_ts"] <= t < first["sent_ts"] + 1.0 for t in sent), (first, sent[:3])
 
 
 def test_the_command_line_names_a_bad_key_and_prints_seed_and_replay_on_failure(tmp_path, capsys):

@@ -650,6 +650,8 @@ class Fleet:
                    "boards": boards, "ledger_rows": len(ledger), "lost": len(lost),
                    "duplicates": {str(q): n for q, n in dups.items()}, "failures": failures,
                    "replay": self.replay, "elapsed_s": round(elapsed, 2),
+                   # packets.jsonl times are time.monotonic(): this offset puts them on the wall clock
+                   "wall_minus_monotonic": time.time() - time.monotonic(),
                    "schedule": [f.as_dict() for f in self.schedule], "landing": landing}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         return FleetResult(ok=not failures, seed=self.seed, failures=failures, replay=self.replay, out=self.out,
