@@ -49,6 +49,7 @@ _AUTH = const(15)
 _V5 = const(5)
 _PROTOCOL_ERROR = const(0x82)
 _P_SUB_ID = const(0x0B)
+_P_AUTH_METHOD = const(0x15)
 _P_SESSION_EXPIRY = const(0x11)
 _P_ASSIGNED_ID = const(0x12)
 _P_SERVER_KEEPALIVE = const(0x13)
@@ -884,9 +885,13 @@ class Session:
             sp = p.session_present
             if sp and self._conn[0]:  # [MQTT-3.2.2-1] (3.1.1), [MQTT-3.2.2-2] and -4 (5.0)
                 self._violation(_PROTOCOL_ERROR, "session present after a clean start", now)
+            props = p.props or {}
+            m = self.connect_props and self.connect_props.get(_P_AUTH_METHOD)
+            if m and props.get(_P_AUTH_METHOD) != m:  # [MQTT-4.12.0-5]
+                self._violation(_PROTOCOL_ERROR, "CONNACK without the CONNECT's authentication method", now)
             self.state = CONNECTED
             self.session_present = sp
-            self.server = props = p.props or {}
+            self.server = props
             g = props.get
             self.max_qos = g(_P_MAX_QOS, 2)
             self.retain_ok = g(_P_RETAIN_OK, 1) == 1

@@ -148,6 +148,23 @@ def test_auth_must_name_the_method_of_the_connect():
         violation(s, out, Packet(AUTH, reason=0x18, props=props), 0x82)
 
 
+def test_a_successful_connack_must_name_the_method_of_the_connect():
+    # [MQTT-4.12.0-5]: after enhanced authentication the CONNACK carries the CONNECT's method
+    for props in ({}, {0x15: "OTHER"}):
+        s = Session("a", 5, True, connect_props={0x15: "SCRAM"}, auth=lambda r, p: {0x16: b"resp"})
+        out = []
+        s.send = lambda b, o, n: out.append(bytes(b[o : o + n]))
+        s.connect_packet(0)
+        violation(s, out, Packet(CONNACK, props=props), 0x82)
+    s = Session("a", 5, True, connect_props={0x15: "SCRAM"}, auth=lambda r, p: {0x16: b"resp"})
+    s.send = lambda b, o, n: None
+    s.connect_packet(0)
+    feed(s, Packet(CONNACK, props={0x15: "SCRAM", 0x16: b"ok"}))
+    assert s.state == 2 and s.server[0x16] == b"ok"  # CONNECTED
+    s, out = online(5)  # no method asked for: none needed
+    assert s.state == 2
+
+
 def test_an_empty_client_id_needs_a_clean_session_before_mqtt_5():
     # [MQTT-3.1.3-7]; MQTT 3.1 takes 1 to 23 characters: a clean session gets a random one
     raises(ValueError, Session, "", 4, False)
