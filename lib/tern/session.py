@@ -886,7 +886,7 @@ class Session:
             if sp and self._conn[0]:  # [MQTT-3.2.2-1] (3.1.1), [MQTT-3.2.2-2] and -4 (5.0)
                 self._violation(_PROTOCOL_ERROR, "session present after a clean start", now)
             props = p.props or {}
-            m = self.connect_props and self.connect_props.get(_P_AUTH_METHOD)
+            m = self.version == _V5 and self.connect_props and self.connect_props.get(_P_AUTH_METHOD)
             if m and props.get(_P_AUTH_METHOD) != m:  # [MQTT-4.12.0-5]
                 self._violation(_PROTOCOL_ERROR, "CONNACK without the CONNECT's authentication method", now)
             self.state = CONNECTED

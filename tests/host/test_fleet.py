@@ -132,12 +132,13 @@ def _proc_stats(pid):
 
 
 class Meter(Callbacks):
-    """Samples every board process (RSS, CPU time) and the broker during the run."""
+    """Samples every board process (RSS, CPU time), the broker and the observer during the run."""
 
     def __init__(self):
         self.rss = {}
         self.cpu = {}
         self.broker = (0, 0.0)
+        self.observer = 0.0
         self.fleet = None
 
     def on_start(self, fleet):
@@ -154,6 +155,10 @@ class Meter(Callbacks):
             st = _proc_stats(fleet.broker.proc.pid)
             if st:
                 self.broker = (max(self.broker[0], st[0]), st[1])
+        if fleet.observer is not None and fleet.observer.proc is not None:
+            st = _proc_stats(fleet.observer.proc.pid)
+            if st:
+                self.observer = st[1]
 
 
 @pytest.mark.slow
@@ -176,7 +181,8 @@ def test_sixteen_boards_for_a_minute_on_this_machine(fleet):
           f"FLEET16 board RSS max={rss[-1] / 2**20:.1f} MiB median={rss[len(rss) // 2] / 2**20:.1f} MiB "
           f"sum={sum(rss) / 2**20:.1f} MiB\n"
           f"FLEET16 board CPU total={boards_cpu:.1f}s ({100 * boards_cpu / wall / 16:.1f}% of a core per board)\n"
-          f"FLEET16 runner+observer CPU={host_cpu:.1f}s ({100 * host_cpu / wall:.1f}% of a core) "
+          f"FLEET16 runner CPU={host_cpu:.1f}s ({100 * host_cpu / wall:.1f}% of a core) "
+          f"observer CPU={meter.observer:.1f}s "
           f"broker RSS={meter.broker[0] / 2**20:.1f} MiB CPU={meter.broker[1]:.1f}s")
     assert len(rss) == 16
 

@@ -163,6 +163,9 @@ def test_a_successful_connack_must_name_the_method_of_the_connect():
     assert s.state == 2 and s.server[0x16] == b"ok"  # CONNECTED
     s, out = online(5)  # no method asked for: none needed
     assert s.state == 2
+    for v in (3, 4):  # before MQTT 5 CONNECT carries no properties: there is no method to echo
+        s, out = online(v, connect_props={0x15: "SCRAM"})
+        assert s.state == 2
 
 
 def test_an_empty_client_id_needs_a_clean_session_before_mqtt_5():

@@ -99,6 +99,7 @@ def _echo():
 def hop(n=400, gap=0.0):
     """p50 round trip (ms) to an echo in another process over loopback TCP; gap: idle seconds between."""
     p = subprocess.Popen([sys.executable, __file__, "--echo"], stdout=subprocess.PIPE, text=True)
+    s = None
     try:
         s = socket.create_connection(("127.0.0.1", int(p.stdout.readline())))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -112,16 +113,22 @@ def hop(n=400, gap=0.0):
             rt.append(time.perf_counter() - t)
             if gap:
                 time.sleep(gap)
-        s.close()
         return _p50(rt[n // 8:])
     finally:
-        p.wait(5)
+        if s is not None:
+            s.close()  # the echo ends at end of stream
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def report(out: Path) -> str:
     st = stages(out)
     hot, cold = hop(), hop(gap=0.01)
-    lines = [f"Command: `tern demo --short --seed 5 --out OUT` then `python tools/bench/demo_latency.py OUT` "
+    run = json.loads((out / "summary.json").read_text()).get("replay", "tern demo")
+    lines = [f"Command: `{run} --out OUT` then `python tools/bench/demo_latency.py OUT` "
              f"({time.strftime('%Y-%m-%d')}, this 2-core machine). p50 in ms over the messages that went "
              "straight through (PUBLISH at the proxy within 5 ms of the reading).",
              "",

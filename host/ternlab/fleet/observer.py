@@ -4,15 +4,16 @@ out as ``received.jsonl``), and says on its console (``observer/observer.log``) 
 
 Why a process of its own, at idle CPU priority: it is handed every message at the moment a collector
 is, so on a two-core machine its wakeup took the core the collector, the broker or the board's next
-QoS 2 step was waiting for; the demo's QoS 1 p50 fell from 1.1 to 0.8 ms once it gave way. A thread
-of the fleet's process cannot give way alone: at low priority it would hold the interpreter lock the
-board relays and consoles need. It writes its rows to a file the fleet reads on its own tick (no
-message wakes the fleet either), and flushes them every 50 ms and when it stops (SIGTERM: after
-reading what the broker had already sent), so a row is never torn for the reader.
+QoS 2 step was waiting for (docs/demo.md). A thread of the fleet's process cannot give way alone: at
+low priority it would hold the interpreter lock the board relays and consoles need. It writes each
+row to a file as it gets it, and the fleet reads that file on its own tick (whole lines only), so no
+message wakes the fleet either. On a busy machine it lags (its `recv_ts` is when it read the copy);
+what it has not read by the end waits in its session on the broker.
 
-    main([NAME, HOST, PORT, TOPIC, FILE])      (prints "subscribed" when it has subscribed)
+    main([NAME, HOST, PORT, TOPIC, FILE, FLEET_PID])      (prints "subscribed" when it has subscribed)
 
-It ends on SIGTERM, or by itself when the process that started it is gone.
+It ends on SIGTERM (after reading what the broker had already sent, for up to DRAIN seconds), or by
+itself when the fleet's process is gone.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-FLUSH_EVERY = 0.05
+DRAIN = 3.0  # seconds a stopping observer reads on at most (the fleet kills it after 5)
 
 
 def _give_way() -> None:
@@ -46,9 +47,9 @@ def main(argv=None) -> int:
 
     from ..pipeline.schema import parse_payload
 
-    name, host, port, topic, path = argv if argv is not None else sys.argv[1:]
+    name, host, port, topic, path, parent = argv if argv is not None else sys.argv[1:]
     _give_way()
-    out = open(path, "a")
+    out = open(path, "a", buffering=1)  # a row reaches the file as it is written: a kill loses none
     c = Client(name, server=host, port=int(port), version=5, clean=False, session_expiry=3600,
                backoff_min=0.05, backoff_max=0.5, keepalive=10)
 
@@ -68,20 +69,17 @@ def main(argv=None) -> int:
     c.on_message = on_message
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    parent = os.getppid()
+    parent = int(parent)  # the fleet's pid, from the fleet: read here it could already be init's
     c.connect()
     c.subscribe(topic, 2)
     print("subscribed", flush=True)
-    flushed = time.monotonic()
     while not stop and os.getppid() == parent:
         try:
             c.loop(20)
         except OSError:
             time.sleep(0.05)  # broker restarting: loop() reconnects with backoff
-        if time.monotonic() - flushed >= FLUSH_EVERY:
-            out.flush()
-            flushed = time.monotonic()
-    while stop:  # what the broker has already sent is read before we go: until 50 ms bring nothing
+    until = time.monotonic() + DRAIN
+    while stop and time.monotonic() < until:  # what the broker already sent: until 50 ms bring nothing
         n = got[0]
         try:
             c.loop(50)
@@ -89,7 +87,7 @@ def main(argv=None) -> int:
             break
         if got[0] == n:
             break
-    out.flush()
+    out.close()
     try:
         c.disconnect()
     except Exception:
@@ -113,10 +111,11 @@ class Observer:
     def start(self, topic: str, timeout: float = 30.0) -> None:
         self.path.unlink(missing_ok=True)
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        code = "import sys; from ternlab.fleet.observer import main; sys.exit(main())"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from ternlab.fleet.observer import main; sys.exit(main())", self.name, self.host, str(self.port), topic,
-                 str(self.path)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-c", code, self.name, self.host, str(self.port), topic, str(self.path),
+                 str(os.getpid())], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
         deadline = time.monotonic() + timeout
         while "subscribed" not in self.log.read_text():
@@ -126,7 +125,8 @@ class Observer:
             time.sleep(0.02)
 
     def refresh(self) -> None:
-        """Read the rows written since the last call (whole lines only)."""
+        """Take the rows written since the last call (whole lines only). The fleet calls it once per
+        tick; received(), has() and copies() answer from what it took."""
         with self._lock:
             try:
                 with open(self.path, "rb") as f:
@@ -143,24 +143,26 @@ class Observer:
                 self.keys[r["device"]].add(key)
 
     def received(self, device: str) -> int:
-        self.refresh()
         return len(self.keys.get(device, ()))
 
     def has(self, key) -> bool:
-        self.refresh()
         return key in self.keys.get(key[0], ())
 
     def copies(self) -> list:
-        self.refresh()
         return list(self.rows)
 
-    def stop(self) -> None:
+    def stop(self) -> str | None:
+        """SIGTERM, then take its last rows. Returns why its copies may be incomplete, or None."""
+        trouble = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(5)
+                self.proc.wait(DRAIN + 2)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                trouble = "the observer did not stop on SIGTERM and was killed"
+        if trouble is None and self.proc is not None and self.proc.returncode not in (0, None):
+            trouble = f"the observer exited with status {self.proc.returncode} (see observer/observer.log)"
         self.refresh()
-
+        return trouble

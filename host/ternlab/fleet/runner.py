@@ -193,6 +193,7 @@ class Fleet:
         self.records: list[FaultRecord] = []
         self.broker = None
         self.observer = None
+        self.observer_trouble = None  # why the observer's copies may be incomplete (Observer.stop)
         self.collectors: list[_CollectorSlot] = []
         self.landing = None          # LandingIndex with collectors
         self._landing_at = 0.0
@@ -505,11 +506,14 @@ class Fleet:
         for c in self.collectors:
             self._collector_housekeep(c, restore_all)
         self._refresh_landing()
+        if self.observer is not None:
+            self.observer.refresh()
 
     def _drained(self) -> bool:
         if any(c.starting is not None or c.kill_at is not None for c in self.collectors):
             return False
         self._refresh_landing(force=True)
+        self.observer.refresh()
         for s in self.slots:
             for r in s.tlog.ledger:
                 key = (r["device"], r["boot"], r["seq"], r["qos"])
@@ -570,14 +574,16 @@ class Fleet:
             except Exception as e:
                 for c in self.collectors[:1]:
                     c.unexpected.append(f"the landing set cannot be read: {e}")
-        if self.observer is not None:
-            self.observer.stop()
-        if self.broker is not None:
-            self.broker.stop()
+        try:
+            if self.observer is not None:
+                self.observer_trouble = self.observer.stop()
+        finally:
+            if self.broker is not None:
+                self.broker.stop()
 
     # ------------------------------------------------------------ output and verdict
     def _judge(self, elapsed: float) -> FleetResult:
-        failures = []
+        failures = [self.observer_trouble] if self.observer_trouble else []
         ledger = []
         boards = {}
         seen = Counter(k[:4] for k in (self.observer.copies() if self.observer else []))
