@@ -139,26 +139,27 @@ def test_a_disconnect_from_the_server_is_checked():
     violation(s, out, Packet(DISCONNECT, reason=0x04), 0x82)  # 0x04 is the client's
 
 
+def scram_connecting():
+    """A session that sent a CONNECT with Authentication Method SCRAM; its output as a list of packets."""
+    s = Session("a", 5, True, connect_props={0x15: "SCRAM"}, auth=lambda r, p: {0x16: b"resp"})
+    out = []
+    s.send = lambda b, o, n: out.append(bytes(b[o : o + n]))
+    s.connect_packet(0)
+    return s, out
+
+
 def test_auth_must_name_the_method_of_the_connect():
     for props in ({}, {0x15: "OTHER"}):
-        s = Session("a", 5, True, connect_props={0x15: "SCRAM"}, auth=lambda r, p: {0x16: b"resp"})
-        out = []
-        s.send = lambda b, o, n: out.append(bytes(b[o : o + n]))
-        s.connect_packet(0)
+        s, out = scram_connecting()
         violation(s, out, Packet(AUTH, reason=0x18, props=props), 0x82)
 
 
 def test_a_successful_connack_must_name_the_method_of_the_connect():
     # [MQTT-4.12.0-5]: after enhanced authentication the CONNACK carries the CONNECT's method
     for props in ({}, {0x15: "OTHER"}):
-        s = Session("a", 5, True, connect_props={0x15: "SCRAM"}, auth=lambda r, p: {0x16: b"resp"})
-        out = []
-        s.send = lambda b, o, n: out.append(bytes(b[o : o + n]))
-        s.connect_packet(0)
+        s, out = scram_connecting()
         violation(s, out, Packet(CONNACK, props=props), 0x82)
-    s = Session("a", 5, True, connect_props={0x15: "SCRAM"}, auth=lambda r, p: {0x16: b"resp"})
-    s.send = lambda b, o, n: None
-    s.connect_packet(0)
+    s, out = scram_connecting()
     feed(s, Packet(CONNACK, props={0x15: "SCRAM", 0x16: b"ok"}))
     assert s.state == 2 and s.server[0x16] == b"ok"  # CONNECTED
     s, out = online(5)  # no method asked for: none needed
