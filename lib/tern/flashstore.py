@@ -255,7 +255,7 @@ class FlashStore(Log):
                         % (_u16(sh, 22), 1 << sh[6], n, bs)
                     )
                 q = _u32(sh, 8)
-                if q:
+                if q is not None:
                     valid.append((q, s))
                     self._ret[s] = 1 if sh[28] == 0 else 0
             elif sh[0] != 0xFF or sh[8] != 0xFF or sh[24] != 0xFF:
@@ -315,17 +315,9 @@ class FlashStore(Log):
                 self._sealed = True
             if self._off > self._limit or rhead:  # (never append under a damaged header)
                 self._sealed = 2
-        ip = self._ipid
-        j = 0
-        for i in range(self._n):  # close the holes (released, superseded)
-            if ip[i]:
-                ip[j] = ip[i]
-                self._iaddr[j] = self._iaddr[i]
-                self._isz[j] = self._isz[i]
-                self._lv(self._iaddr[j], self._isz[j])
-                j += 1
-        self._n = self._count = j
-        self._lo = 0
+        self._count = self._compact(0)
+        for i in range(self._count):
+            self._lv(self._iaddr[i], self._isz[i])
         self._iseq = None
         ik = sorted(ins)
         cap = 8
@@ -600,16 +592,11 @@ class FlashStore(Log):
             return i
         ip, ia, iz = self._ipid, self._iaddr, self._isz
         if n == len(ip):
-            j = 0
-            for k in range(n):
-                if ip[k]:
-                    ip[j], ia[j], iz[j], q[j] = ip[k], ia[k], iz[k], q[k]
-                    j += 1
-            if j == n:
+            if self._compact(0, q) == n:
                 self.reserve(n + _CHUNK)
                 self._iseq = _grow(q, "I", 4, n + _CHUNK)
                 ip, ia, iz, q = self._ipid, self._iaddr, self._isz, self._iseq
-            self._n = n = j
+            n = self._n
             i = self._epos(r)
         k = n
         while k > i:  # (only relocated copies land before the end)
@@ -930,18 +917,25 @@ class FlashStore(Log):
         if self._lo == self._n:
             self._lo = self._n = 0
 
+    def _compact(self, lo, q=None):
+        """Close the index's holes (released or superseded entries) from lo
+        to its end, moving q (the scan's sequences) alike; the live count."""
+        ip, ia, iz = self._ipid, self._iaddr, self._isz
+        j = 0
+        for i in range(lo, self._n):
+            if ip[i]:
+                ip[j], ia[j], iz[j] = ip[i], ia[i], iz[i]
+                if q is not None:
+                    q[j] = q[i]
+                j += 1
+        self._lo = 0
+        self._n = j
+        return j
+
     def _slot(self):
         if self._n == len(self._ipid):
-            ip, ia, iz = self._ipid, self._iaddr, self._isz
-            j = 0
-            for i in range(self._lo, self._n):
-                if ip[i]:
-                    ip[j], ia[j], iz[j] = ip[i], ia[i], iz[i]
-                    j += 1
-            self._lo = 0
-            self._n = j
-            if j == len(ip):
-                self.reserve(j + _CHUNK)
+            if self._compact(self._lo) == len(self._ipid):
+                self.reserve(self._n + _CHUNK)
         return self._n
 
     def reserve(self, n):

@@ -1069,17 +1069,17 @@ class Session:
             for e in self._subs:
                 if e.pid == pid:
                     q = e.opts & 3
+                    sub = e
             if len(reason) != (1 if t == _SUBACK or self.version == _V5 else 0) or (
                     t == _SUBACK and q >= 0 and reason[0] < 0x80 and reason[0] > q):
                 self._violation(_PROTOCOL_ERROR, "%s %d does not answer its request: %r" % (
                     "SUBACK" if t == _SUBACK else "UNSUBACK", pid, reason), now)
+            if q >= 0:
+                sub.pid = 0  # answered (before _send_late may hand the identifier to another)
         self._free(i)
         if self._late and self._n < self._cap:
             self._send_late(now)  # what waited for room goes first
         if t > _PUBCOMP:
-            for s in self._subs:
-                if s.pid == pid:
-                    s.pid = 0
             self._event(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, pid, reason)
         else:
             self._inflight -= 1

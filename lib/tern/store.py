@@ -106,9 +106,10 @@ class MemoryStore:
 
     def release(self, pid):
         p = self._pids
-        if pid not in p:
+        try:
+            i = p.index(pid)
+        except ValueError:
             return
-        i = p.index(pid)
         b = self._data.pop(i)
         del p[i], self._kind[i]
         sp = self._spare

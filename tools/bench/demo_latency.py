@@ -53,14 +53,13 @@ def stages(out: Path) -> dict:
     off = json.loads((out / "summary.json").read_text())["wall_minus_monotonic"]
     land = _landings(out)
     res = {q: {"total": [], "publish": [], "pubrec": [], "pubrel": [], "to_landing": []} for q in (0, 1, 2)}
+    packets = {log.parent.name: [p for p in _jsonl(log) if "direction" in p]  # each board's, events left out
+               for log in (out / "boards").glob("*/packets.jsonl")}
     for r in _jsonl(out / "ledger.jsonl"):
-        log = out / "boards" / r["device"] / "packets.jsonl"
-        if not log.exists():
-            continue
         k = (r["device"], r["boot"], r["seq"], r["qos"])
-        if k not in land or r.get("sent_ts") is None:
+        pk = packets.get(r["device"])
+        if pk is None or k not in land or r.get("sent_ts") is None:
             continue
-        pk = _PACKETS.get(log) or _PACKETS.setdefault(log, [p for p in _jsonl(log) if "direction" in p])
         sent = r["sent_ts"] - off
         pub = next((p for p in pk if p["t"] >= sent and p["direction"] == "c2b" and p["type"] == "PUBLISH"), None)
         if pub is None or pub["t"] - sent > 0.005:
@@ -80,8 +79,6 @@ def stages(out: Path) -> dict:
         s["total"].append(land[k] - r["sent_ts"])
     return res
 
-
-_PACKETS = {}
 
 
 def _echo():
