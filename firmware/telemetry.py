@@ -146,6 +146,8 @@ class App:
 
     def _disconnected(self, err):
         say("disconnected", err=str(err))
+        if not self.net.poll():
+            self.c.reconnect = False  # no link: loop() must not dial now; step() redials once it is back
 
     def _acked(self, pid, rc):
         say("acked", p=pid, rc=rc)

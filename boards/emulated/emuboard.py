@@ -6,7 +6,7 @@ The host (ternlab.boards.emulated) starts
 
 with TERN_EMU_CONFIG naming a JSON file: {"profile": {...}, "id": "...",
 "image": path, "cut_at": N, "seed": S, "mode": "friendly"|"raw", "reserve": R,
-"cut_file": path, "host_paths": [...], "romfs": path}. boot() then does what a board's
+"cut_file": path, "link": path, "host_paths": [...], "romfs": path}. boot() then does what a board's
 firmware does before its REPL:
 
 - opens ONE emulated NOR flash image (norflash.NorFlash semantics, read and
@@ -21,6 +21,9 @@ firmware does before its REPL:
   memory-mapped flash and is paid from the reserve), mounts it at "/rom" and
   puts "/rom" and "/rom/lib" ahead of "/lib", as ROMFS firmware does; .mpy
   files there run in place;
+- for a profile with "network": "wifi", makes network.WLAN the emulated
+  station of network.py, whose link is the byte the host writes in the
+  "link" file (the host cuts and restores the board's Wi-Fi with it);
 - hides the emulator's own heap use: the process gets `reserve` bytes more
   than the profile's heap and keeps what the emulator did not use as ballast,
   so gc.mem_free() at the REPL is about what the board would have;
@@ -311,6 +314,10 @@ def boot(g, base):
     flash = Flash(cfg["image"], total, fl["block_size"], cfg.get("cut_at") or 0, cfg.get("seed") or 1)
     if cfg.get("cut_file"):
         _cut_file = open(cfg["cut_file"], "w")
+    if PROFILE.get("network") == "wifi" and cfg.get("link"):
+        import network  # from the shim's folder, still on sys.path: imported now, it stays
+
+        network._link = open(cfg["link"], "rb")
     fs = Partition(flash, "vfs", 0, fs_blocks)
     if ob:
         _parts[ob["label"]] = Partition(flash, ob["label"], fs_blocks, ob["blocks"])

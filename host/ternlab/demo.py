@@ -56,6 +56,7 @@ def add_subcommands(sub) -> None:
     p.add_argument("--out", default=None, help="output directory (default ./demo-out/<timestamp>); must be new or empty")
     p.add_argument("--short", action="store_true", help="the short run CI uses: 2 boards, 20 s")
     p.add_argument("--master", default=None, help="Spark master URL for the audit (default local[*])")
+    p.add_argument("--relay", action="store_true", help="each board talks to the broker through a chaos proxy that logs its packets (boards/<name>/packets.jsonl, for tools/bench/demo_latency.py): one more hop per packet")
     p.set_defaults(func=run)
 
 
@@ -64,6 +65,8 @@ def replay_command(args, seed: int, scenario) -> str:
         "--seed", str(seed), "--boards", str(scenario.boards), "--duration", f"{scenario.duration:g}"]
     if args.master:
         parts += ["--master", args.master]
+    if args.relay:
+        parts.append("--relay")
     return shlex.join(parts)
 
 
@@ -115,7 +118,7 @@ def run(args) -> int:
     console.print(f"replay: {replay}")
     t0 = time.monotonic()
     spark = _SparkStarter(args.master, out / "spark.log")
-    result = _run_fleet(console, scenario, seed, out, replay, spark)
+    result = _run_fleet(console, scenario, seed, out, replay, spark, args.relay)
     if result is None:
         spark.stop()
         return 1
@@ -167,7 +170,7 @@ class _SparkStarter:
             self.session = None
 
 
-def _run_fleet(console, scenario, seed, out, replay, spark):
+def _run_fleet(console, scenario, seed, out, replay, spark, relay):
     from .fleet import Fleet
     from .fleet.view import FleetView
 
@@ -178,7 +181,7 @@ def _run_fleet(console, scenario, seed, out, replay, spark):
                 spark.start()
 
     view = View(console)
-    fleet = Fleet(scenario, seed=seed, out=out, replay=replay, callbacks=view)
+    fleet = Fleet(scenario, seed=seed, out=out, replay=replay, callbacks=view, relay=relay)
     console.print(f"{len(fleet.schedule)} faults drawn from the seed:")
     for f in fleet.schedule:
         console.print(f"  {f.describe(fleet.board_names)}")

@@ -209,14 +209,14 @@ def board(request, tmp_path):
 @pytest.fixture
 def fleet(request, tmp_path):
     """A factory for fleets: ``fleet(boards=2, duration=10, faults=[...], seed=0, **scenario_keys)`` or
-    ``fleet(scenario, seed=0)``; returns a ``ternlab.fleet.Fleet`` with its own broker (persistence as
+    ``fleet(scenario, seed=0)`` (``relay=True``: through chaos proxies, see Fleet); returns a ``ternlab.fleet.Fleet`` with its own broker (persistence as
     the scenario says), not yet run (call ``.run()``). Its fault log, its broker's log and each board's
     console tail are attached on failure; every fleet is stopped at teardown."""
     from ternlab.fleet import Fleet, Scenario, parse_scenario
 
     made = []
 
-    def make(scenario=None, *, seed: int = 0, out=None, callbacks=None, **keys):
+    def make(scenario=None, *, seed: int = 0, out=None, callbacks=None, relay=False, **keys):
         if scenario is None:
             keys.setdefault("duration", 10.0)
             keys.setdefault("profile", selected_profile_name(request.config))
@@ -225,7 +225,7 @@ def fleet(request, tmp_path):
             raise TypeError("fleet(): pass a Scenario, or scenario keys as keyword arguments, not both")
         n = len(made)
         f = Fleet(scenario, seed=seed, out=out or tmp_path / f"fleet{n}",
-                  replay=f"pytest {request.node.nodeid!r} (seed={seed})", callbacks=callbacks)
+                  replay=f"pytest {request.node.nodeid!r} (seed={seed})", callbacks=callbacks, relay=relay)
         made.append(f)
         attach(request, f"fleet {n} faults (seed={seed})", f.fault_log_text)
         attach(request, f"fleet {n} broker log", f.broker_log_text)

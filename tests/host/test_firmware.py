@@ -297,6 +297,55 @@ def test_interval_command_survives_a_power_cut_until_config_json_changes(tmp_pat
         dev.close()
 
 
+# -------------------------------------------------------------- Wi-Fi
+
+
+def test_no_dialing_while_the_wifi_link_is_down_and_nothing_lost(tmp_path, broker):
+    """The emulated board's Wi-Fi (profile "network": "wifi"): the link goes down and its connection
+    ends (custody's cut, as the fleet does it). The app keeps measuring into the outbox and does not
+    dial until the link is back (tern's loop() would otherwise reconnect at once: nothing refuses it
+    here); then everything it accepted arrives."""
+    from ternlab.fleet import custody
+
+    if not custody.available():
+        pytest.skip("pidfd_getfd is not allowed here: nothing can end the board's connection from outside")
+    watch = Watcher(broker.address)
+    held = custody.SocketCustody(broker.address)
+    prof = dict(load_profile("unix-emulated"), network="wifi")
+    cfg = {"host": broker.host, "port": broker.port, "client_id": "dev-1", "interval_ms": 200, "qos": 1,
+           "backoff_min_ms": 10, "backoff_max_ms": 50, "wifi_ssid": "lab"}
+    dev = Device(tmp_path, cfg, profile=prof)
+    try:
+        dev.board.power_cycle()
+        log = dev.until(lambda t: t.counts["connected"] == 1 and len(t.ledger) >= 3, 15, "connected, readings")
+        assert log.of("net")[0]["ok"] is True
+        n = len(log.ledger)
+        dev.board.set_link(False)
+        assert held.cut("dev", dev.board.pid) == 1
+        dev.until(lambda t: t.counts["disconnected"] == 1 and any(e["ok"] is False for e in t.of("net")), 5,
+                  "the app sees its link go")
+        dev.until(lambda t: len(t.ledger) >= n + 8, 10, "readings while the link is down")
+        held.sync("dev", dev.board.pid)
+        assert held.held("dev") == 0, "the board dialed the broker with its link down"
+        log = dev.pump()
+        assert log.counts["connected"] == 1 and not log.counts["connect_failed"], log.counts
+        assert len(log.pending) >= 8  # kept in the outbox, not sent
+        dev.board.set_link(True)
+        log = dev.until(lambda t: t.counts["connected"] == 2, 10, "a connection once the link is back")
+        assert log.of("connected")[1]["pending"] >= 8
+        dev.until(lambda t: len(t.ledger) >= n + 12, 10, "more readings")
+        ledger = list(log.ledger)
+        deadline = time.monotonic() + 10
+        want = {(r["device"], r["boot"], r["qos"], r["seq"]) for r in ledger}
+        while time.monotonic() < deadline and not want <= set(watch.keys()):
+            time.sleep(0.05)
+        assert check_delivery(ledger, watch.keys()) >= n + 12
+    finally:
+        held.close()
+        watch.close()
+        dev.close()
+
+
 # -------------------------------------------------------------- faults: the main test
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ternlab.cli import main as tern
-from ternlab.fleet import Callbacks, load_scenario
+from ternlab.fleet import Callbacks, custody, load_scenario
 from ternlab.pipeline.schema import LEDGER_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,9 +88,31 @@ def test_a_seeded_fleet_survives_every_kind_of_fault(fleet):
     for name in f.board_names:
         assert rec.events[(name, "published")] == result.boards[name]["published"] > 10
         assert (result.out / "boards" / name / "console.log").stat().st_size > 0
-        assert (result.out / "boards" / name / "packets.jsonl").exists()
     summary = json.loads((result.out / "summary.json").read_text())
     assert summary["seed"] == 3
+    if custody.available():
+        # the boards talk to the broker directly, and a board whose power fails vanishes: its broker
+        # learns of it when the next boot takes the session over, not from a closed connection
+        assert summary["relays"] is False and not list(result.out.glob("boards/*/packets.jsonl"))
+        log = (result.out / "broker" / "mosquitto.log").read_text()
+        assert log.count("already connected, closing old connection") >= 2, "a power cut closed the connection"
+    # a network cut takes the board's Wi-Fi link down: it keeps measuring and does not dial
+    cut = next(r for r in rec.records if r.fault.kind == "network_cut" and r.status == "injected")
+    assert "1 connection(s) cut" in cut.detail
+    console = (result.out / "boards" / cut.target / "console.log").read_text()
+    assert '"link lost"' in console
+
+
+def test_with_relays_each_boards_packets_are_logged_on_the_ledgers_clock(fleet):
+    f = fleet(seed=4, relay=True, boards=1, duration=4.0, warmup=1.0, settle=20.0,
+              firmware={"interval_ms": 150, "qos": [1, 2, 0]},
+              faults=[{"kind": "network_cut", "length": [0.5, 0.8], "window": [1.5, 2]},
+                      {"kind": "power_cut", "at": "time", "off": [0.2, 0.3], "window": [3, 3.5]}])
+    result = f.run()
+    assert result.ok, "\n".join(result.failures)
+    summary = json.loads((result.out / "summary.json").read_text())
+    assert summary["relays"] is True
+    ledger = read_jsonl(result.out / "ledger.jsonl")
     # the offset puts the proxy's packet times on the ledger's clock: each board's first reading left
     # (a PUBLISH through its proxy) after its timestamp and within a second of it
     for name in f.board_names:

@@ -95,3 +95,34 @@ def test_an_observer_that_died_is_said_not_taken_for_losses(broker, tmp_path):
     obs.proc.wait()
     trouble = obs.stop()
     assert trouble and "status -9" in trouble, trouble
+
+
+def test_after_a_broker_restart_the_observer_subscribes_again_when_told(tmp_path):
+    """Its subscription is shared (served after the collectors'), and Mosquitto forgets a persistent
+    session's shared subscriptions across a restart: without subscribe_again() nothing more arrives."""
+    from ternlab.broker import Broker
+
+    broker = Broker(tmp_path / "broker", persistence=True).start()
+    obs = Observer("obs-5", broker.host, broker.port, tmp_path / "copies.jsonl", tmp_path / "obs.log")
+    obs.start("tern/+/telemetry")
+    seq = iter(range(100))
+
+    def publish():
+        pub = Client("obs-pub5", server=broker.host, port=broker.port)
+        pub.connect()
+        pub.wait_published(pub.publish("tern/d5/telemetry", make_payload("d5", 0, next(seq), 1, time.time(), {}),
+                                       qos=1), timeout=5)
+        pub.disconnect()
+
+    try:
+        publish()
+        assert _wait(lambda: obs.refresh() or obs.received("d5") == 1)
+        broker.restart()
+        assert _wait(lambda: "subscribed again" not in obs.log.read_text() and obs.proc.poll() is None, 1)
+        assert obs.subscribe_again(), obs.log.read_text()
+        publish()
+        assert _wait(lambda: obs.refresh() or obs.received("d5") == 2), obs.copies()
+    finally:
+        trouble = obs.stop()
+        broker.stop()
+    assert trouble is None, trouble

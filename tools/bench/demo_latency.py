@@ -2,6 +2,11 @@
 """Where a demo run's latency goes: each QoS's p50 split at the chaos proxy's packet log, beside what
 one loopback hop between two processes costs on this machine, hot and after an idle gap.
 
+The split needs a run with `--relay`: a chaos proxy between each board and the broker logs every
+packet. The proxy is a process more on the path (one more hop each way, a Python thread woken per
+packet), so a relayed run is slower than the demo's default, where the boards talk to the broker
+directly (ternlab/fleet/custody.py); the stages say where the time goes, not what the default costs.
+
 The audit's latency is a reading's timestamp (taken as the board builds its payload) to its first
 landing at a collector. The proxy logs every packet just before it forwards it, so its log splits that
 time into: the board's work up to its PUBLISH at the proxy (payload, publish(), the outbox record on
@@ -10,7 +15,7 @@ flash for QoS 1/2, one hop); for QoS 2 the broker's PUBREC back at the proxy and
 landing (broker, collector). Only messages that went straight through count (PUBLISH at the proxy
 within 5 ms of the reading): those sent during an outage wait for the link, not for the machine.
 
-    tern demo --short --seed 5 --out /tmp/demo
+    tern demo --short --seed 5 --relay --out /tmp/demo
     python tools/bench/demo_latency.py /tmp/demo [--write docs/benchmarks.md]
 """
 
@@ -155,6 +160,8 @@ def main(argv=None):
         return _echo()
     if a.out is None or not (a.out / "summary.json").exists():
         ap.error("give the --out directory of a finished demo run (it has summary.json)")
+    if not list(a.out.glob("boards/*/packets.jsonl")):
+        ap.error(f"{a.out} has no packet logs: run the demo with --relay")
     text = report(a.out)
     print(text)
     if a.write:

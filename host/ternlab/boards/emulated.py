@@ -100,6 +100,8 @@ class EmulatedBoard(Board):
         blocks = self.fs_blocks + self.outbox_blocks
         if not self.image.exists() or self.image.stat().st_size != blocks * fl["block_size"]:
             create_image(self.image, blocks, fl["block_size"])
+        self.link_file = self.workdir / "link"
+        self.link_file.write_bytes(b"1")  # Wi-Fi (profile "network": "wifi") up at power-on
         super().__init__(prof, ConsoleLog(str(self.workdir / "console.log"), echo))
         self._boot_args = (0, 1)
         self._sup = self._supervisor()
@@ -161,6 +163,19 @@ class EmulatedBoard(Board):
         with self._sup.lock:
             if self._sup.frozen and self._sup.freeze(False):
                 self.log.event("thawed")
+
+    @property
+    def link_up(self):
+        """Whether the board's Wi-Fi link is up (see set_link)."""
+        return self.link_file.read_bytes()[:1] != b"0"
+
+    def set_link(self, up):
+        """Fault injection for a profile with "network": "wifi": the access point goes away (False)
+        or comes back (True). The app sees network.WLAN().isconnected() change at its next look;
+        connections already open are not touched (on a board they die with the link: the caller
+        closes them, see ternlab.fleet.custody). Lasts across reboots, as an access point's outage."""
+        self.link_file.write_bytes(b"1" if up else b"0")
+        self.log.event("Wi-Fi link " + ("up" if up else "down"))
 
     @property
     def pid(self):

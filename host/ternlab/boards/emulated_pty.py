@@ -169,6 +169,7 @@ class Supervisor(PortRelay):
             "mode": mode,
             "reserve": b.reserve,
             "cut_file": str(b.workdir / "cut.json"),
+            "link": str(b.link_file),
             "host_paths": [str(p) for p in b.host_paths],
         }
         rom = b.romfs_size()

@@ -31,6 +31,7 @@ def add_subcommands(sub) -> None:
     r.add_argument("--duration", type=float, default=None, help="seconds under faults (overrides the scenario)")
     r.add_argument("--out", default=None, help="output directory (default: fleet-out/<name>-seed<N>)")
     r.add_argument("--quiet", action="store_true", help="no live progress, only faults and the summary")
+    r.add_argument("--relay", action="store_true", help="each board talks to the broker through a chaos proxy that logs its packets (boards/<name>/packets.jsonl, for tools/bench/demo_latency.py): one more hop per packet")
     r.set_defaults(func=run)
     p.set_defaults(func=lambda args: (p.print_usage(sys.stderr), 2)[1])
 
@@ -48,8 +49,9 @@ def seed_arg(text: str) -> int:
     return v
 
 
-def replay_command(source: str, seed: int, boards: int, duration: float) -> str:
-    return "tern fleet run %s --seed %d --boards %d --duration %g" % (shlex.quote(source), seed, boards, duration)
+def replay_command(source: str, seed: int, boards: int, duration: float, relay: bool = False) -> str:
+    return "tern fleet run %s --seed %d --boards %d --duration %g%s" % (
+        shlex.quote(source), seed, boards, duration, " --relay" if relay else "")
 
 
 def run(args) -> int:
@@ -65,7 +67,7 @@ def run(args) -> int:
         err.write(f"tern fleet run: {e}" + "\n")
         return 2
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
-    replay = replay_command(args.scenario, seed, scenario.boards, scenario.duration)
+    replay = replay_command(args.scenario, seed, scenario.boards, scenario.duration, args.relay)
     out = Path(args.out or Path("fleet-out") / f"{scenario.name}-seed{seed}")
     console.print(f"fleet [bold]{scenario.name}[/]: {scenario.boards} boards ({scenario.profile}), "
                   f"{scenario.duration:g} s, seed={seed}, output in {out}")
@@ -75,7 +77,7 @@ def run(args) -> int:
     view = FleetView(console, live=not args.quiet)
     t0 = time.monotonic()
     try:
-        fleet = Fleet(scenario, seed=seed, out=out, replay=replay, callbacks=view)
+        fleet = Fleet(scenario, seed=seed, out=out, replay=replay, callbacks=view, relay=args.relay)
         with view:
             result = fleet.run()
     except KeyboardInterrupt:

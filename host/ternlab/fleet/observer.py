@@ -2,6 +2,13 @@
 records every telemetry copy the broker delivers (``observer/copies.jsonl``; the fleet writes them
 out as ``received.jsonl``), and says on its console (``observer/observer.log``) what it could not read.
 
+Why a shared subscription in a group of its own (``$share/<name>/<topic>``), made after the
+collectors': Mosquitto hands a message to plain subscriptions before shared ones, and to shared groups
+in the order they were made, so this way the collectors (whose latency the demo reports) get it first;
+alone in its group, the observer still gets every message. Mosquitto forgets a persistent session's
+shared subscriptions when it restarts: the fleet holds the boards back and tells the observer to
+subscribe again (SIGUSR1, ``Observer.subscribe_again``) once the collectors have.
+
 Why a process of its own, at idle CPU priority: it is handed every message at the moment a collector
 is, so on a two-core machine its wakeup took the core the collector, the broker or the board's next
 QoS 2 step was waiting for (docs/demo.md). A thread of the fleet's process cannot give way alone: at
@@ -10,7 +17,8 @@ row to a file as it gets it, and the fleet reads that file on its own tick (whol
 message wakes the fleet either. On a busy machine it lags (its `recv_ts` is when it read the copy);
 what it has not read by the end waits in its session on the broker.
 
-    main([NAME, HOST, PORT, TOPIC, FILE, FLEET_PID])      (prints "subscribed" when it has subscribed)
+    main([NAME, HOST, PORT, FILTER, FILE, FLEET_PID])     (prints "subscribed" when it has subscribed,
+                                                           "subscribed again" after each SIGUSR1)
 
 It ends on SIGTERM (after reading what the broker had already sent, for up to DRAIN seconds), or by
 itself when the fleet's process is gone.
@@ -68,13 +76,19 @@ def main(argv=None) -> int:
 
     c.on_message = on_message
     stop = []
+    again = []  # SIGUSR1: the broker restarted and forgot the shared subscription
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGUSR1, lambda *_: again.append(1))
     parent = int(parent)  # the fleet's pid, from the fleet: read here it could already be init's
     c.connect()
     c.subscribe(topic, 2)
     print("subscribed", flush=True)
     while not stop and os.getppid() == parent:
         try:
+            if again and c.connected:
+                c.subscribe(topic, 2)
+                again.clear()
+                print("subscribed again", flush=True)
             c.loop(20)
         except OSError:
             time.sleep(0.05)  # broker restarting: loop() reconnects with backoff
@@ -109,12 +123,14 @@ class Observer:
         self._lock = threading.Lock()
 
     def start(self, topic: str, timeout: float = 30.0) -> None:
+        """Subscribe (in a group of its own) to topic; start it after the collectors have subscribed."""
         self.path.unlink(missing_ok=True)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         code = "import sys; from ternlab.fleet.observer import main; sys.exit(main())"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", code, self.name, self.host, str(self.port), topic, str(self.path),
+                [sys.executable, "-c", code, self.name, self.host, str(self.port), f"$share/{self.name}/{topic}",
+                 str(self.path),
                  str(os.getpid())], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
         deadline = time.monotonic() + timeout
@@ -123,6 +139,17 @@ class Observer:
                 self.stop()
                 raise RuntimeError(f"the fleet's observer did not subscribe: {self.log.read_text()[-500:]}")
             time.sleep(0.02)
+
+    def subscribe_again(self, timeout: float = 15.0) -> bool:
+        """After a broker restart: subscribe again (SIGUSR1), and wait until it has; False on timeout."""
+        n = self.log.read_text().count("subscribed again")
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while self.log.read_text().count("subscribed again") == n:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def refresh(self) -> None:
         """Take the rows written since the last call (whole lines only). The fleet calls it once per

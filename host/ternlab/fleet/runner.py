@@ -10,10 +10,18 @@ Why it is built like this:
 - One thread (the caller's) runs the schedule, reads the consoles and calls the callbacks, so a
   caller that drives a terminal UI (rich progress bars) never sees two callbacks at once. The
   observer (an MQTT subscriber that records what the broker delivered) is a process of its own at
-  idle CPU priority (see observer.py), read on the fleet's tick.
-- Each board has its own flash image and workdir under ``out/boards/<name>``; when the scenario cuts
-  the network, each board talks to the broker through its own ChaosProxy, so one board's cut leaves
-  the others connected.
+  idle CPU priority, subscribed after the collectors so that they are served first (see
+  observer.py), read on the fleet's tick.
+- Each board has its own flash image and workdir under ``out/boards/<name>`` and its own emulated
+  Wi-Fi link (profile ``"network": "wifi"``, ``EmulatedBoard.set_link``). A network cut takes the
+  board's link down and ends its connections; while the link is down the app keeps measuring and does
+  not dial. The boards talk to the broker directly: the fleet holds a duplicate of each board's
+  connections (custody.py), so a power cut leaves them open and silent at the broker, as a real
+  board's, and a network cut ends them. Where the kernel does not allow that (or with ``relay=True``,
+  to get each board's packet log) each board talks through its own ChaosProxy instead, at the cost of
+  a relay hop per packet.
+- A broker restart takes every board's link down until the collectors and then the observer have
+  subscribed again (see _restart_broker).
 - After ``duration`` no new fault starts: boards that are off get power back, cut networks come back,
   boards are told (their ``cmd/interval`` command) to stop measuring, and the run waits up to
   ``settle`` seconds for the outboxes to drain. Only then is the delivery judged: a QoS >= 1 row of
@@ -28,7 +36,7 @@ Why it is built like this:
 Output directory: ``faults.jsonl`` (every injected fault, with its time and target and what became of
 it), ``ledger.jsonl`` (pipeline ledger rows: what the devices say they published), ``received.jsonl``
 (what the observer got), ``summary.json``, and ``boards/<name>/console.log`` (+ ``packets.jsonl`` with
-a proxy), ``broker/mosquitto.log``; with collectors ``landing/`` and ``collectors/<id>.log``.
+a relay), ``broker/mosquitto.log``; with collectors ``landing/`` and ``collectors/<id>.log``.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ from .schedule import Fault, check_seed, collector_id, make_schedule
 # Firmware settings the fleet uses unless the scenario's [firmware] table says otherwise: a fleet run
 # lasts seconds, so reconnect quickly and notice a dead link soon.
 FIRMWARE_DEFAULTS = {"version": 5, "keepalive": 10, "backoff_min_ms": 100, "backoff_max_ms": 2000,
-                     "interval_ms": 500, "qos": 1}
+                     "interval_ms": 500, "qos": 1, "wifi_ssid": "fleet"}
 STOP_INTERVAL_MS = 86400000  # the firmware's largest interval: "stop measuring" for the settle phase
 OBSERVER_TOPIC = "tern/+/telemetry"
 KILL_WAIT = 3.0  # a collector_kill waits up to this long for the collector to hold an unwritten batch
@@ -129,7 +137,7 @@ def send_commands(addr, messages, timeout=10.0):
 
 
 class _Slot:
-    """One board of the fleet: the EmulatedBoard, its proxy, its parsed console, its fault state."""
+    """One board of the fleet: the EmulatedBoard, its relay (if any), its parsed console, its fault state."""
 
     def __init__(self, index, name):
         self.index = index
@@ -175,13 +183,15 @@ class _CollectorSlot:
 class Fleet:
     """N emulated boards, one broker, the scenario's faults: see the module docstring.
 
-    Fleet(scenario, seed, out, replay=None, callbacks=None, first_board=0). run() returns a
-    FleetResult; stop() (also called by run() at its end) powers everything off. `replay` is the
+    Fleet(scenario, seed, out, replay=None, callbacks=None, first_board=0, relay=False). run() returns
+    a FleetResult; stop() (also called by run() at its end) powers everything off. `replay` is the
     command printed with a failure (the CLI passes `tern fleet run ...`, the pytest plugin the test id).
+    relay: every board talks through a ChaosProxy that logs its packets (``packets.jsonl``, read by
+    tools/bench/demo_latency.py), one more hop per packet; also used where custody is not available.
     """
 
     def __init__(self, scenario: Scenario, seed: int, out, *, replay: str | None = None,
-                 callbacks: Callbacks | None = None, first_board: int = 0):
+                 callbacks: Callbacks | None = None, first_board: int = 0, relay: bool = False):
         self.scenario = scenario
         self.seed = check_seed(seed)
         self.out = Path(out)
@@ -200,6 +210,8 @@ class Fleet:
         self.t0 = None
         self._stopped = False
         self.firmware = dict(FIRMWARE_DEFAULTS, **scenario.firmware)
+        self.relay = relay
+        self.custody = None  # SocketCustody unless the boards talk through relays
 
     # ------------------------------------------------------------ for callers and the pytest plugin
     def now(self) -> float:
@@ -273,8 +285,8 @@ class Fleet:
             if s.net_until is not None:
                 self._record(f, "skipped", s.name, "network already cut")
                 return
-            s.proxy.refuse_connections(connections=10**9)
-            n = s.proxy.cut_now()
+            s.board.set_link(False)  # first: the app must find the link down when it sees its connection end
+            n = s.proxy.cut_now() if s.proxy is not None else self.custody.cut(s.name, s.board.pid)
             s.net_until = self.now() + f.params["length"]
             s.network_cuts += 1
             self._record(f, "injected", s.name, f"{n} connection(s) cut, down {f.params['length']:.2f} s")
@@ -286,6 +298,8 @@ class Fleet:
         if s.armed is not None:
             self._record(s.armed.fault, "unfired", s.name, "superseded by a later power cut")
             s.armed = None
+        if self.custody is not None:
+            self.custody.sync(s.name, s.board.pid)  # a connection opened since the last tick stays open too
         if f.params["at"] == "time":
             s.expect_off = True
             s.board.cut_power(0)
@@ -318,34 +332,34 @@ class Fleet:
             s.expect_off = False
             self._record(self._last_power_fault(s), "restored", s.name, "power back")
         if s.net_until is not None and (restore_all or now >= s.net_until):
-            s.proxy.clear_rules()
+            s.board.set_link(True)
             s.net_until = None
             self._record(self._last_fault(s, "network_cut"), "restored", s.name, "network back")
 
     def _restart_broker(self, f: Fault) -> None:
-        """Restart the broker. With collectors (and a proxy per board), the boards are let back only once
-        every running collector has subscribed again: Mosquitto 2.0 forgets persistent sessions' shared
-        subscriptions across a restart, so a reading that reached it before the collectors re-subscribed
-        would be routed to no collector (see docs/demo.md)."""
-        hold = bool(self.collectors) and all(s.proxy is not None for s in self.slots)
+        """Restart the broker. The boards' links stay down until every running collector, and then the
+        observer, has subscribed again: Mosquitto 2.0 forgets persistent sessions' shared subscriptions
+        across a restart, so a reading that reached it before then would be routed to no collector, or
+        not to the observer (see docs/demo.md)."""
         running = [c for c in self.collectors if c.proc.alive and c.starting is None]
         marks = {id(c): len(c.proc.lines) for c in running}
-        if hold:
-            for s in self.slots:
-                s.proxy.refuse_connections(connections=10**9)
+        for s in self.slots:
+            s.board.set_link(False)
         self._record(f, "injected", "broker", "SIGKILL" if f.params["hard"] else "SIGTERM")
         self.broker.restart(hard=f.params["hard"])
         detail = f"back on port {self.broker.port}"
-        if hold:
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < 15 and not all(
-                    any("subscribed again" in ln for ln in c.proc.lines[marks[id(c)]:]) or not c.proc.alive
-                    for c in running):
-                time.sleep(0.02)
-            for s in self.slots:
-                if s.net_until is None:
-                    s.proxy.clear_rules()
-            detail += f"; boards let back {time.monotonic() - t0:.2f} s later, once the collectors had subscribed again"
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 15 and not all(
+                any("subscribed again" in ln for ln in c.proc.lines[marks[id(c)]:]) or not c.proc.alive
+                for c in running):
+            time.sleep(0.02)
+        if not self.observer.subscribe_again():
+            self.observer_trouble = "the observer did not subscribe again after a broker restart"
+        for s in self.slots:
+            if s.net_until is None:
+                s.board.set_link(True)
+        detail += (f"; boards let back {time.monotonic() - t0:.2f} s later, once the collectors and the observer "
+                   "had subscribed again")
         self._record(f, "restored", "broker", detail)
 
     def _collector_housekeep(self, c: _CollectorSlot, restore_all: bool = False) -> None:
@@ -400,6 +414,8 @@ class Fleet:
         return self._last_fault(s, "power_cut")
 
     def _pump(self, s: _Slot) -> None:
+        if self.custody is not None:
+            self.custody.sync(s.name, s.board.pid)
         lines = s.board.log.lines
         n = len(lines)
         for ln in lines[s.seen:n]:
@@ -410,10 +426,12 @@ class Fleet:
 
     # ------------------------------------------------------------ the run
     def _start(self) -> None:
+        from ..boards import load_profile
         from ..boards.emulated import EmulatedBoard
         from ..broker import Broker
         from ..chaos import ChaosProxy
         from ..telemetry import TelemetryLog, compile_mpy, install
+        from .custody import SocketCustody, available as custody_available
 
         self.out.mkdir(parents=True, exist_ok=True)
         for old in ("boards", "broker", "landing", "collectors", "observer"):
@@ -425,18 +443,22 @@ class Fleet:
         topic = self.firmware.get("topic", "tern/{id}/telemetry").replace("{id}", "+")
         self.observer = Observer(f"fleet-observer-{self.seed}", self.broker.host, self.broker.port,
                                  self.out / "observer" / "copies.jsonl", self.out / "observer" / "observer.log")
-        self.observer.start(topic)
         self._start_collectors(topic)
+        self.observer.start(topic)  # after the collectors: Mosquitto serves them first (observer.py)
         code = compile_mpy(self.out / "mpy")
-        proxies = any(f.kind == "network_cut" for f in self.schedule)
+        # A power cut ends the board's process, and the host kernel would tell the broker at once (FIN):
+        # a real board vanishes, and the broker learns it from the keepalive or a takeover. Custody (or
+        # a relay) keeps the dead board's connections open and silent.
+        if not self.relay and custody_available():
+            self.custody = SocketCustody(self.broker.address)
+        profile = dict(load_profile(self.scenario.profile), network="wifi")  # a link the fleet can cut
+        relays = self.custody is None and (self.relay or any(f.kind == "network_cut" for f in self.schedule))
         for s in self.slots:
-            if proxies:
+            if relays:
                 s.proxy = ChaosProxy(self.broker.address, seed=self.seed * 1009 + s.index).start()
-                # a power cut ends the board's process, and the host kernel would tell the broker at once
-                # (FIN): a real board vanishes, and the broker learns it from the keepalive or a takeover
                 s.proxy.client_vanishes()
             host, port = s.proxy.address if s.proxy else self.broker.address
-            s.board = EmulatedBoard(self.scenario.profile, workdir=self.out / "boards" / s.name, board_id=s.name,
+            s.board = EmulatedBoard(profile, workdir=self.out / "boards" / s.name, board_id=s.name,
                                     host_paths=[code])
             s.tlog = TelemetryLog()
             install(s.board, dict(self.firmware, host=host, port=port, client_id=s.name))
@@ -470,10 +492,10 @@ class Fleet:
     def run(self) -> FleetResult:
         """Start, run the schedule for `duration`, settle, stop, write the output, judge."""
         t_start = time.monotonic()
-        # This process relays every board's traffic (a ChaosProxy's threads per board) beside the live
-        # view, the consoles and the fault schedule: a relay thread woken by a packet waits for the
-        # interpreter lock up to the switch interval (5 ms by default), which the latency figures
-        # then measure. A tenth of a millisecond bounds that wait.
+        # With relays this process forwards every board's traffic (a ChaosProxy's threads per board)
+        # beside the live view, the consoles and the fault schedule: a relay thread woken by a packet
+        # waits for the interpreter lock up to the switch interval (5 ms by default), which the latency
+        # figures then measure. A tenth of a millisecond bounds that wait.
         switch = sys.getswitchinterval()
         sys.setswitchinterval(0.0001)
         try:
@@ -560,6 +582,8 @@ class Fleet:
                 s.board.close()
             if s.proxy is not None:
                 s.proxy.stop()
+        if self.custody is not None:
+            self.custody.close()
         for c in self.collectors:  # before the broker: each writes and acknowledges its last batch
             if c.proc.proc is not None:
                 if c.proc.alive:
@@ -576,7 +600,7 @@ class Fleet:
                     c.unexpected.append(f"the landing set cannot be read: {e}")
         try:
             if self.observer is not None:
-                self.observer_trouble = self.observer.stop()
+                self.observer_trouble = self.observer.stop() or self.observer_trouble
         finally:
             if self.broker is not None:
                 self.broker.stop()
@@ -656,6 +680,7 @@ class Fleet:
                    "boards": boards, "ledger_rows": len(ledger), "lost": len(lost),
                    "duplicates": {str(q): n for q, n in dups.items()}, "failures": failures,
                    "replay": self.replay, "elapsed_s": round(elapsed, 2),
+                   "relays": any(s.proxy is not None for s in self.slots),
                    # packets.jsonl times are time.monotonic(): this offset puts them on the wall clock
                    "wall_minus_monotonic": time.time() - time.monotonic(),
                    "schedule": [f.as_dict() for f in self.schedule], "landing": landing}
