@@ -213,6 +213,10 @@ class Net:
             self.t = ticks_add(ticks_ms(), self.delay)
         return False
 
+    def link(self):
+        """Whether the link is up now (no retry, no console line: safe anywhere, e.g. before a dial)."""
+        return self.wlan is None or self.wlan.isconnected()
+
     def rssi(self):
         return self.wlan.status("rssi") if self.wlan and self.up else None
 

@@ -26,7 +26,11 @@ from tern.client import Client, ConnectError
 
 
 class _Client(Client):
+    net = None  # hal.Net: no dialing without a link (a connect that cannot succeed costs power)
+
     def connect(self, timeout=None):
+        if self.net and not self.net.link():
+            raise OSError("no network link")  # loop() tries again after its backoff; step() waits for the link
         try:
             return Client.connect(self, timeout)
         except OSError as e:  # ConnectError included: the broker said no
@@ -108,6 +112,7 @@ class App:
         self.qtopic = json.dumps(cfg["topic"])
         self.read_now = self.status_due = self.reboot = False
         self.retry_at = 0
+        c.net = self.net
         c.on_connect = self._connected
         c.on_disconnect = self._disconnected
         c.on_published = self._acked
@@ -146,8 +151,6 @@ class App:
 
     def _disconnected(self, err):
         say("disconnected", err=str(err))
-        if not self.net.poll():
-            self.c.reconnect = False  # no link: loop() must not dial now; step() redials once it is back
 
     def _acked(self, pid, rc):
         say("acked", p=pid, rc=rc)

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .fleet.cli import seed_arg
+from .fleet.cli import RELAY_HELP, seed_arg
 from .paths import project_dir
 
 SCENARIOS = project_dir("scenarios")
@@ -56,7 +56,7 @@ def add_subcommands(sub) -> None:
     p.add_argument("--out", default=None, help="output directory (default ./demo-out/<timestamp>); must be new or empty")
     p.add_argument("--short", action="store_true", help="the short run CI uses: 2 boards, 20 s")
     p.add_argument("--master", default=None, help="Spark master URL for the audit (default local[*])")
-    p.add_argument("--relay", action="store_true", help="each board talks to the broker through a chaos proxy that logs its packets (boards/<name>/packets.jsonl, for tools/bench/demo_latency.py): one more hop per packet")
+    p.add_argument("--relay", action="store_true", help=RELAY_HELP)
     p.set_defaults(func=run)
 
 

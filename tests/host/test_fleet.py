@@ -5,6 +5,7 @@ minute on this machine and measures what they cost (docs/fleet.md)."""
 
 import json
 import os
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -96,11 +97,13 @@ def test_a_seeded_fleet_survives_every_kind_of_fault(fleet):
         assert summary["relays"] is False and not list(result.out.glob("boards/*/packets.jsonl"))
         log = (result.out / "broker" / "mosquitto.log").read_text()
         assert log.count("already connected, closing old connection") >= 2, "a power cut closed the connection"
-    # a network cut takes the board's Wi-Fi link down: it keeps measuring and does not dial
+    # a network cut takes the board's Wi-Fi link down and ends its connection (if it had one: the
+    # board may have been off or booting); the app sees its link go
     cut = next(r for r in rec.records if r.fault.kind == "network_cut" and r.status == "injected")
-    assert "1 connection(s) cut" in cut.detail
-    console = (result.out / "boards" / cut.target / "console.log").read_text()
-    assert '"link lost"' in console
+    n = int(re.search(r"(\d+) connection\(s\) cut", cut.detail).group(1))
+    assert n <= 2, cut.detail  # its connection, and at most one left open by a power cut just before
+    if n:
+        assert '"link lost"' in (result.out / "boards" / cut.target / "console.log").read_text()
 
 
 def test_with_relays_each_boards_packets_are_logged_on_the_ledgers_clock(fleet):

@@ -138,12 +138,14 @@ def test_a_cut_ends_the_connection_for_both_sides(broker, held):
 
 
 def test_only_connections_to_the_broker_are_taken(broker, held):
-    p = subprocess.Popen([sys.executable, "-c", "import socket,time\n"
-                          "a,b=socket.socketpair()\nprint('up',flush=True)\ntime.sleep(30)"],
+    other = "import socket\na, b = socket.socketpair()\n"  # sockets of the process's own, left alone
+    p = subprocess.Popen([sys.executable, "-c", other + CHILD, "mixed", str(broker.port)],
                          stdout=subprocess.PIPE, text=True)
     try:
-        assert p.stdout.readline().strip() == "up"
+        assert p.stdout.readline().strip() == "connected"
         held.sync("b", p.pid)
-        assert held.held("b") == 0
+        assert held.held("b") == 1
+        held.sync("b", p.pid)  # nothing new, nothing taken twice
+        assert held.held("b") == 1
     finally:
         p.kill()

@@ -174,7 +174,8 @@ class EmulatedBoard(Board):
         or comes back (True). The app sees network.WLAN().isconnected() change at its next look;
         connections already open are not touched (on a board they die with the link: the caller
         closes them, see ternlab.fleet.custody). Lasts across reboots, as an access point's outage."""
-        self.link_file.write_bytes(b"1" if up else b"0")
+        with open(self.link_file, "r+b") as f:  # in place: a read never finds the file empty
+            f.write(b"1" if up else b"0")
         self.log.event("Wi-Fi link " + ("up" if up else "down"))
 
     @property

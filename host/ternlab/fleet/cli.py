@@ -15,6 +15,10 @@ import time
 from pathlib import Path
 
 
+RELAY_HELP = ("each board talks to the broker through a chaos proxy that logs its packets "
+              "(boards/<name>/packets.jsonl, for tools/bench/demo_latency.py): one more hop per packet")
+
+
 def add_subcommands(sub) -> None:
     p = sub.add_parser("fleet", help="run a fleet of emulated boards under a fault scenario",
                        description="Fleets of emulated boards under seeded fault scenarios.")
@@ -31,7 +35,7 @@ def add_subcommands(sub) -> None:
     r.add_argument("--duration", type=float, default=None, help="seconds under faults (overrides the scenario)")
     r.add_argument("--out", default=None, help="output directory (default: fleet-out/<name>-seed<N>)")
     r.add_argument("--quiet", action="store_true", help="no live progress, only faults and the summary")
-    r.add_argument("--relay", action="store_true", help="each board talks to the broker through a chaos proxy that logs its packets (boards/<name>/packets.jsonl, for tools/bench/demo_latency.py): one more hop per packet")
+    r.add_argument("--relay", action="store_true", help=RELAY_HELP)
     r.set_defaults(func=run)
     p.set_defaults(func=lambda args: (p.print_usage(sys.stderr), 2)[1])
 

@@ -21,9 +21,13 @@ children (or the same user's processes under a permissive ptrace policy).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import select
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 
 _SYS_PIDFD_GETFD = 438  # the same number on every architecture that has it (the unified syscall table)
@@ -52,20 +56,30 @@ def _getfd(pid: int, fd: int) -> socket.socket | None:
         return None
 
 
+@functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """Whether pidfd_getfd works here (tried on a socket of this process)."""
+    """Whether pidfd_getfd works here on a child process's socket, as it must on the boards' (a
+    kernel before 5.6, a seccomp filter or a strict ptrace policy can refuse it)."""
     if not hasattr(os, "pidfd_open"):
         return False
     a, b = socket.socketpair()
+    sleeper = [shutil.which("sleep") or sys.executable, "5"]
+    if not sleeper[0].endswith("sleep"):
+        sleeper[1:] = ["-c", "import time; time.sleep(5)"]
+    child = None
     try:
-        s = _getfd(os.getpid(), a.fileno())
+        child = subprocess.Popen(sleeper, pass_fds=(a.fileno(),))  # the same fd number in the child
+        s = _getfd(child.pid, a.fileno())
         if s is None:
             return False
         s.close()
         return True
-    except (OSError, AttributeError):
+    except OSError:
         return False
     finally:
+        if child is not None:
+            child.kill()
+            child.wait()
         a.close()
         b.close()
 
@@ -108,6 +122,7 @@ class SocketCustody:
         self._other: dict[str, set[int]] = {}            # inodes seen that are not broker connections
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)  # a full pipe already wakes the drainer
         self._closed = False
         self._thread = threading.Thread(target=self._drain, daemon=True, name="socket-custody")
         self._thread.start()
@@ -125,6 +140,9 @@ class SocketCustody:
                 continue
             s = _getfd(pid, fd)
             if s is None:
+                continue
+            if os.fstat(s.fileno()).st_ino != ino:  # closed and the number reused meanwhile: next tick
+                s.close()
                 continue
             try:
                 peer = s.getpeername()[:2]
@@ -152,7 +170,7 @@ class SocketCustody:
             except OSError:
                 pass
             s.close()
-        os.write(self._wake_w, b"x")
+        self._wake()
         return len(socks)
 
     def held(self, key: str) -> int:
@@ -164,7 +182,13 @@ class SocketCustody:
     def _let_go(self, key: str, s: socket.socket) -> None:
         with self._lock:
             self._loose[s] = key
-        os.write(self._wake_w, b"x")
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass
 
     def _drain(self) -> None:
         while True:
@@ -202,7 +226,7 @@ class SocketCustody:
         for held in self._held.values():
             socks += [h.sock for h in held.values()]
         self._held.clear()
-        os.write(self._wake_w, b"x")
+        self._wake()
         self._thread.join(2)
         for s in socks:
             s.close()

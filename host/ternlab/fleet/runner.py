@@ -583,7 +583,10 @@ class Fleet:
             if s.proxy is not None:
                 s.proxy.stop()
         if self.custody is not None:
-            self.custody.close()
+            try:
+                self.custody.close()
+            except OSError:
+                pass  # closing the fleet's own duplicates: nothing of a board's is lost with them
         for c in self.collectors:  # before the broker: each writes and acknowledges its last batch
             if c.proc.proc is not None:
                 if c.proc.alive:
