@@ -4,6 +4,7 @@ the fleet holds outlives the process, as a powered-off board's does, and a cut e
 The broker's will message tells what it saw: it is published at once when a connection closes without
 DISCONNECT, and only after keepalive x 1.5 when the client just goes silent."""
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -61,6 +62,36 @@ def _child(broker, cid):
     return p
 
 
+@contextlib.contextmanager
+def _watched(broker, cid):
+    """A client process `cid` with a will, and a watcher of the wills; both ended after."""
+    wills = Wills(broker)
+    p = None
+    try:
+        p = _child(broker, cid)
+        yield wills, p
+    finally:
+        if p is not None:
+            p.kill()
+        wills.close()
+
+
+def _kill(p, held=None):
+    """Power cut: SIGKILL; with custody, it is told the process is gone (it drains from now on)."""
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    if held is not None:
+        held.sync("b", None)
+
+
+def _released(held, seconds=3.0):
+    """Whether custody let go of everything within seconds (the broker closed its side)."""
+    end = time.monotonic() + seconds
+    while held.held("b") and time.monotonic() < end:
+        time.sleep(0.02)
+    return held.held("b") == 0
+
+
 @pytest.fixture
 def held(broker):
     k = custody.SocketCustody(broker.address)
@@ -70,61 +101,39 @@ def held(broker):
 
 def test_without_custody_a_killed_client_is_gone_at_once(broker):
     """The control: what the host kernel does to a dead process's socket (FIN: the will at once)."""
-    wills = Wills(broker)
-    p = _child(broker, "plain")
-    try:
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+    with _watched(broker, "plain") as (wills, p):
+        _kill(p)
         assert wills.wait("will/plain", 1.5) is not None
-    finally:
-        wills.close()
 
 
 def test_a_held_connection_outlives_its_killed_process_until_the_keepalive(broker, held):
-    wills = Wills(broker)
-    p = _child(broker, "vanish")
-    try:
+    with _watched(broker, "vanish") as (wills, p):
         held.sync("b", p.pid)
         assert held.held("b") == 1
         killed = time.monotonic()
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        held.sync("b", None)  # the process is gone: custody drains what the broker still sends
-        assert held.held("b") == 1
+        _kill(p, held)
+        assert held.held("b") == 1  # still open, drained
         at = wills.wait("will/vanish", 6)
         assert at is not None, "the broker never gave up on the silent connection"
         assert at - killed >= KEEPALIVE, f"the broker knew after {at - killed:.2f} s: the connection was closed"
-        end = time.monotonic() + 3
-        while held.held("b") and time.monotonic() < end:  # the broker closed it: custody lets go
-            time.sleep(0.02)
-        assert held.held("b") == 0
-    finally:
-        p.kill()
-        wills.close()
+        assert _released(held)  # the broker closed it: custody lets go
 
 
 def test_a_takeover_ends_a_held_connection(broker, held):
     p = _child(broker, "again")
     try:
         held.sync("b", p.pid)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        held.sync("b", None)
+        _kill(p, held)
         nxt = Client("again", server=broker.host, port=broker.port, keepalive=KEEPALIVE)
         nxt.connect()  # the next boot: the broker closes the old connection
-        end = time.monotonic() + 3
-        while held.held("b") and time.monotonic() < end:
-            time.sleep(0.02)
-        assert held.held("b") == 0
+        assert _released(held)
         nxt.disconnect()
     finally:
         p.kill()
 
 
 def test_a_cut_ends_the_connection_for_both_sides(broker, held):
-    wills = Wills(broker)
-    p = _child(broker, "cut")
-    try:
+    with _watched(broker, "cut") as (wills, p):
         held.sync("b", p.pid)
         cut = time.monotonic()
         assert held.cut("b", p.pid) == 1
@@ -132,9 +141,6 @@ def test_a_cut_ends_the_connection_for_both_sides(broker, held):
         at = wills.wait("will/cut", 1.5)
         assert at is not None and at - cut < 1.5  # and the broker's, at once
         assert held.held("b") == 0
-    finally:
-        p.kill()
-        wills.close()
 
 
 def test_only_connections_to_the_broker_are_taken(broker, held):
