@@ -321,6 +321,7 @@ def test_no_dialing_while_the_wifi_link_is_down_and_nothing_lost(tmp_path, broke
         assert log.of("net")[0]["ok"] is True
         n = len(log.ledger)
         dev.board.set_link(False)
+        assert not dev.board.link_up
         assert held.cut("dev", dev.board.pid) == 1
         dev.until(lambda t: t.counts["disconnected"] == 1 and any(e["ok"] is False for e in t.of("net")), 5,
                   "the app sees its link go")
@@ -331,6 +332,7 @@ def test_no_dialing_while_the_wifi_link_is_down_and_nothing_lost(tmp_path, broke
         assert log.counts["connected"] == 1 and not log.counts["connect_failed"], log.counts
         assert len(log.pending) >= 8  # kept in the outbox, not sent
         dev.board.set_link(True)
+        assert dev.board.link_up
         log = dev.until(lambda t: t.counts["connected"] == 2, 10, "a connection once the link is back")
         assert log.of("connected")[1]["pending"] >= 8
         dev.until(lambda t: len(t.ledger) >= n + 12, 10, "more readings")

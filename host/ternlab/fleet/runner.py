@@ -414,8 +414,6 @@ class Fleet:
         return self._last_fault(s, "power_cut")
 
     def _pump(self, s: _Slot) -> None:
-        if self.custody is not None:
-            self.custody.sync(s.name, s.board.pid)
         lines = s.board.log.lines
         n = len(lines)
         for ln in lines[s.seen:n]:
@@ -524,6 +522,8 @@ class Fleet:
     def _cycle(self, restore_all=False):
         for s in self.slots:
             self._housekeep(s, restore_all)
+            if self.custody is not None:
+                self.custody.sync(s.name, s.board.pid)  # the board's new connections held, its dropped ones let go
             self._pump(s)
         for c in self.collectors:
             self._collector_housekeep(c, restore_all)
