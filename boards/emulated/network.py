@@ -10,7 +10,6 @@ when it cuts the link it also closes them, as a dead link ends them on a board.
 
 STA_IF = 0
 AP_IF = 1
-STAT_IDLE = 1000
 STAT_CONNECTING = 1001
 STAT_GOT_IP = 1010
 

@@ -24,7 +24,6 @@ import ctypes
 import functools
 import os
 import select
-import shutil
 import socket
 import subprocess
 import sys
@@ -63,12 +62,9 @@ def available() -> bool:
     if not hasattr(os, "pidfd_open"):
         return False
     a, b = socket.socketpair()
-    sleeper = [shutil.which("sleep") or sys.executable, "5"]
-    if not sleeper[0].endswith("sleep"):
-        sleeper[1:] = ["-c", "import time; time.sleep(5)"]
     child = None
-    try:
-        child = subprocess.Popen(sleeper, pass_fds=(a.fileno(),))  # the same fd number in the child
+    try:  # pass_fds: the same fd number in the child
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"], pass_fds=(a.fileno(),))
         s = _getfd(child.pid, a.fileno())
         if s is None:
             return False
@@ -104,20 +100,12 @@ def _sockets(pid: int | None) -> dict[int, int]:
     return out
 
 
-class _Held:
-    __slots__ = ("sock", "pid")
-
-    def __init__(self, sock, pid):
-        self.sock = sock
-        self.pid = pid
-
-
 class SocketCustody:
     """Holds the connections of several boards (each named by a key) to one broker address."""
 
     def __init__(self, broker: tuple[str, int]):
         self.broker = (broker[0], broker[1])
-        self._held: dict[str, dict[int, _Held]] = {}   # key -> {inode: held}
+        self._held: dict[str, dict[int, socket.socket]] = {}  # key -> {inode: duplicate}
         self._loose: dict[socket.socket, str] = {}      # let go by their board: drained until EOF
         self._other: dict[str, set[int]] = {}            # inodes seen that are not broker connections
         self._lock = threading.Lock()
@@ -132,8 +120,8 @@ class SocketCustody:
         now = _sockets(pid)
         held = self._held.setdefault(key, {})
         other = self._other.setdefault(key, set())
-        for ino in [i for i, h in held.items() if h.pid != pid or i not in now]:
-            self._let_go(key, held.pop(ino).sock)
+        for ino in [i for i in held if i not in now]:  # a new process (a reboot) has none of the old inodes
+            self._let_go(key, held.pop(ino))
         other.intersection_update(now)
         for ino, fd in now.items():
             if ino in held or ino in other:
@@ -153,13 +141,13 @@ class SocketCustody:
                 other.add(ino)
                 s.close()
                 continue
-            held[ino] = _Held(s, pid)
+            held[ino] = s
 
     def cut(self, key: str, pid: int | None) -> int:
         """End every connection of the board, held or let go of, for both sides (FIN). Returns how
         many there were."""
         self.sync(key, pid)
-        socks = [h.sock for h in self._held.pop(key, {}).values()]
+        socks = list(self._held.pop(key, {}).values())
         with self._lock:
             socks += [s for s, k in self._loose.items() if k == key]
             for s in socks:
@@ -224,7 +212,7 @@ class SocketCustody:
             socks = list(self._loose)
             self._loose.clear()
         for held in self._held.values():
-            socks += [h.sock for h in held.values()]
+            socks += held.values()
         self._held.clear()
         self._wake()
         self._thread.join(2)

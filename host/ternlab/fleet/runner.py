@@ -298,8 +298,7 @@ class Fleet:
         if s.armed is not None:
             self._record(s.armed.fault, "unfired", s.name, "superseded by a later power cut")
             s.armed = None
-        if self.custody is not None:
-            self.custody.sync(s.name, s.board.pid)  # a connection opened since the last tick stays open too
+        self._hold(s)  # a connection opened since the last tick stays open too
         if f.params["at"] == "time":
             s.expect_off = True
             s.board.cut_power(0)
@@ -413,6 +412,11 @@ class Fleet:
     def _last_power_fault(self, s):
         return self._last_fault(s, "power_cut")
 
+    def _hold(self, s: _Slot) -> None:
+        """Custody takes the board's new connections and lets go of those it dropped (no-op with relays)."""
+        if self.custody is not None:
+            self.custody.sync(s.name, s.board.pid)
+
     def _pump(self, s: _Slot) -> None:
         lines = s.board.log.lines
         n = len(lines)
@@ -522,8 +526,7 @@ class Fleet:
     def _cycle(self, restore_all=False):
         for s in self.slots:
             self._housekeep(s, restore_all)
-            if self.custody is not None:
-                self.custody.sync(s.name, s.board.pid)  # the board's new connections held, its dropped ones let go
+            self._hold(s)
             self._pump(s)
         for c in self.collectors:
             self._collector_housekeep(c, restore_all)
