@@ -16,7 +16,8 @@ and the last packet id, so nothing needed survives only in deleted files.
   flush -- a LittleFS file sync -- and os.sync() when present on MicroPython).
   With group_commit=True, nothing is flushed until commit(), which makes every
   change since the last commit durable at once (the session commits before
-  publish() returns and before a byte leaves: acks are what waits).
+  publish() returns and before any packet leaves while `dirty`: releases
+  are what waits, until the next packet).
 - mark/unmark/release/in_release/in_clear/set_meta append small records.
 - every open starts a new segment: a torn tail (caught by the CRC) is never
   appended to. A record that would take a segment past `segment_bytes` goes
