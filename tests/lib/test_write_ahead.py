@@ -244,3 +244,24 @@ def test_close_commits_what_is_buffered():
         assert rig.cut().pending() == [], "%s: the release was lost at disconnect" % name
 
     each_rig(one)
+
+
+def test_client_close_commits_what_is_buffered():
+    """Client.close() and tern.aio's close() (the firmware's way to deep sleep and reboot) leave nothing
+    waiting in a group-commit store: a change made just before (here an inbound id, as a message's
+    handling would make) is found after a power cut right after."""
+    from tern.client import Client
+    import tern.aio
+
+    for make in (Client, tern.aio.Client):
+        for name, rig in rigs():
+            try:
+                if isinstance(rig, MemRig):
+                    continue
+                st = rig.boot()
+                c = make("wal", "127.0.0.1", 9, store=st, reconnect=False)
+                st.in_add(5)
+                c.close()
+                assert rig.cut().in_has(5), "%s: %s.close() left the change uncommitted" % (name, make.__module__)
+            finally:
+                rig.cleanup()
