@@ -40,7 +40,8 @@ Targets (the engine is tests/lib/test_store_powercut.py):
 
 Prints each failing cut point and a summary per target; exit status 1 if any
 cut point failed. The goal is zero. --write FILE puts the summary in FILE's
-store_sweep section (the targets of that run).
+store_sweep section (the targets of that run), or its store_sweep_group
+section when only group-* targets ran.
 """
 
 import sys
