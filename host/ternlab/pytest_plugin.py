@@ -1,6 +1,7 @@
 """The `tern` pytest plugin: fixtures for hardware-in-the-loop tests, installed with tern.
 
-Registered through the ``pytest11`` entry point (name ``tern``), so any project that installs tern gets:
+Registered through the ``pytest11`` entry point (name ``tern``, module ``ternlab.pytest_tern``, which loads
+this one; ``-p ternlab.pytest_plugin`` works too), so any project that installs tern gets:
 
 - ``broker`` -- a fresh Mosquitto on a free loopback port for the test (``ternlab.broker.Broker``, no
   persistence, workdir under the test's tmp_path); ``broker_addr`` -- its ``[host, port]``;

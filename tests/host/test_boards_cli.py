@@ -79,32 +79,139 @@ def test_profile_table_checks_the_outbox_against_the_profile(tmp_path):
 
 
 # -- tern flash ----------------------------------------------------------------------
-def test_tern_flash_checks_its_inputs(tmp_path, capsys):
-    fw = tmp_path / "fw.bin"
-    fw.write_bytes(b"\xe9" + bytes(4095))
+# Images as esp-idf lays them out (built here, full size, not downloaded): a 24-byte header (magic 0xE9,
+# segment count, flash mode, size/frequency, entry point, then the extended header with the chip id at
+# offset 12), 8-byte segment headers, and in an app the app description (magic 0xABCD5432) first.
+CHIP_IDS = {"esp32": 0, "esp32s3": 9, "esp32c3": 5}
+BOOT_AT = {"esp32": 0x1000, "esp32s3": 0x0}
+APP_SIZE = 0x1A0000  # 1.6 MiB: about a MicroPython 1.28 ESP32_GENERIC app
+# MicroPython's own layout for ESP32_GENERIC (ports/esp32/partitions-4MiB.csv): what a combined download holds
+MP_TABLE = "nvs, data, nvs, 0x9000, 0x6000\nphy_init, data, phy, 0xf000, 0x1000\nfactory, app, factory, 0x10000, 0x1F0000\n" \
+           "vfs, data, fat, 0x200000, 0x200000\n"
+
+
+def esp_image(chip, size, app, seed=1):
+    import random
+
+    body = bytearray(random.Random(seed).randbytes(size - 32))
+    if app:
+        body[:4] = struct.pack("<I", 0xABCD5432)
+    head = struct.pack("<BBBBI", 0xE9, 1, 2, 0x20, 0x40080000)
+    head += struct.pack("<B3sHBHH4sB", 0xEE, bytes(3), CHIP_IDS[chip], 0, 0, 0xFFFF, bytes(4), 0)
+    return head + struct.pack("<II", 0x3F400020, size - 32) + bytes(body)
+
+
+def combined_image(chip):
+    boot = BOOT_AT[chip]
+    out = bytearray(esp_image(chip, 0x6000 if chip == "esp32" else 0x5000, app=False, seed=2))
+    out += b"\xff" * (0x8000 - boot - len(out)) + to_binary(parse_csv(MP_TABLE))
+    out += b"\xff" * (0x10000 - boot - len(out)) + esp_image(chip, APP_SIZE, app=True)
+    return bytes(out)
+
+
+def esptool_merge(chip, pairs, out):
+    """esptool's own check of an address/file list: merge-bin parses it as write-flash does (the same
+    argument type, which refuses overlapping files) and lays the files out as the flash will hold them."""
+    r = subprocess.run([sys.executable, "-m", "esptool", "--chip", chip, "merge-bin", "-o", str(out), *pairs],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, COLUMNS="300"))
+    return r.returncode, " ".join((r.stdout + r.stderr).replace("│", " ").split())  # its boxes unwrapped
+
+
+def flash_dry_run(capsys, fw, profile, *extra):
+    rc, out, err = tern(capsys, "flash", "--port", "/dev/ttyUSB9", "--firmware", fw, "--profile", profile,
+                        "--dry-run", *extra)
+    assert rc == 0, err
+    kept = Path(re.search(r"the files to write are in (\S+) \(kept", err).group(1))
+    return [line.split() for line in out.splitlines()], err, kept
+
+
+@pytest.mark.parametrize("profile", ["esp32-generic", "esp32-s3"])
+def test_tern_flash_writes_each_kind_of_image_where_the_chip_reads_it(tmp_path, capsys, profile):
+    prof = load_profile(profile)
+    chip, boot = prof["chip"], BOOT_AT[prof["chip"]]
+    _, table = profile_table(prof)
+    outbox = [p for p in profile_table(prof)[0] if p["name"] == "outbox"][0]
+    combined, app = tmp_path / "combined.bin", tmp_path / "micropython.bin"
+    combined.write_bytes(combined_image(chip))
+    app.write_bytes(esp_image(chip, APP_SIZE, app=True))
+    assert len(combined.read_bytes()) > 0x1A0000
+
+    # the command the old `tern flash` printed for the combined image: esptool refuses it
+    (tmp_path / "t.bin").write_bytes(table)
+    rc, text = esptool_merge(chip, ["0x%x" % boot, combined, "0x8000", tmp_path / "t.bin"], tmp_path / "x.bin")
+    assert rc != 0 and "Detected overlap at address: 0x8000" in text, text
+
+    for fw in (combined, app):
+        (cmd,), err, kept = flash_dry_run(capsys, fw, profile)
+        try:
+            assert cmd[:4] == [sys.executable, "-m", "esptool", "--chip"] and cmd[4] == chip
+            i = cmd.index("write-flash")
+            pairs = cmd[i + 2:]
+            rc, text = esptool_merge(chip, pairs, tmp_path / "flash.bin")
+            assert rc == 0, text
+            flash = (tmp_path / "flash.bin").read_bytes()  # as the flash holds it: from address 0, 0xFF between
+            data = fw.read_bytes()
+            if fw is combined:
+                assert pairs[0] == "0x%x" % boot and len(pairs) == 2
+                assert flash[boot:0x8000] == data[:0x8000 - boot]  # the bootloader, at the chip's offset
+            else:
+                assert pairs[0] == "0x10000" and len(pairs) == 4
+                assert "bootloader already on the chip is kept" in err
+            assert flash[0x8000:0x8000 + len(table)] == table  # Tern's partition table, not MicroPython's
+            assert flash[0x10000:0x10000 + APP_SIZE] == data[-APP_SIZE:]  # the app in its partition
+            assert len(flash) <= outbox["offset"]  # nothing written over the outbox partition
+            assert "outbox partition (0x%x, 128 KiB) is kept" % outbox["offset"] in err
+        finally:
+            __import__("shutil").rmtree(kept)
+    # the outbox partition erased on purpose: the region esptool erases is the partition, sector aligned
+    (erase, write), err, kept = flash_dry_run(capsys, app, profile, "--erase-outbox")
+    __import__("shutil").rmtree(kept)
+    assert erase[erase.index("erase-region") + 1:] == ["0x%x" % outbox["offset"], "0x%x" % outbox["size"]]
+    assert outbox["offset"] % 0x1000 == outbox["size"] % 0x1000 == 0
+    assert "messages not yet delivered are lost" in err and write[write.index("write-flash") + 2:][:2] == ["0x10000", str(app)]
+
+
+def test_tern_flash_tells_images_apart_and_checks_its_inputs(tmp_path, capsys):
+    app = tmp_path / "fw.bin"
+    app.write_bytes(esp_image("esp32", 0x10000, app=True))
+    s3 = tmp_path / "s3.bin"
+    s3.write_bytes(esp_image("esp32s3", 0x10000, app=True))
+    boot = tmp_path / "bootloader.bin"
+    boot.write_bytes(esp_image("esp32", 0x6000, app=False))
+    big = tmp_path / "big.bin"
+    big.write_bytes(esp_image("esp32", 0x200000, app=True))
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(esp_image("esp32", 0x20000, app=False))
     bad = tmp_path / "bad.bin"
     bad.write_bytes(b"\x7fELF")
     cases = [
-        (["--port", "/dev/nonexistent", "--firmware", fw], "no serial port /dev/nonexistent"),
+        (["--port", "/dev/nonexistent", "--firmware", app], "no serial port /dev/nonexistent"),
         (["--port", "/dev/null", "--firmware", tmp_path / "missing.bin"], "missing.bin does not exist"),
         (["--port", "/dev/null", "--firmware", bad], "not an ESP32 image (first byte 7f, expected 0xe9)"),
-        (["--port", "/dev/null", "--firmware", fw, "--profile", "rp2-pico-w"], "rp2-pico-w is not an ESP32 board"),
-        (["--port", "/dev/null", "--firmware", fw, "--profile", "esp33"], "unknown board profile 'esp33'"),
+        (["--port", "/dev/null", "--firmware", app, "--profile", "rp2-pico-w"], "rp2-pico-w is not an ESP32 board"),
+        (["--port", "/dev/null", "--firmware", app, "--profile", "esp33"], "unknown board profile 'esp33'"),
+        (["--port", "/dev/null", "--firmware", s3], "s3.bin is built for ESP32-S3, not ESP32"),
+        (["--port", "/dev/null", "--firmware", boot], "bootloader.bin is a bootloader alone"),
+        (["--port", "/dev/null", "--firmware", odd], "neither an app image (no app description magic 0xabcd5432"),
+        (["--port", "/dev/null", "--firmware", big], "does not fit the factory partition (0x1f0000 bytes at 0x10000)"),
     ]
     for argv, message in cases:
         rc, out, err = tern(capsys, "flash", *argv)
         assert rc == 1 and err.startswith("tern flash: ") and message in err, (argv, err)
-    rc, out, err = tern(capsys, "flash", "--firmware", fw)
+    rc, out, err = tern(capsys, "flash", "--firmware", app)
     assert rc == 2 and "--port" in err
+    rc, out, err = tern(capsys, "flash", "--port", "/dev/null", "--firmware", app, "--erase", "--erase-outbox")
+    assert rc == 2 and "not allowed with" in err
 
     table = tmp_path / "pt.bin"
-    rc, out, err = tern(capsys, "flash", "--port", "/dev/ttyUSB9", "--firmware", fw, "--dry-run", "--erase",
+    rc, out, err = tern(capsys, "flash", "--port", "/dev/ttyUSB9", "--firmware", s3, "--dry-run", "--erase",
                         "--table-out", table, "--profile", "esp32-s3")
     assert rc == 0, err
     lines = out.splitlines()
     esptool = "%s -m esptool --chip esp32s3 --port /dev/ttyUSB9 --baud 460800" % sys.executable
     assert lines[0] == esptool + " erase-flash"
-    assert lines[1] == esptool + " write-flash -z 0x0 %s 0x8000 %s" % (fw, table)
+    assert lines[1] == esptool + " write-flash -z 0x10000 %s 0x8000 %s" % (s3, table)
+    assert "the outbox partition with it" in err
     assert table.read_bytes() == profile_table(load_profile("esp32-s3"))[1]
 
 
@@ -113,53 +220,29 @@ def test_tern_flash_dry_run_prints_commands_a_shell_runs(tmp_path, capsys):
     # table in a temporary folder removed on exit: nothing of it could be pasted into a shell
     fw = tmp_path / "my firmware" / "fw.bin"
     fw.parent.mkdir()
-    fw.write_bytes(b"\xe9" + bytes(4095))
+    fw.write_bytes(combined_image("esp32"))
     m, s = os.openpty()
     try:
         rc, out, err = tern(capsys, "flash", "--port", os.ttyname(s), "--firmware", fw, "--dry-run")
         assert rc == 0, err
         (line,) = out.splitlines()
-        table = Path(re.search(r"the partition table is in (\S+) \(kept", err).group(1))
+        kept = Path(re.search(r"the files to write are in (\S+) \(kept", err).group(1))
         try:
-            assert table.read_bytes() == profile_table(load_profile("esp32-generic"))[1]
-            assert line.endswith("0x8000 %s" % table) and "'%s'" % fw in line
-            # pasted into a shell: esptool gets every argument, finds both files, and fails only at
+            copy = kept / "fw-tern-table.bin"
+            assert copy.read_bytes()[0x7000:0x7C00] == profile_table(load_profile("esp32-generic"))[1]
+            assert line.endswith("0x1000 %s" % copy)
+            # pasted into a shell: esptool gets every argument, finds the file, and fails only at
             # connecting (no chip on this pty)
-            r = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=120)
+            r = subprocess.run(["sh", "-c", line.replace("write-flash", "--before no-reset --connect-attempts 1 "
+                                                         "write-flash")], capture_output=True, text=True, timeout=120)
         finally:
-            table.unlink()
+            __import__("shutil").rmtree(kept)
     finally:
         os.close(m)
         os.close(s)
     text = r.stdout + r.stderr
     assert r.returncode != 0 and "Failed to connect to ESP32" in text, text
-    assert "Usage" not in text and "No such file" not in text
-
-
-def test_esptool_accepts_the_flash_command_line(tmp_path):
-    """The real esptool, run with our arguments against a port where no chip answers: it parses them,
-    opens the port and fails only at connecting."""
-    fw = tmp_path / "fw.bin"
-    fw.write_bytes(b"\xe9" + bytes(4095))
-    m, s = os.openpty()
-    try:
-        class A:
-            port = os.ttyname(s)
-            firmware = str(fw)
-            profile = "esp32-generic"
-            baud = 115200
-            erase = False
-            dry_run = False
-        (cmd,) = flash_commands(A, tmp_path / "pt.bin")
-        i = cmd.index("write-flash")
-        cmd = cmd[:i] + ["--before", "no-reset", "--connect-attempts", "1"] + cmd[i:]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    finally:
-        os.close(m)
-        os.close(s)
-    text = r.stdout + r.stderr
-    assert r.returncode != 0 and "Failed to connect to ESP32" in text, text
-    assert "Usage" not in text and "Error: " not in text.replace("ERROR: A fatal error", "")
+    assert "Usage" not in text and "No such file" not in text and "overlap" not in text
 
 
 # -- tern deploy, tern board run, tern repl ---------------------------------------------

@@ -69,7 +69,11 @@ def add_subcommands(sub):
     f.add_argument("--firmware", required=True, metavar="FILE", help="the MicroPython image (.bin) to write")
     _profile_arg(f, "esp32-generic")
     f.add_argument("--baud", type=int, default=460800)
-    f.add_argument("--erase", action="store_true", help="erase the whole flash first")
+    g = f.add_mutually_exclusive_group()
+    g.add_argument("--erase", action="store_true", help="erase the whole flash first (the outbox partition "
+                   "and its undelivered messages too)")
+    g.add_argument("--erase-outbox", action="store_true", help="erase the outbox partition (undelivered "
+                   "messages are lost); by default it is kept")
     f.add_argument("--table-out", metavar="FILE", help="also save the generated partition table here")
     f.add_argument("--dry-run", action="store_true", help="check, write the partition table and print the esptool commands (ready to paste into a shell), run nothing")
     f.set_defaults(func=cmd_flash)
@@ -330,10 +334,13 @@ def cmd_deploy(args):
     return 0
 
 
-def flash_commands(args, table_path):
-    """The esptool command lines `tern flash` runs (checked inputs)."""
+def flash_commands(args, outdir):
+    """(esptool command lines, notes) of `tern flash`, inputs checked. The files they write are put in
+    outdir: the profile's partition table (or --table-out), and for a combined image a copy of it with
+    that table in place of its own (one write, no window with the image's own table on the chip)."""
     from .board import load_profile
-    from .partitions import profile_table
+    from .esp_image import ImageError, classify
+    from .partitions import TABLE_OFFSET, TYPES, profile_table
 
     prof = load_profile(args.profile)
     if prof.get("platform") != "esp32" or not prof.get("partitions"):
@@ -341,44 +348,81 @@ def flash_commands(args, table_path):
     fw = Path(args.firmware)
     if not fw.is_file():
         raise ValueError("firmware file %s does not exist" % fw)
-    head = fw.read_bytes()[:1]
-    if head != b"\xe9":
-        raise ValueError("%s is not an ESP32 image (first byte %s, expected 0xe9)" % (fw, head.hex() or "none"))
     if not args.dry_run and not os.path.exists(args.port):
         raise ValueError("no serial port %s" % args.port)
     if not 9600 <= args.baud <= 4000000:
         raise ValueError("--baud %d is out of range (9600..4000000)" % args.baud)
-    _, table = profile_table(prof)
-    Path(table_path).write_bytes(table)
+    if args.erase and args.erase_outbox:
+        raise ValueError("--erase already erases the outbox partition with the rest: give one of them")
+    parts, table = profile_table(prof)
+    app = next(p for p in parts if p["type"] == TYPES["app"])
+    data = fw.read_bytes()
+    try:
+        kind, app_at = classify(data, prof["chip"], str(fw), TABLE_OFFSET, app["offset"])
+    except ImageError as e:
+        raise ValueError(str(e)) from None
+    from .esp_image import chip_def
+
+    boot = chip_def(prof["chip"]).BOOTLOADER_FLASH_OFFSET
+    app_len = len(data) - app_at
+    if app_len > app["size"]:
+        raise ValueError("the app in %s is 0x%x bytes: it does not fit the %s partition (0x%x bytes at 0x%x)"
+                         % (fw, app_len, app["name"], app["size"], app["offset"]))
+    outdir = Path(outdir)
+    table_path = Path(args.table_out) if args.table_out else outdir / "partitions.bin"
+    table_path.write_bytes(table)
+    notes = []
+    if kind == "combined":
+        image = bytearray(data)
+        at = TABLE_OFFSET - boot
+        image[at:at + len(table)] = table
+        out = outdir / (fw.stem + "-tern-table.bin")
+        out.write_bytes(bytes(image))
+        pairs = ["0x%x" % boot, str(out)]
+        notes.append("%s is a combined image (bootloader, partition table, app): written at 0x%x as %s, "
+                     "a copy with the %s partition table in place of its own" % (fw, boot, out, prof["name"]))
+    else:
+        pairs = ["0x%x" % app["offset"], str(fw), "0x%x" % TABLE_OFFSET, str(table_path)]
+        notes.append("%s is an app image: written to the %s partition at 0x%x, the partition table at 0x%x; the "
+                     "bootloader already on the chip is kept (a blank chip needs a combined image)"
+                     % (fw, app["name"], app["offset"], TABLE_OFFSET))
     base = [sys.executable, "-m", "esptool", "--chip", prof["chip"], "--port", args.port, "--baud", str(args.baud)]
     cmds = []
+    ob = prof["flash"].get("outbox")
+    obp = next((p for p in parts if ob and p["name"] == ob["label"]), None)
     if args.erase:
         cmds.append(base + ["erase-flash"])
-    cmds.append(base + ["write-flash", "-z", "0x%x" % prof["firmware_offset"], str(fw), "0x8000", str(table_path)])
-    return cmds
+        notes.append("--erase: the whole flash is erased, the outbox partition with it (messages not yet "
+                     "delivered are lost)")
+    elif args.erase_outbox and obp is not None:
+        cmds.append(base + ["erase-region", "0x%x" % obp["offset"], "0x%x" % obp["size"]])
+        notes.append("--erase-outbox: the %s partition (0x%x, %d KiB) is erased: messages not yet delivered "
+                     "are lost" % (obp["name"], obp["offset"], obp["size"] >> 10))
+    elif obp is not None:
+        notes.append("the %s partition (0x%x, %d KiB) is kept: messages not yet delivered survive the flash "
+                     "(--erase-outbox empties it)" % (obp["name"], obp["offset"], obp["size"] >> 10))
+    cmds.append(base + ["write-flash", "-z"] + pairs)
+    return cmds, notes
 
 
 def cmd_flash(args):
     """Run the esptool commands; with --dry-run print them, one a line, each ready to paste into a
-    shell (quoted with shlex; the partition table they write is kept: --table-out, else a temp file)."""
+    shell (quoted with shlex; the files they write are kept: --table-out, else a temporary folder)."""
     import shlex
+    import shutil
 
-    with tempfile.TemporaryDirectory(prefix="tern-flash-") as tmp:
-        table = Path(args.table_out) if args.table_out else Path(tmp) / "partitions.bin"
-        if args.dry_run and not args.table_out:
-            fd, name = tempfile.mkstemp(prefix="tern-partitions-", suffix=".bin")
-            os.close(fd)
-            table = Path(name)
+    keep = args.dry_run
+    outdir = tempfile.mkdtemp(prefix="tern-flash-")
+    try:
         try:
-            cmds = flash_commands(args, table)
+            cmds, notes = flash_commands(args, outdir)
         except ValueError as e:
-            if args.dry_run and not args.table_out:
-                table.unlink()
+            keep = False
             return _fail("flash", e)
+        for n in notes:
+            sys.stderr.write("tern flash: %s\n" % n)
         if args.dry_run:
-            if not args.table_out:
-                sys.stderr.write("tern flash: the partition table is in %s (kept for these commands; "
-                                 "--table-out FILE puts it elsewhere)\n" % table)
+            sys.stderr.write("tern flash: the files to write are in %s (kept for these commands)\n" % outdir)
             for cmd in cmds:
                 print(shlex.join(cmd))
             return 0
@@ -387,4 +431,7 @@ def cmd_flash(args):
             rc = subprocess.call(cmd)
             if rc:
                 return _fail("flash", "esptool failed (exit status %d)" % rc)
-    return 0
+        return 0
+    finally:
+        if not keep:
+            shutil.rmtree(outdir, ignore_errors=True)
