@@ -288,7 +288,7 @@ def test_tern_deploy_romfs_puts_the_modules_in_the_rom_partition(tmp_path, capsy
     d = tmp_path / "t"
     ca = tmp_path / "ca.der"
     ca.write_bytes(b"0\x82 not really DER")
-    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--profile", "tight", "--romfs", "--file", "%s:certs/" % ca)
+    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--create", "--profile", "tight", "--romfs", "--file", "%s:certs/" % ca)
     assert rc == 0, err
     assert "ROMFS image -> /rom" in out and "main.py" in out and "lib/tern/client.mpy" not in out
     assert re.search(r"certs/ca\.der +%d bytes" % len(ca.read_bytes()), out), out  # beside, not in, the ROMFS
@@ -302,7 +302,7 @@ def test_tern_deploy_romfs_puts_the_modules_in_the_rom_partition(tmp_path, capsy
         assert board.eval("__import__('tern.message').message.__file__") == "/rom/lib/tern/message.mpy"
     finally:
         board.close()
-    rc, out, err = tern(capsys, "deploy", "--emulated", tmp_path / "u", "--profile", "unix-emulated", "--romfs")
+    rc, out, err = tern(capsys, "deploy", "--emulated", tmp_path / "u", "--create", "--profile", "unix-emulated", "--romfs")
     assert rc == 1 and "profile unix-emulated has no ROMFS partition" in err
     rc, out, err = tern(capsys, "deploy", "--emulated", d, "--romfs", "--source")
     assert rc == 1 and "--romfs holds compiled modules" in err
@@ -313,7 +313,7 @@ def test_tern_board_run_gives_the_repl_to_the_terminal_and_keeps_the_flash(tmp_p
     env = dict(os.environ)
 
     def run(keys, *extra):
-        r = subprocess.run([TERN, "board", "run", "--profile", "tight", "--dir", str(d), *extra], input=keys,
+        r = subprocess.run([TERN, "board", "run", "--profile", "tight", "--dir", str(d), "--create", *extra], input=keys,
                            capture_output=True, timeout=60, env=env)
         assert r.returncode == 0, r.stderr
         return r.stdout.decode(), r.stderr.decode()
@@ -368,7 +368,7 @@ WRITE_FILES = "for i in range(30):\r f = open('f%d.txt' % i, 'w'); f.write('x' *
 
 def test_tern_board_run_shows_the_power_cut_and_powers_back_on_from_a_key(tmp_path):
     # the cut used to show only in console.log: the terminal went silent, with no key to power back on
-    p = subprocess.Popen([TERN, "board", "run", "--dir", str(tmp_path / "b"), "--cut-at", "12"],
+    p = subprocess.Popen([TERN, "board", "run", "--dir", str(tmp_path / "b"), "--create", "--cut-at", "12"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = _Lines(p.stdout), _Lines(p.stderr)
     try:
@@ -392,7 +392,7 @@ def test_tern_board_run_shows_the_power_cut_and_powers_back_on_from_a_key(tmp_pa
 
 
 def test_tern_board_run_headless_leaves_the_port_to_mpremote(tmp_path):
-    p = subprocess.Popen([TERN, "board", "run", "--headless", "--dir", str(tmp_path / "b"), "--cut-at", "12"],
+    p = subprocess.Popen([TERN, "board", "run", "--headless", "--dir", str(tmp_path / "b"), "--create", "--cut-at", "12"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     out = _Lines(p.stdout)
     mpremote = [str(Path(sys.executable).with_name("mpremote")), "connect"]
@@ -420,3 +420,105 @@ def test_tern_board_run_headless_leaves_the_port_to_mpremote(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+# -- a board's folder: its identity, --create, deploy without the app, config checked ----------------
+def test_an_emulated_board_keeps_its_id_with_its_folder(tmp_path, capsys):
+    # every run of the same folder drew a new random id, so the firmware's default client id (and its
+    # MQTT session and topics) changed while its flash and boot counter carried over
+    d = tmp_path / "b"
+    ids = []
+    for _ in range(2):
+        b = EmulatedBoard("tight", workdir=d)
+        try:
+            ids.append(b.eval("__import__('emuboard').unique_id()"))
+        finally:
+            b.close()
+    assert ids[0] == ids[1] and re.fullmatch(rb"tight-[0-9a-f]{8}", ids[0]), ids
+    assert (d / "id").read_text().strip() == ids[0].decode()
+    b = EmulatedBoard("tight", workdir=tmp_path / "other")
+    try:  # another folder is another device
+        assert b.id != ids[0].decode()
+    finally:
+        b.close()
+    b = EmulatedBoard("tight", workdir=d, board_id="sensor-7", power=False)
+    b.close()
+    b = EmulatedBoard("tight", workdir=d, power=False)  # an id given is kept, as the folder's
+    try:
+        assert b.id == "sensor-7"
+    finally:
+        b.close()
+
+
+def test_a_board_folder_that_does_not_exist_is_an_error_unless_created(tmp_path, capsys):
+    missing = tmp_path / "typo"
+    r = subprocess.run([TERN, "board", "run", "--dir", str(missing)], input=b"\x1d", capture_output=True, timeout=60)
+    assert r.returncode == 1 and b"no emulated board in %s" % bytes(missing) in r.stderr and b"--create" in r.stderr
+    rc, out, err = tern(capsys, "deploy", "--emulated", missing)
+    assert rc == 1 and "the folder does not exist" in err
+    rc, out, err = tern(capsys, "repl", "--emulated", missing)
+    assert rc == 1 and "--create" in err
+    assert not missing.exists()  # nothing made for a mistyped folder
+    r = subprocess.run([TERN, "board", "run", "--profile", "tight", "--dir", str(missing), "--create"],
+                       input=b"print(6 * 7)\r\x1d", capture_output=True, timeout=60)
+    assert r.returncode == 0 and b"42" in r.stdout, r.stderr
+    assert (missing / "flash.img").is_file()
+    # with no --dir, the profile's board lives in the user's data folder, not the working directory
+    home = tmp_path / "data"
+    r = subprocess.run([TERN, "board", "run", "--profile", "tight"], input=b"\x1d", capture_output=True, timeout=60,
+                       cwd=tmp_path, env=dict(os.environ, XDG_DATA_HOME=str(home)))
+    assert r.returncode == 0 and (home / "tern/boards/tight/flash.img").is_file(), r.stderr
+    assert not (tmp_path / "tern-boards").exists()
+
+
+def test_tern_deploy_does_not_run_the_app(tmp_path, capsys):
+    # deploying booted the board as a power-on does: its main.py ran (spent a boot, published) first
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "main.py").write_text("print('the app ran')\n")
+    d = tmp_path / "b"
+    for _ in range(2):  # the second deploy boots a board with the first one's main.py on it
+        rc, out, err = tern(capsys, "deploy", "--emulated", d, "--create", "--profile", "unix-emulated", "--app", app)
+        assert rc == 0, err
+    log = (d / "console.log").read_text()
+    assert "main.py not run" in log and "the app ran" not in log
+    b = EmulatedBoard("unix-emulated", workdir=d)  # a power-on runs it
+    try:
+        b.wait_for("the app ran", timeout=20)
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"host": "127.0.0.1",\n "port": 1883,\n}', "line 3 column 1: not valid JSON"),
+    ('{"hots": "127.0.0.1"}', "unknown key 'hots' (did you mean 'host'?)"),
+    ('{"host": "b", "intervall_ms": 100}', "did you mean 'interval_ms'?"),
+    ('{"host": "b", "port": 70000}', "port must be an integer in 1..65535 (got 70000)"),
+    ('{"host": "b", "qos": 3}', "qos must be 0, 1, 2 or a non-empty list of them"),
+    ('{"host": "b", "password": 7, "user": "u"}', "password must be a non-empty string"),
+    ('["host"]', "must hold a JSON object"),
+])
+def test_tern_deploy_checks_the_config_by_the_firmwares_rules_before_copying(tmp_path, capsys, text, message):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(text)
+    d = tmp_path / "b"
+    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--create", "--config", cfg)
+    assert rc == 1 and err.startswith("tern deploy: ") and message in err, err
+    assert "(got 7)" not in err  # a secret's value is not echoed
+    assert not d.exists()  # refused before the board was booted: nothing copied
+
+
+def test_board_deploy_checks_a_config_dict_and_notes_what_the_firmware_would_say(tmp_path):
+    from ternlab.boards.config_check import ConfigError
+
+    b = EmulatedBoard("unix-emulated", workdir=tmp_path / "b")
+    try:
+        with pytest.raises(ConfigError, match="unknown key 'hots' \\(did you mean 'host'\\?\\)"):
+            b.deploy(config={"hots": "x"})
+        assert not b.exists("config.json")
+        said = []
+        done = b.deploy(config={"interval_ms": 100}, say=said.append)
+        assert ("config.json", len(b.read_file("config.json"))) in done
+        assert any("host: missing: no broker to connect to" in line for line in said), said
+    finally:
+        b.close()

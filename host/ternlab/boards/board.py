@@ -308,6 +308,18 @@ class Board:
             self._drop()
             raise BoardError("%s: %s" % (self.name, e)) from None
 
+    # -- software ------------------------------------------------------------
+    def deploy(self, app=None, config=None, files=(), source=False, romfs=False, say=lambda line: None):
+        """Put Tern and an app on the board, as `tern deploy` does: lib/tern's device set and the
+        app folder's files (default: the telemetry firmware, firmware/) compiled with mpy-cross for
+        the profile's architecture (source=True: copied as source; romfs=True: into the ROMFS
+        partition) and copied; config (a dict, or a file) checked by the firmware's rules first and
+        copied as config.json; files: more files, "LOCAL" or "LOCAL:REMOTE". The board runs them from
+        its next boot: soft_reset() or power_cycle(). Returns [(remote path, bytes)]."""
+        from .deploy import install
+
+        return install(self, app=app, config=config, files=files, source=source, romfs=romfs, say=say)
+
     # -- console -------------------------------------------------------------
     def _pump(self, seconds):
         """Read what the board printed into the log (for logs fed by the transport)."""

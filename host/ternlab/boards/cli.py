@@ -1,19 +1,21 @@
 """`tern board run`, `tern deploy`, `tern flash`, `tern repl`: boards from the command line.
 
-  tern board run [--profile unix-emulated] [--dir DIR]   an emulated board in the foreground, its
+  tern board run [--profile P] [--dir DIR] [--broker H:P] an emulated board in the foreground, its
                                                           REPL on this terminal (Ctrl-] quits; Ctrl-T p
                                                           powers it on or cycles it, Ctrl-T o off);
                                                           --headless leaves the port to mpremote
   tern deploy (--port PORT | --emulated DIR) [--config F] compile lib/tern's device set and firmware/
               [--app APPDIR]                              (or your APPDIR) with mpy-cross and copy
-                                                          them (mpremote's transport)
-  tern flash --port PORT --firmware FILE [--profile P]    esptool: the MicroPython image plus the
-                                                          profile's partition table (outbox partition)
+                                                          them (mpremote's transport); config checked
+  tern flash --port PORT --firmware FILE [--profile P]    esptool: a combined or an app image, each at
+                                                          its place, with the profile's partition table
   tern repl (--port PORT | --emulated DIR)                a terminal on a board's REPL
 
-An emulated board's DIR (default tern-boards/PROFILE under the current directory) keeps its flash
-image between runs, so `tern deploy --emulated DIR` then `tern board run --dir DIR` boots what was
-deployed.
+Emulated boards are of either kind: the unix port (unix-emulated, tight) or MicroPython's firmware
+under QEMU (qemu-m3-*, whose MQTT link reaches --broker). An emulated board's DIR keeps its flash image
+and its id between runs (default $XDG_DATA_HOME/tern/boards/PROFILE), so `tern deploy --emulated DIR`
+then `tern board run --dir DIR` boots what was deployed, as the same device; a DIR that does not exist
+is an error unless --create.
 """
 
 import os
@@ -39,11 +41,16 @@ def add_subcommands(sub):
     p = sub.add_parser("board", help="run an emulated board", description="Emulated boards.")
     bsub = p.add_subparsers(title="board commands", metavar="ACTION", dest="board_action")
     r = bsub.add_parser("run", help="an emulated board in the foreground, its REPL on this terminal")
-    _profile_arg(r, "unix-emulated")
-    r.add_argument("--dir", help="the board's folder (flash image, console.log); default tern-boards/PROFILE")
-    r.add_argument("--id", help="board id (emuboard.unique_id()); default PROFILE-<random>")
+    _profile_arg(r, None)
+    r.add_argument("--dir", help="the board's folder (flash image, id, console.log); default "
+                   "$XDG_DATA_HOME/tern/boards/PROFILE (~/.local/share/tern/boards/PROFILE)")
+    _create_arg(r)
+    r.add_argument("--id", help="board id (emuboard.unique_id()), kept in the folder; default: the folder's, "
+                   "else PROFILE-<random> drawn once")
     r.add_argument("--host-path", action="append", default=[], metavar="DIR",
-                   help="host folder mounted on the board at /hostN and put on sys.path (repeatable)")
+                   help="host folder mounted on the board at /hostN and put on sys.path (repeatable; unix-port "
+                        "boards)")
+    _broker_arg(r)
     r.add_argument("--cut-at", type=int, default=0, metavar="N", help="power fails at the N-th flash operation")
     r.add_argument("--seed", type=int, default=1, help="seed of the torn write (with --cut-at)")
     r.add_argument("--headless", action="store_true",
@@ -88,17 +95,48 @@ def _target_args(p):
     g.add_argument("--port", help="a real board's serial port (or any board's pty)")
     g.add_argument("--emulated", metavar="DIR", help="the folder of an emulated board (booted for this command)")
     _profile_arg(p, None)
+    _create_arg(p)
+    _broker_arg(p)
 
 
-def _fail(cmd, msg):
-    sys.stderr.write("tern %s: %s\n" % (cmd, msg))
-    return 1
+def _create_arg(p):
+    p.add_argument("--create", action="store_true",
+                   help="make a new emulated board if its folder does not exist (otherwise an error: a mistyped "
+                        "folder would be a new, empty board)")
 
 
-def _emulated(args, dir_, echo=None, power=True):
-    from .board import BoardError
-    from .emulated import EmulatedBoard
+def _broker_arg(p):
+    p.add_argument("--broker", metavar="HOST[:PORT]", type=_address,
+                   help="a qemu-m3 board's MQTT link (its link UART) reaches this broker (default port 1883); "
+                        "a unix-port board uses the host's network and the app's own config")
 
+
+def _address(text):
+    import argparse
+
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = text, "1883"
+    try:
+        n = int(port)
+    except ValueError:
+        n = 0
+    if not host or not 0 < n < 65536:
+        raise argparse.ArgumentTypeError("%r is not HOST[:PORT] (a port in 1..65535)" % text)
+    return host, n
+
+
+def _board_dir(args, dir_):
+    """The emulated board's folder, which must exist unless --create (or the default folder) says make it."""
+    d = Path(dir_)
+    if not d.is_dir() and not getattr(args, "create", False):
+        raise SystemExit("tern: no emulated board in %s (the folder does not exist): check the path, or add --create "
+                         "to make a new board there" % d)
+    return d
+
+
+def _profile_of(args, dir_):
+    """--profile, else the profile the board in dir_ last ran (board.json), else unix-emulated."""
     name = args.profile
     cfg = Path(dir_) / "board.json"
     if name is None and cfg.is_file():
@@ -106,14 +144,45 @@ def _emulated(args, dir_, echo=None, power=True):
 
         try:
             name = json.loads(cfg.read_text())["profile"]["name"]
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError):
             name = None
+    return name or "unix-emulated"
+
+
+def _fail(cmd, msg):
+    sys.stderr.write("tern %s: %s\n" % (cmd, msg))
+    return 1
+
+
+def _emulated(args, dir_, echo=None, power=True, app=True):
+    """The emulated board in dir_: an EmulatedBoard (unix port), or a QemuBoard for a qemu-m3 profile, its
+    link joined to --broker. power: booted (app=False: boot.py only, main.py does not run)."""
+    from .board import BoardError, load_profile
+    from .emulated import EmulatedBoard
+
+    _board_dir(args, dir_)
     try:
-        return EmulatedBoard(name or "unix-emulated", workdir=dir_, board_id=getattr(args, "id", None),
-                             host_paths=getattr(args, "host_path", ()), echo=echo, power=power,
-                             cut_at=getattr(args, "cut_at", 0), seed=getattr(args, "seed", 1))
+        prof = load_profile(_profile_of(args, dir_))
+        if prof.get("kind") == "qemu-m3":
+            from .qemu import QemuBoard
+
+            if getattr(args, "host_path", None):
+                raise ValueError("--host-path mounts host folders on a unix-port board; %s runs under QEMU "
+                                 "(tern deploy copies files to it)" % prof["name"])
+            b = QemuBoard(prof, workdir=dir_, board_id=getattr(args, "id", None), echo=echo, power=False,
+                          link=getattr(args, "broker", None))
+        else:
+            b = EmulatedBoard(prof, workdir=dir_, board_id=getattr(args, "id", None),
+                              host_paths=getattr(args, "host_path", ()), echo=echo, power=False)
     except (BoardError, ValueError) as e:
         raise SystemExit("tern: %s" % e) from None
+    if power:
+        try:
+            b.power_on(cut_at=getattr(args, "cut_at", 0), seed=getattr(args, "seed", 1), app=app)
+        except BoardError as e:
+            b.close()
+            raise SystemExit("tern: %s" % e) from None
+    return b
 
 
 # -- terminal ------------------------------------------------------------------
@@ -230,7 +299,13 @@ def _boot(args, dir_, echo, say):
 
 
 def cmd_board_run(args):
-    dir_ = args.dir or os.path.join("tern-boards", args.profile)
+    if args.dir:
+        dir_ = args.dir
+    else:  # the default folder of the profile's board is made on first use
+        from ..paths import boards_home
+
+        dir_ = str(boards_home() / (args.profile or "unix-emulated"))
+        args.create = True
     if args.headless:
         return _board_headless(args, dir_)
 
@@ -244,11 +319,21 @@ def cmd_board_run(args):
 
     b = _boot(args, dir_, event, say)
     try:
-        sys.stderr.write("tern: board %s (%s) on %s, flash in %s; %s\r\n" % (b.id, b.name, b.port, b.workdir, POWER_KEYS))
+        sys.stderr.write("tern: board %s (%s) on %s, flash in %s%s; %s\r\n" % (b.id, b.name, b.port, b.workdir,
+                                                                          _link_note(b, args), POWER_KEYS))
         b.disconnect()
         return terminal(b.port, keys=lambda k: _press(b, k, say))
     finally:
         b.close()
+
+
+def _link_note(b, args):
+    """What a qemu-m3 board's MQTT link reaches ('' for a unix-port board, which uses the host's network)."""
+    if b.profile.get("kind") != "qemu-m3":
+        return ""
+    if args.broker:
+        return ", MQTT link to %s:%d" % args.broker
+    return ", MQTT link to nothing (--broker HOST[:PORT] joins it to a broker)"
 
 
 def _board_headless(args, dir_):
@@ -265,8 +350,8 @@ def _board_headless(args, dir_):
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     try:
         b.disconnect()
-        print("tern: board %s (%s) on %s, flash in %s; headless: the port is free for mpremote; commands on "
-              "stdin: on, off, cycle, quit" % (b.id, b.name, b.port, b.workdir), flush=True)
+        print("tern: board %s (%s) on %s, flash in %s%s; headless: the port is free for mpremote; commands on "
+              "stdin: on, off, cycle, quit" % (b.id, b.name, b.port, b.workdir, _link_note(b, args)), flush=True)
 
         def commands():
             for line in sys.stdin:
@@ -303,29 +388,34 @@ def cmd_repl(args):
 
 
 def cmd_deploy(args):
-    from .board import BoardError
-    from .deploy import deploy, deploy_romfs, plan
+    from .board import BoardError, load_profile
+    from .config_check import check
+    from .deploy import install, plan
 
     try:
-        items = plan(config=args.config, files=args.file, app=args.app)
+        if args.port and not os.path.exists(args.port):
+            return _fail("deploy", "no serial port %s" % args.port)
+        plan(config=args.config, files=args.file, app=args.app)  # every file there, before a board is booted
+        if args.romfs and args.source:
+            return _fail("deploy", "--romfs holds compiled modules: it does not go with --source")
+        name = args.profile or ("esp32-generic" if args.port else None)
+        if args.emulated:
+            _board_dir(args, args.emulated)
+            name = _profile_of(args, args.emulated)
+        if args.config:
+            check(args.config, load_profile(name))  # a config the board would not run: refused before it boots
         if args.port:
-            if not os.path.exists(args.port):
-                return _fail("deploy", "no serial port %s" % args.port)
             from .serial import SerialBoard
 
-            board = SerialBoard(args.port, profile=args.profile or "esp32-generic")
-        else:
-            board = _emulated(args, args.emulated)
+            board = SerialBoard(args.port, profile=name)
+        else:  # booted without its app: deploying does not run main.py (nor spend a boot or publish)
+            board = _emulated(args, args.emulated, app=False)
         try:
             prof = board.profile
-            print("tern deploy: %d files to %s (%s, %s)" % (len(items), args.port or board.workdir, prof["name"],
-                                                            "source" if args.source else "mpy-cross -march=%s" % (prof["arch"] or "host")))
-            if args.romfs:
-                if args.source:
-                    return _fail("deploy", "--romfs holds compiled modules: it does not go with --source")
-                done = deploy_romfs(board, items, arch=prof["arch"])
-            else:
-                done = deploy(board, items, arch=prof["arch"], source=args.source)
+            print("tern deploy: to %s (%s, %s)" % (args.port or board.workdir, prof["name"],
+                                                  "source" if args.source else "mpy-cross -march=%s" % (prof["arch"] or "host")))
+            done = install(board, app=args.app, config=args.config, files=args.file, source=args.source,
+                           romfs=args.romfs)
             print("tern deploy: %d files, %d bytes" % (len(done), sum(n for _, n in done)))
         finally:
             board.close()
