@@ -522,3 +522,53 @@ def test_board_deploy_checks_a_config_dict_and_notes_what_the_firmware_would_say
         assert any("host: missing: no broker to connect to" in line for line in said), said
     finally:
         b.close()
+
+
+def test_the_qemu_board_from_the_command_line_deploys_runs_and_reaches_the_broker(tmp_path, capsys, broker):
+    """`tern board run --profile qemu-m3-esp32` gives a REPL (it answered "use QemuBoard"); `tern deploy
+    --emulated` puts the telemetry firmware's config on it without running the app; `tern board run
+    --headless --broker` joins its MQTT link to the broker, where its readings arrive under its kept id."""
+    import json
+
+    from tern.client import Client
+
+    d = tmp_path / "mcu"
+    r = subprocess.run([TERN, "board", "run", "--profile", "qemu-m3-esp32", "--dir", str(d), "--create"],
+                       input=b"print(6 * 7, __import__('sys').platform)\r\x1d", capture_output=True, timeout=120)
+    assert r.returncode == 0 and b"42 qemu" in r.stdout, r.stdout + r.stderr
+    assert b"MQTT link to nothing (--broker HOST[:PORT]" in r.stderr
+    board_id = (d / "id").read_text().strip()
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"host": "broker", "interval_ms": 200, "count": 2}))
+    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--config", cfg)  # the folder knows its profile
+    assert rc == 0, err
+    assert "qemu-m3-esp32, mpy-cross -march=armv7m" in out and "config.json" in out
+    log = (d / "console.log").read_text()
+    assert "main.py not run" in log and '"ev":"boot"' not in log.split("main.py not run")[-1]
+    got = []
+    sub = Client("cli-observer", server=broker.host, port=broker.port)
+    dev = "tern-" + board_id.encode().hex()  # the firmware's device id: its board's unique_id()
+    sub.subscribe("tern/%s/telemetry" % dev, qos=1, handler=lambda m: got.append(json.loads(bytes(m.payload))))
+    sub.connect()
+    p = subprocess.Popen([TERN, "board", "run", "--headless", "--dir", str(d), "--broker", "%s:%d" % broker.address],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    out = _Lines(p.stdout)
+    try:
+        assert "MQTT link to %s:%d" % broker.address in out.wait("headless", timeout=120)
+        import time
+
+        end = time.monotonic() + 90
+        while len(got) < 2 and time.monotonic() < end:
+            sub.loop(100)
+        assert [(m["d"], m["s"]) for m in got] == [(dev, 0), (dev, 1)], got
+        p.stdin.write(b"quit\n")
+        p.stdin.flush()
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+        p.wait()
+        sub.disconnect()
+    rc, out, err = tern(capsys, "board", "run", "--dir", d, "--broker", "localhost:99999")
+    assert rc == 2 and "'localhost:99999' is not HOST[:PORT]" in err
+    rc, out, err = tern(capsys, "board", "run", "--dir", d, "--host-path", tmp_path)
+    assert rc == 1 and "--host-path mounts host folders on a unix-port board" in err
