@@ -112,7 +112,7 @@ def test_the_board_marker_skips_naming_the_missing_capability_and_the_profile(py
     r = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rs")
     r.assert_outcomes(passed=1, skipped=1)
     r.stdout.fnmatch_lines(["*board profile 'unix-emulated' lacks capability 'wifi' "
-                            "(it has: console, flash, power_cut)*"])
+                            "(it has: console, flash, host_broker, power_cut)*"])
     r = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rs", "--board-profile", "esp32-generic")
     r.assert_outcomes(passed=1, skipped=1)
     r.stdout.fnmatch_lines(["*board profile 'esp32-generic' lacks capability 'power_cut' (it has: console, flash, wifi)*"])

@@ -15,29 +15,12 @@ import time
 from pathlib import Path
 
 from ..paths import project_dir
+from .errors import BoardError, DeviceError, PowerLost  # noqa: F401  (re-exported: the interface's errors)
 
 BOARDS_DIR = project_dir("boards")
 
 _REQUIRED = ("name", "emulated", "platform", "arch", "heap_bytes", "flash", "network", "sensors", "watchdog_ms", "capabilities")
 _SENSOR_KINDS = ("synthetic", "mcu_temp", "adc", "free_heap", "rssi", "uptime")
-
-
-class BoardError(Exception):
-    """The board could not do what was asked (no answer, not running, bad input)."""
-
-
-class PowerLost(BoardError):
-    """The board lost power while the host was talking to it."""
-
-
-class DeviceError(BoardError):
-    """Code run on the board raised: `traceback` is the board's traceback text."""
-
-    def __init__(self, traceback, output=""):
-        self.traceback = traceback
-        self.output = output
-        last = traceback.strip().splitlines()[-1] if traceback.strip() else "error"
-        super().__init__("the board raised: %s" % last)
 
 
 def profile_names():

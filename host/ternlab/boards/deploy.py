@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..devset import device_files
 from ..paths import lib_dir, project_dir
-from .board import BoardError
+from .errors import BoardError
 
 SOURCE_ONLY = ("main.py", "boot.py")
 # How .mpy files for a board are compiled (here and by ternlab.telemetry.compile_mpy): -O3 leaves the
