@@ -572,3 +572,11 @@ def test_the_qemu_board_from_the_command_line_deploys_runs_and_reaches_the_broke
     assert rc == 2 and "'localhost:99999' is not HOST[:PORT]" in err
     rc, out, err = tern(capsys, "board", "run", "--dir", d, "--host-path", tmp_path)
     assert rc == 1 and "--host-path mounts host folders on a unix-port board" in err
+
+
+def test_errors_name_the_command_to_use_not_a_python_class(tmp_path, capsys):
+    # "use SerialBoard" told a command-line user about a Python class
+    rc, out, err = tern(capsys, "board", "run", "--profile", "esp32-generic", "--dir", tmp_path / "x", "--create")
+    assert rc == 1 and "give its serial port (tern deploy/repl --port PORT" in err and "use SerialBoard" not in err
+    with pytest.raises(ValueError, match="tern board run --profile qemu-m3-esp32 and pytest --board-profile"):
+        EmulatedBoard("qemu-m3-esp32", workdir=tmp_path / "y")
