@@ -1,5 +1,5 @@
-"""What the drivers say when they refuse a call: positional() for umqtt's publish(t, m, True).
-What the drivers do when a connection attempt fails, imported on first use (a connect that
+"""Refusals, imported on first use: a publish() call the drivers refuse (positional(): umqtt's
+publish(t, m, True)), and what they do when a connection attempt fails (a connect that
 succeeds never loads it): the text of a broker's refusal (ConnectError), and the version
 fallback of `version=(5, 4)` with the session's switch to an older version (also made at start
 for a store whose broker took the older one last time, and for MQTT 3.1).
