@@ -13,7 +13,7 @@ import pytest
 
 from setup_check import DEBIAN_LIST, missing_programs, refusal
 
-_installed = any(ep.value == "ternlab.pytest_plugin" for ep in entry_points(group="pytest11"))
+_installed = any(ep.value in ("ternlab.pytest_tern", "ternlab.pytest_plugin") for ep in entry_points(group="pytest11"))
 pytest_plugins = ["pytester"]
 if not _installed or os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
     pytest_plugins.append("ternlab.pytest_plugin")

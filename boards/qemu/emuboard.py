@@ -86,6 +86,8 @@ def boot():
     if ob:
         _parts[ob["label"]] = qboard.Flash(n, ob["blocks"])
     rom = prof.get("romfs") and cfg.get("romfs")
+    if cfg.get("mode") == "raw":  # booted by the host to deploy: boot.py only, then the raw REPL
+        qboard.raw_repl()
     cfg = prof = fl = ob = None
     try:
         lfs = vfs.VfsLfs2(fs)

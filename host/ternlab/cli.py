@@ -29,7 +29,7 @@ OPTIONAL = (
         "audit": "delivery audit of landed telemetry (Spark)",
         "rollup": "per-device, per-window rollups of telemetry (Spark)",
         "report": "HTML report with plots and a terminal summary (Spark)",
-    }, "pip install 'tern[pipeline]'"),
+    }, "pip install 'ternlab[pipeline]'"),
     ("ternlab.demo", {"demo": "run the Tern demo"}, None),
     ("ternlab.fleet.cli", {"fleet": "run a fleet of emulated boards under a seeded fault scenario"}, None),
     ("ternlab.boards.cli", {
@@ -45,7 +45,7 @@ def version():
     try:
         from importlib.metadata import version as _v
 
-        return _v("tern")
+        return _v("ternlab")  # the harness's distribution (the library's is tern-mqtt)
     except Exception:
         return "unknown"
 

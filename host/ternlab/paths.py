@@ -25,3 +25,14 @@ def lib_dir() -> Path:
     import tern
 
     return Path(tern.__file__).resolve().parent.parent
+
+
+def boards_home() -> Path:
+    """Where `tern board run` keeps an emulated board's folder when no --dir is given: the user's data
+    folder ($XDG_DATA_HOME/tern/boards, by default ~/.local/share/tern/boards), not the working
+    directory, so a board is the same device wherever the command is run from, and no checkout gets
+    a stray folder."""
+    import os
+
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "tern" / "boards"

@@ -1,13 +1,16 @@
 """The `tern` pytest plugin: fixtures for hardware-in-the-loop tests, installed with tern.
 
-Registered through the ``pytest11`` entry point (name ``tern``), so any project that installs tern gets:
+Registered through the ``pytest11`` entry point (name ``tern``, module ``ternlab.pytest_tern``, which loads
+this one; ``-p ternlab.pytest_plugin`` works too), so any project that installs tern gets:
 
 - ``broker`` -- a fresh Mosquitto on a free loopback port for the test (``ternlab.broker.Broker``, no
   persistence, workdir under the test's tmp_path); ``broker_addr`` -- its ``[host, port]``;
 - ``chaos`` -- an MQTT-aware ``ChaosProxy`` in front of that broker (seed 1);
 - ``board`` -- the board the test drives: an ``EmulatedBoard`` of ``--board-profile`` (default
-  ``unix-emulated``; a ``QemuBoard`` for the ``qemu-m3-*`` profiles), or, with ``--board-port /dev/ttyUSB0``, the real board on that port
-  (``SerialBoard``) -- the same test body runs on both;
+  ``unix-emulated``; a ``QemuBoard`` for the ``qemu-m3-*`` profiles, whose MQTT link UART is joined to the
+  test's ``chaos`` proxy or ``broker`` when it uses one), or, with ``--board-port /dev/ttyUSB0``, the real
+  board on that port (``SerialBoard``) -- the same test body runs on all; ``board.deploy(app=..., config=...)``
+  puts Tern and the app under test on it (then ``board.soft_reset()`` runs it);
 - ``fleet`` -- a factory: ``fleet(boards=2, duration=10, faults=[...], seed=0)`` (or a ``Scenario``)
   returns a ``ternlab.fleet.Fleet`` with its own broker, stopped at teardown;
 - marker ``@pytest.mark.board(capability="power_cut")`` (or ``capabilities=[...]``): the test is skipped,
@@ -194,7 +197,15 @@ def board(request, tmp_path):
     elif _load_profile(config).get("kind") == "qemu-m3":
         from ternlab.boards.qemu import QemuBoard
 
-        b = QemuBoard(name, workdir=tmp_path / "board")
+        # its network is the link UART: joined to the test's chaos proxy, or else its broker, when the test
+        # uses one (as a unix-port board reaches them through the host's network)
+        link = None
+        for front in ("chaos", "broker"):
+            if front in request.fixturenames:
+                f = request.getfixturevalue(front)
+                link = (f.host, f.port)
+                break
+        b = QemuBoard(name, workdir=tmp_path / "board", link=link)
     else:
         from ternlab.boards.emulated import EmulatedBoard
 

@@ -584,7 +584,7 @@ class Client(_Driver):
     async def _await_progress(self, ms):
         await _wait(self._progress, ms if ms < 100 else 100)
 
-    async def publish(self, topic, payload, *, qos=0, retain=False, props=None, wait_ack=False, timeout=None):
+    def publish(self, topic, payload, *extra, qos=0, retain=False, props=None, wait_ack=False, timeout=None):
         """Send a message. Returns its packet id (0 for QoS 0) once the
         message is in the store (QoS 1/2: sent now, or after the next
         (re)connect when offline; QoS 0 offline raises NotConnected).
@@ -594,7 +594,16 @@ class Client(_Driver):
         outbox and for the acknowledgement; on an acknowledgement timeout
         OSError is raised and the message stays pending. Cancelled after the
         message is stored (asyncio.wait_for), it returns the id: accepted,
-        its acknowledgement not awaited (README, "Cancelling publish()")."""
+        its acknowledgement not awaited (README, "Cancelling publish()").
+        qos and retain are keywords: umqtt's publish(t, m, True) is refused
+        at the call with a TypeError that says so."""
+        if extra:
+            from .refused import positional
+
+            positional(extra)
+        return self._publish(topic, payload, qos, retain, props, wait_ack, timeout)
+
+    async def _publish(self, topic, payload, qos, retain, props, wait_ack, timeout):
         if isinstance(payload, str):
             payload = payload.encode()
         s = self.session

@@ -535,11 +535,16 @@ class Client(_Driver):
             if kind == _REPLIED:
                 r.pop(pid, None)
 
-    def publish(self, topic, payload, *, qos=0, retain=False, props=None, timeout=None):
+    def publish(self, topic, payload, *extra, qos=0, retain=False, props=None, timeout=None):
         """Send a message. QoS 1/2: returns its packet id once the message is
         in the store (durable with a flash or file store); it is sent now or
         after the next connect. QoS 0: sent now (NotConnected when offline).
-        qos and retain are keywords: umqtt's publish(t, m, True) means retain."""
+        qos and retain are keywords: umqtt's publish(t, m, True) means retain,
+        and is refused with a TypeError that says so (nothing stored)."""
+        if extra:
+            from .refused import positional
+
+            positional(extra)
         if isinstance(payload, str):
             payload = payload.encode()
         s = self.session

@@ -1,4 +1,5 @@
-"""What the drivers do when a connection attempt fails, imported on first use (a connect that
+"""Refusals, imported on first use: a publish() call the drivers refuse (positional(): umqtt's
+publish(t, m, True)), and what they do when a connection attempt fails (a connect that
 succeeds never loads it): the text of a broker's refusal (ConnectError), and the version
 fallback of `version=(5, 4)` with the session's switch to an older version (also made at start
 for a store whose broker took the older one last time, and for MQTT 3.1).
@@ -59,3 +60,11 @@ def set_version(s, v):
         import random
 
         s.client_id = "tern_%08x" % random.getrandbits(32)
+
+
+def positional(extra):
+    """publish() got arguments after the payload: umqtt's publish(topic, msg, retain, qos). Tern's
+    qos and retain are keywords (a positional True would be QoS 1, silently): refused, nothing stored."""
+    raise TypeError("publish() takes qos and retain as keywords, got %d more positional argument%s: "
+                    "publish(topic, msg, retain=True, qos=1) (umqtt's publish(t, m, True) means retain=True)"
+                    % (len(extra), "s" if len(extra) > 1 else ""))

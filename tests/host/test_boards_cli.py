@@ -79,32 +79,139 @@ def test_profile_table_checks_the_outbox_against_the_profile(tmp_path):
 
 
 # -- tern flash ----------------------------------------------------------------------
-def test_tern_flash_checks_its_inputs(tmp_path, capsys):
-    fw = tmp_path / "fw.bin"
-    fw.write_bytes(b"\xe9" + bytes(4095))
+# Images as esp-idf lays them out (built here, full size, not downloaded): a 24-byte header (magic 0xE9,
+# segment count, flash mode, size/frequency, entry point, then the extended header with the chip id at
+# offset 12), 8-byte segment headers, and in an app the app description (magic 0xABCD5432) first.
+CHIP_IDS = {"esp32": 0, "esp32s3": 9, "esp32c3": 5}
+BOOT_AT = {"esp32": 0x1000, "esp32s3": 0x0}
+APP_SIZE = 0x1A0000  # 1.6 MiB: about a MicroPython 1.28 ESP32_GENERIC app
+# MicroPython's own layout for ESP32_GENERIC (ports/esp32/partitions-4MiB.csv): what a combined download holds
+MP_TABLE = "nvs, data, nvs, 0x9000, 0x6000\nphy_init, data, phy, 0xf000, 0x1000\nfactory, app, factory, 0x10000, 0x1F0000\n" \
+           "vfs, data, fat, 0x200000, 0x200000\n"
+
+
+def esp_image(chip, size, app, seed=1):
+    import random
+
+    body = bytearray(random.Random(seed).randbytes(size - 32))
+    if app:
+        body[:4] = struct.pack("<I", 0xABCD5432)
+    head = struct.pack("<BBBBI", 0xE9, 1, 2, 0x20, 0x40080000)
+    head += struct.pack("<B3sHBHH4sB", 0xEE, bytes(3), CHIP_IDS[chip], 0, 0, 0xFFFF, bytes(4), 0)
+    return head + struct.pack("<II", 0x3F400020, size - 32) + bytes(body)
+
+
+def combined_image(chip):
+    boot = BOOT_AT[chip]
+    out = bytearray(esp_image(chip, 0x6000 if chip == "esp32" else 0x5000, app=False, seed=2))
+    out += b"\xff" * (0x8000 - boot - len(out)) + to_binary(parse_csv(MP_TABLE))
+    out += b"\xff" * (0x10000 - boot - len(out)) + esp_image(chip, APP_SIZE, app=True)
+    return bytes(out)
+
+
+def esptool_merge(chip, pairs, out):
+    """esptool's own check of an address/file list: merge-bin parses it as write-flash does (the same
+    argument type, which refuses overlapping files) and lays the files out as the flash will hold them."""
+    r = subprocess.run([sys.executable, "-m", "esptool", "--chip", chip, "merge-bin", "-o", str(out), *pairs],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, COLUMNS="300"))
+    return r.returncode, " ".join((r.stdout + r.stderr).replace("│", " ").split())  # its boxes unwrapped
+
+
+def flash_dry_run(capsys, fw, profile, *extra):
+    rc, out, err = tern(capsys, "flash", "--port", "/dev/ttyUSB9", "--firmware", fw, "--profile", profile,
+                        "--dry-run", *extra)
+    assert rc == 0, err
+    kept = Path(re.search(r"the files to write are in (\S+) \(kept", err).group(1))
+    return [line.split() for line in out.splitlines()], err, kept
+
+
+@pytest.mark.parametrize("profile", ["esp32-generic", "esp32-s3"])
+def test_tern_flash_writes_each_kind_of_image_where_the_chip_reads_it(tmp_path, capsys, profile):
+    prof = load_profile(profile)
+    chip, boot = prof["chip"], BOOT_AT[prof["chip"]]
+    _, table = profile_table(prof)
+    outbox = [p for p in profile_table(prof)[0] if p["name"] == "outbox"][0]
+    combined, app = tmp_path / "combined.bin", tmp_path / "micropython.bin"
+    combined.write_bytes(combined_image(chip))
+    app.write_bytes(esp_image(chip, APP_SIZE, app=True))
+    assert len(combined.read_bytes()) > 0x1A0000
+
+    # the command the old `tern flash` printed for the combined image: esptool refuses it
+    (tmp_path / "t.bin").write_bytes(table)
+    rc, text = esptool_merge(chip, ["0x%x" % boot, combined, "0x8000", tmp_path / "t.bin"], tmp_path / "x.bin")
+    assert rc != 0 and "Detected overlap at address: 0x8000" in text, text
+
+    for fw in (combined, app):
+        (cmd,), err, kept = flash_dry_run(capsys, fw, profile)
+        try:
+            assert cmd[:4] == [sys.executable, "-m", "esptool", "--chip"] and cmd[4] == chip
+            i = cmd.index("write-flash")
+            pairs = cmd[i + 2:]
+            rc, text = esptool_merge(chip, pairs, tmp_path / "flash.bin")
+            assert rc == 0, text
+            flash = (tmp_path / "flash.bin").read_bytes()  # as the flash holds it: from address 0, 0xFF between
+            data = fw.read_bytes()
+            if fw is combined:
+                assert pairs[0] == "0x%x" % boot and len(pairs) == 2
+                assert flash[boot:0x8000] == data[:0x8000 - boot]  # the bootloader, at the chip's offset
+            else:
+                assert pairs[0] == "0x10000" and len(pairs) == 4
+                assert "bootloader already on the chip is kept" in err
+            assert flash[0x8000:0x8000 + len(table)] == table  # Tern's partition table, not MicroPython's
+            assert flash[0x10000:0x10000 + APP_SIZE] == data[-APP_SIZE:]  # the app in its partition
+            assert len(flash) <= outbox["offset"]  # nothing written over the outbox partition
+            assert "outbox partition (0x%x, 128 KiB) is kept" % outbox["offset"] in err
+        finally:
+            __import__("shutil").rmtree(kept)
+    # the outbox partition erased on purpose: the region esptool erases is the partition, sector aligned
+    (erase, write), err, kept = flash_dry_run(capsys, app, profile, "--erase-outbox")
+    __import__("shutil").rmtree(kept)
+    assert erase[erase.index("erase-region") + 1:] == ["0x%x" % outbox["offset"], "0x%x" % outbox["size"]]
+    assert outbox["offset"] % 0x1000 == outbox["size"] % 0x1000 == 0
+    assert "messages not yet delivered are lost" in err and write[write.index("write-flash") + 2:][:2] == ["0x10000", str(app)]
+
+
+def test_tern_flash_tells_images_apart_and_checks_its_inputs(tmp_path, capsys):
+    app = tmp_path / "fw.bin"
+    app.write_bytes(esp_image("esp32", 0x10000, app=True))
+    s3 = tmp_path / "s3.bin"
+    s3.write_bytes(esp_image("esp32s3", 0x10000, app=True))
+    boot = tmp_path / "bootloader.bin"
+    boot.write_bytes(esp_image("esp32", 0x6000, app=False))
+    big = tmp_path / "big.bin"
+    big.write_bytes(esp_image("esp32", 0x200000, app=True))
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(esp_image("esp32", 0x20000, app=False))
     bad = tmp_path / "bad.bin"
     bad.write_bytes(b"\x7fELF")
     cases = [
-        (["--port", "/dev/nonexistent", "--firmware", fw], "no serial port /dev/nonexistent"),
+        (["--port", "/dev/nonexistent", "--firmware", app], "no serial port /dev/nonexistent"),
         (["--port", "/dev/null", "--firmware", tmp_path / "missing.bin"], "missing.bin does not exist"),
         (["--port", "/dev/null", "--firmware", bad], "not an ESP32 image (first byte 7f, expected 0xe9)"),
-        (["--port", "/dev/null", "--firmware", fw, "--profile", "rp2-pico-w"], "rp2-pico-w is not an ESP32 board"),
-        (["--port", "/dev/null", "--firmware", fw, "--profile", "esp33"], "unknown board profile 'esp33'"),
+        (["--port", "/dev/null", "--firmware", app, "--profile", "rp2-pico-w"], "rp2-pico-w is not an ESP32 board"),
+        (["--port", "/dev/null", "--firmware", app, "--profile", "esp33"], "unknown board profile 'esp33'"),
+        (["--port", "/dev/null", "--firmware", s3], "s3.bin is built for ESP32-S3, not ESP32"),
+        (["--port", "/dev/null", "--firmware", boot], "bootloader.bin is a bootloader alone"),
+        (["--port", "/dev/null", "--firmware", odd], "neither an app image (no app description magic 0xabcd5432"),
+        (["--port", "/dev/null", "--firmware", big], "does not fit the factory partition (0x1f0000 bytes at 0x10000)"),
     ]
     for argv, message in cases:
         rc, out, err = tern(capsys, "flash", *argv)
         assert rc == 1 and err.startswith("tern flash: ") and message in err, (argv, err)
-    rc, out, err = tern(capsys, "flash", "--firmware", fw)
+    rc, out, err = tern(capsys, "flash", "--firmware", app)
     assert rc == 2 and "--port" in err
+    rc, out, err = tern(capsys, "flash", "--port", "/dev/null", "--firmware", app, "--erase", "--erase-outbox")
+    assert rc == 2 and "not allowed with" in err
 
     table = tmp_path / "pt.bin"
-    rc, out, err = tern(capsys, "flash", "--port", "/dev/ttyUSB9", "--firmware", fw, "--dry-run", "--erase",
+    rc, out, err = tern(capsys, "flash", "--port", "/dev/ttyUSB9", "--firmware", s3, "--dry-run", "--erase",
                         "--table-out", table, "--profile", "esp32-s3")
     assert rc == 0, err
     lines = out.splitlines()
     esptool = "%s -m esptool --chip esp32s3 --port /dev/ttyUSB9 --baud 460800" % sys.executable
     assert lines[0] == esptool + " erase-flash"
-    assert lines[1] == esptool + " write-flash -z 0x0 %s 0x8000 %s" % (fw, table)
+    assert lines[1] == esptool + " write-flash -z 0x10000 %s 0x8000 %s" % (s3, table)
+    assert "the outbox partition with it" in err
     assert table.read_bytes() == profile_table(load_profile("esp32-s3"))[1]
 
 
@@ -113,53 +220,29 @@ def test_tern_flash_dry_run_prints_commands_a_shell_runs(tmp_path, capsys):
     # table in a temporary folder removed on exit: nothing of it could be pasted into a shell
     fw = tmp_path / "my firmware" / "fw.bin"
     fw.parent.mkdir()
-    fw.write_bytes(b"\xe9" + bytes(4095))
+    fw.write_bytes(combined_image("esp32"))
     m, s = os.openpty()
     try:
         rc, out, err = tern(capsys, "flash", "--port", os.ttyname(s), "--firmware", fw, "--dry-run")
         assert rc == 0, err
         (line,) = out.splitlines()
-        table = Path(re.search(r"the partition table is in (\S+) \(kept", err).group(1))
+        kept = Path(re.search(r"the files to write are in (\S+) \(kept", err).group(1))
         try:
-            assert table.read_bytes() == profile_table(load_profile("esp32-generic"))[1]
-            assert line.endswith("0x8000 %s" % table) and "'%s'" % fw in line
-            # pasted into a shell: esptool gets every argument, finds both files, and fails only at
+            copy = kept / "fw-tern-table.bin"
+            assert copy.read_bytes()[0x7000:0x7C00] == profile_table(load_profile("esp32-generic"))[1]
+            assert line.endswith("0x1000 %s" % copy)
+            # pasted into a shell: esptool gets every argument, finds the file, and fails only at
             # connecting (no chip on this pty)
-            r = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=120)
+            r = subprocess.run(["sh", "-c", line.replace("write-flash", "--before no-reset --connect-attempts 1 "
+                                                         "write-flash")], capture_output=True, text=True, timeout=120)
         finally:
-            table.unlink()
+            __import__("shutil").rmtree(kept)
     finally:
         os.close(m)
         os.close(s)
     text = r.stdout + r.stderr
     assert r.returncode != 0 and "Failed to connect to ESP32" in text, text
-    assert "Usage" not in text and "No such file" not in text
-
-
-def test_esptool_accepts_the_flash_command_line(tmp_path):
-    """The real esptool, run with our arguments against a port where no chip answers: it parses them,
-    opens the port and fails only at connecting."""
-    fw = tmp_path / "fw.bin"
-    fw.write_bytes(b"\xe9" + bytes(4095))
-    m, s = os.openpty()
-    try:
-        class A:
-            port = os.ttyname(s)
-            firmware = str(fw)
-            profile = "esp32-generic"
-            baud = 115200
-            erase = False
-            dry_run = False
-        (cmd,) = flash_commands(A, tmp_path / "pt.bin")
-        i = cmd.index("write-flash")
-        cmd = cmd[:i] + ["--before", "no-reset", "--connect-attempts", "1"] + cmd[i:]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    finally:
-        os.close(m)
-        os.close(s)
-    text = r.stdout + r.stderr
-    assert r.returncode != 0 and "Failed to connect to ESP32" in text, text
-    assert "Usage" not in text and "Error: " not in text.replace("ERROR: A fatal error", "")
+    assert "Usage" not in text and "No such file" not in text and "overlap" not in text
 
 
 # -- tern deploy, tern board run, tern repl ---------------------------------------------
@@ -205,7 +288,7 @@ def test_tern_deploy_romfs_puts_the_modules_in_the_rom_partition(tmp_path, capsy
     d = tmp_path / "t"
     ca = tmp_path / "ca.der"
     ca.write_bytes(b"0\x82 not really DER")
-    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--profile", "tight", "--romfs", "--file", "%s:certs/" % ca)
+    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--create", "--profile", "tight", "--romfs", "--file", "%s:certs/" % ca)
     assert rc == 0, err
     assert "ROMFS image -> /rom" in out and "main.py" in out and "lib/tern/client.mpy" not in out
     assert re.search(r"certs/ca\.der +%d bytes" % len(ca.read_bytes()), out), out  # beside, not in, the ROMFS
@@ -219,7 +302,7 @@ def test_tern_deploy_romfs_puts_the_modules_in_the_rom_partition(tmp_path, capsy
         assert board.eval("__import__('tern.message').message.__file__") == "/rom/lib/tern/message.mpy"
     finally:
         board.close()
-    rc, out, err = tern(capsys, "deploy", "--emulated", tmp_path / "u", "--profile", "unix-emulated", "--romfs")
+    rc, out, err = tern(capsys, "deploy", "--emulated", tmp_path / "u", "--create", "--profile", "unix-emulated", "--romfs")
     assert rc == 1 and "profile unix-emulated has no ROMFS partition" in err
     rc, out, err = tern(capsys, "deploy", "--emulated", d, "--romfs", "--source")
     assert rc == 1 and "--romfs holds compiled modules" in err
@@ -230,7 +313,7 @@ def test_tern_board_run_gives_the_repl_to_the_terminal_and_keeps_the_flash(tmp_p
     env = dict(os.environ)
 
     def run(keys, *extra):
-        r = subprocess.run([TERN, "board", "run", "--profile", "tight", "--dir", str(d), *extra], input=keys,
+        r = subprocess.run([TERN, "board", "run", "--profile", "tight", "--dir", str(d), "--create", *extra], input=keys,
                            capture_output=True, timeout=60, env=env)
         assert r.returncode == 0, r.stderr
         return r.stdout.decode(), r.stderr.decode()
@@ -285,7 +368,7 @@ WRITE_FILES = "for i in range(30):\r f = open('f%d.txt' % i, 'w'); f.write('x' *
 
 def test_tern_board_run_shows_the_power_cut_and_powers_back_on_from_a_key(tmp_path):
     # the cut used to show only in console.log: the terminal went silent, with no key to power back on
-    p = subprocess.Popen([TERN, "board", "run", "--dir", str(tmp_path / "b"), "--cut-at", "12"],
+    p = subprocess.Popen([TERN, "board", "run", "--dir", str(tmp_path / "b"), "--create", "--cut-at", "12"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = _Lines(p.stdout), _Lines(p.stderr)
     try:
@@ -309,7 +392,7 @@ def test_tern_board_run_shows_the_power_cut_and_powers_back_on_from_a_key(tmp_pa
 
 
 def test_tern_board_run_headless_leaves_the_port_to_mpremote(tmp_path):
-    p = subprocess.Popen([TERN, "board", "run", "--headless", "--dir", str(tmp_path / "b"), "--cut-at", "12"],
+    p = subprocess.Popen([TERN, "board", "run", "--headless", "--dir", str(tmp_path / "b"), "--create", "--cut-at", "12"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     out = _Lines(p.stdout)
     mpremote = [str(Path(sys.executable).with_name("mpremote")), "connect"]
@@ -337,3 +420,163 @@ def test_tern_board_run_headless_leaves_the_port_to_mpremote(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+# -- a board's folder: its identity, --create, deploy without the app, config checked ----------------
+def test_an_emulated_board_keeps_its_id_with_its_folder(tmp_path, capsys):
+    # every run of the same folder drew a new random id, so the firmware's default client id (and its
+    # MQTT session and topics) changed while its flash and boot counter carried over
+    d = tmp_path / "b"
+    ids = []
+    for _ in range(2):
+        b = EmulatedBoard("tight", workdir=d)
+        try:
+            ids.append(b.eval("__import__('emuboard').unique_id()"))
+        finally:
+            b.close()
+    assert ids[0] == ids[1] and re.fullmatch(rb"tight-[0-9a-f]{8}", ids[0]), ids
+    assert (d / "id").read_text().strip() == ids[0].decode()
+    b = EmulatedBoard("tight", workdir=tmp_path / "other")
+    try:  # another folder is another device
+        assert b.id != ids[0].decode()
+    finally:
+        b.close()
+    b = EmulatedBoard("tight", workdir=d, board_id="sensor-7", power=False)
+    b.close()
+    b = EmulatedBoard("tight", workdir=d, power=False)  # an id given is kept, as the folder's
+    try:
+        assert b.id == "sensor-7"
+    finally:
+        b.close()
+
+
+def test_a_board_folder_that_does_not_exist_is_an_error_unless_created(tmp_path, capsys):
+    missing = tmp_path / "typo"
+    r = subprocess.run([TERN, "board", "run", "--dir", str(missing)], input=b"\x1d", capture_output=True, timeout=60)
+    assert r.returncode == 1 and b"no emulated board in %s" % bytes(missing) in r.stderr and b"--create" in r.stderr
+    rc, out, err = tern(capsys, "deploy", "--emulated", missing)
+    assert rc == 1 and "the folder does not exist" in err
+    rc, out, err = tern(capsys, "repl", "--emulated", missing)
+    assert rc == 1 and "--create" in err
+    assert not missing.exists()  # nothing made for a mistyped folder
+    r = subprocess.run([TERN, "board", "run", "--profile", "tight", "--dir", str(missing), "--create"],
+                       input=b"print(6 * 7)\r\x1d", capture_output=True, timeout=60)
+    assert r.returncode == 0 and b"42" in r.stdout, r.stderr
+    assert (missing / "flash.img").is_file()
+    # with no --dir, the profile's board lives in the user's data folder, not the working directory
+    home = tmp_path / "data"
+    r = subprocess.run([TERN, "board", "run", "--profile", "tight"], input=b"\x1d", capture_output=True, timeout=60,
+                       cwd=tmp_path, env=dict(os.environ, XDG_DATA_HOME=str(home)))
+    assert r.returncode == 0 and (home / "tern/boards/tight/flash.img").is_file(), r.stderr
+    assert not (tmp_path / "tern-boards").exists()
+
+
+def test_tern_deploy_does_not_run_the_app(tmp_path, capsys):
+    # deploying booted the board as a power-on does: its main.py ran (spent a boot, published) first
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "main.py").write_text("print('the app ran')\n")
+    d = tmp_path / "b"
+    for _ in range(2):  # the second deploy boots a board with the first one's main.py on it
+        rc, out, err = tern(capsys, "deploy", "--emulated", d, "--create", "--profile", "unix-emulated", "--app", app)
+        assert rc == 0, err
+    log = (d / "console.log").read_text()
+    assert "main.py not run" in log and "the app ran" not in log
+    b = EmulatedBoard("unix-emulated", workdir=d)  # a power-on runs it
+    try:
+        b.wait_for("the app ran", timeout=20)
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"host": "127.0.0.1",\n "port": 1883,\n}', "line 3 column 1: not valid JSON"),
+    ('{"hots": "127.0.0.1"}', "unknown key 'hots' (did you mean 'host'?)"),
+    ('{"host": "b", "intervall_ms": 100}', "did you mean 'interval_ms'?"),
+    ('{"host": "b", "port": 70000}', "port must be an integer in 1..65535 (got 70000)"),
+    ('{"host": "b", "qos": 3}', "qos must be 0, 1, 2 or a non-empty list of them"),
+    ('{"host": "b", "password": 7, "user": "u"}', "password must be a non-empty string"),
+    ('["host"]', "must hold a JSON object"),
+])
+def test_tern_deploy_checks_the_config_by_the_firmwares_rules_before_copying(tmp_path, capsys, text, message):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(text)
+    d = tmp_path / "b"
+    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--create", "--config", cfg)
+    assert rc == 1 and err.startswith("tern deploy: ") and message in err, err
+    assert "(got 7)" not in err  # a secret's value is not echoed
+    assert not d.exists()  # refused before the board was booted: nothing copied
+
+
+def test_board_deploy_checks_a_config_dict_and_notes_what_the_firmware_would_say(tmp_path):
+    from ternlab.boards.config_check import ConfigError
+
+    b = EmulatedBoard("unix-emulated", workdir=tmp_path / "b")
+    try:
+        with pytest.raises(ConfigError, match="unknown key 'hots' \\(did you mean 'host'\\?\\)"):
+            b.deploy(config={"hots": "x"})
+        assert not b.exists("config.json")
+        said = []
+        done = b.deploy(config={"interval_ms": 100}, say=said.append)
+        assert ("config.json", len(b.read_file("config.json"))) in done
+        assert any("host: missing: no broker to connect to" in line for line in said), said
+    finally:
+        b.close()
+
+
+def test_the_qemu_board_from_the_command_line_deploys_runs_and_reaches_the_broker(tmp_path, capsys, broker):
+    """`tern board run --profile qemu-m3-esp32` gives a REPL (it answered "use QemuBoard"); `tern deploy
+    --emulated` puts the telemetry firmware's config on it without running the app; `tern board run
+    --headless --broker` joins its MQTT link to the broker, where its readings arrive under its kept id."""
+    import json
+
+    from tern.client import Client
+
+    d = tmp_path / "mcu"
+    r = subprocess.run([TERN, "board", "run", "--profile", "qemu-m3-esp32", "--dir", str(d), "--create"],
+                       input=b"print(6 * 7, __import__('sys').platform)\r\x1d", capture_output=True, timeout=120)
+    assert r.returncode == 0 and b"42 qemu" in r.stdout, r.stdout + r.stderr
+    assert b"MQTT link to nothing (--broker HOST[:PORT]" in r.stderr
+    board_id = (d / "id").read_text().strip()
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"host": "broker", "interval_ms": 200, "count": 2}))
+    rc, out, err = tern(capsys, "deploy", "--emulated", d, "--config", cfg)  # the folder knows its profile
+    assert rc == 0, err
+    assert "qemu-m3-esp32, mpy-cross -march=armv7m" in out and "config.json" in out
+    log = (d / "console.log").read_text()
+    assert "main.py not run" in log and '"ev":"boot"' not in log.split("main.py not run")[-1]
+    got = []
+    sub = Client("cli-observer", server=broker.host, port=broker.port)
+    dev = "tern-" + board_id.encode().hex()  # the firmware's device id: its board's unique_id()
+    sub.subscribe("tern/%s/telemetry" % dev, qos=1, handler=lambda m: got.append(json.loads(bytes(m.payload))))
+    sub.connect()
+    p = subprocess.Popen([TERN, "board", "run", "--headless", "--dir", str(d), "--broker", "%s:%d" % broker.address],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    out = _Lines(p.stdout)
+    try:
+        assert "MQTT link to %s:%d" % broker.address in out.wait("headless", timeout=120)
+        import time
+
+        end = time.monotonic() + 90
+        while len(got) < 2 and time.monotonic() < end:
+            sub.loop(100)
+        assert [(m["d"], m["s"]) for m in got] == [(dev, 0), (dev, 1)], got
+        p.stdin.write(b"quit\n")
+        p.stdin.flush()
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+        p.wait()
+        sub.disconnect()
+    rc, out, err = tern(capsys, "board", "run", "--dir", d, "--broker", "localhost:99999")
+    assert rc == 2 and "'localhost:99999' is not HOST[:PORT]" in err
+    rc, out, err = tern(capsys, "board", "run", "--dir", d, "--host-path", tmp_path)
+    assert rc == 1 and "--host-path mounts host folders on a unix-port board" in err
+
+
+def test_errors_name_the_command_to_use_not_a_python_class(tmp_path, capsys):
+    # "use SerialBoard" told a command-line user about a Python class
+    rc, out, err = tern(capsys, "board", "run", "--profile", "esp32-generic", "--dir", tmp_path / "x", "--create")
+    assert rc == 1 and "give its serial port (tern deploy/repl --port PORT" in err and "use SerialBoard" not in err
+    with pytest.raises(ValueError, match="tern board run --profile qemu-m3-esp32 and pytest --board-profile"):
+        EmulatedBoard("qemu-m3-esp32", workdir=tmp_path / "y")

@@ -53,6 +53,16 @@ def test_the_plugin_is_registered_by_the_installed_entry_point(pytester):
     r.stdout.fnmatch_lines(["*fixture 'broker_addr' not found*"])
 
 
+@pytest.mark.parametrize("spelling", ["ternlab.pytest_plugin", "tern"])
+def test_the_plugin_named_with_p_beside_the_entry_point_loads_once(pytester, spelling):
+    """`python -m pytest -p ternlab.pytest_plugin` stopped with "Plugin already registered under a
+    different name": the module was registered under that name, then again as the entry point `tern`."""
+    pytester.makepyfile(test_inner="def test_it(broker_addr):\n    assert broker_addr[0] == '127.0.0.1'\n")
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "-p", spelling)
+    assert "already registered" not in r.stdout.str() + r.stderr.str()
+    r.assert_outcomes(passed=1)
+
+
 def test_a_helper_attaches_its_own_log_and_a_broken_source_does_not_hide_the_failure(pytester):
     pytester.makepyfile(test_inner="""
 from ternlab.pytest_plugin import attach
@@ -102,7 +112,7 @@ def test_the_board_marker_skips_naming_the_missing_capability_and_the_profile(py
     r = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rs")
     r.assert_outcomes(passed=1, skipped=1)
     r.stdout.fnmatch_lines(["*board profile 'unix-emulated' lacks capability 'wifi' "
-                            "(it has: console, flash, power_cut)*"])
+                            "(it has: console, flash, host_broker, power_cut)*"])
     r = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rs", "--board-profile", "esp32-generic")
     r.assert_outcomes(passed=1, skipped=1)
     r.stdout.fnmatch_lines(["*board profile 'esp32-generic' lacks capability 'power_cut' (it has: console, flash, wifi)*"])

@@ -28,7 +28,7 @@ def test_profiles_and_firmware_cache(tmp_path):
     assert elf != firmware.build("qemu-m3-esp32")  # the heap is part of the image
     with pytest.raises(firmware.BuildError, match="not a qemu-m3 board"):
         firmware.build("unix-emulated")
-    with pytest.raises(ValueError, match="use QemuBoard"):
+    with pytest.raises(ValueError, match="runs under QEMU .*tern board run --profile qemu-m3-tight"):
         EmulatedBoard("qemu-m3-tight", workdir=tmp_path / "x")
 
 

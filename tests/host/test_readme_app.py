@@ -89,7 +89,7 @@ def test_tern_deploy_app_puts_the_readme_app_on_an_emulated_board(tmp_path, brok
     appdir.mkdir()
     (appdir / "main.py").write_text(readme_app(broker.host, broker.port))
     (appdir / "util.py").write_text("X = 1\n")
-    r = subprocess.run([TERN, "deploy", "--emulated", tmp_path / "board", "--app", appdir], capture_output=True,
+    r = subprocess.run([TERN, "deploy", "--emulated", tmp_path / "board", "--create", "--app", appdir], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "util.mpy" in r.stdout and "telemetry" not in r.stdout and "codec" not in r.stdout, r.stdout
@@ -100,6 +100,6 @@ def test_tern_deploy_app_puts_the_readme_app_on_an_emulated_board(tmp_path, brok
         assert got[:2] == [1, 2]
     finally:
         board.close()
-    r = subprocess.run([TERN, "deploy", "--emulated", tmp_path / "b2", "--app", tmp_path / "none"],
+    r = subprocess.run([TERN, "deploy", "--emulated", tmp_path / "b2", "--create", "--app", tmp_path / "none"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "app folder %s does not exist" % (tmp_path / "none") in r.stderr

@@ -15,29 +15,12 @@ import time
 from pathlib import Path
 
 from ..paths import project_dir
+from .errors import BoardError, DeviceError, PowerLost  # noqa: F401  (re-exported: the interface's errors)
 
 BOARDS_DIR = project_dir("boards")
 
 _REQUIRED = ("name", "emulated", "platform", "arch", "heap_bytes", "flash", "network", "sensors", "watchdog_ms", "capabilities")
 _SENSOR_KINDS = ("synthetic", "mcu_temp", "adc", "free_heap", "rssi", "uptime")
-
-
-class BoardError(Exception):
-    """The board could not do what was asked (no answer, not running, bad input)."""
-
-
-class PowerLost(BoardError):
-    """The board lost power while the host was talking to it."""
-
-
-class DeviceError(BoardError):
-    """Code run on the board raised: `traceback` is the board's traceback text."""
-
-    def __init__(self, traceback, output=""):
-        self.traceback = traceback
-        self.output = output
-        last = traceback.strip().splitlines()[-1] if traceback.strip() else "error"
-        super().__init__("the board raised: %s" % last)
 
 
 def profile_names():
@@ -307,6 +290,18 @@ class Board:
                 raise DeviceError(err) from None
             self._drop()
             raise BoardError("%s: %s" % (self.name, e)) from None
+
+    # -- software ------------------------------------------------------------
+    def deploy(self, app=None, config=None, files=(), source=False, romfs=False, say=lambda line: None):
+        """Put Tern and an app on the board, as `tern deploy` does: lib/tern's device set and the
+        app folder's files (default: the telemetry firmware, firmware/) compiled with mpy-cross for
+        the profile's architecture (source=True: copied as source; romfs=True: into the ROMFS
+        partition) and copied; config (a dict, or a file) checked by the firmware's rules first and
+        copied as config.json; files: more files, "LOCAL" or "LOCAL:REMOTE". The board runs them from
+        its next boot: soft_reset() or power_cycle(). Returns [(remote path, bytes)]."""
+        from .deploy import install
+
+        return install(self, app=app, config=config, files=files, source=source, romfs=romfs, say=say)
 
     # -- console -------------------------------------------------------------
     def _pump(self, seconds):

@@ -1,19 +1,21 @@
 """`tern board run`, `tern deploy`, `tern flash`, `tern repl`: boards from the command line.
 
-  tern board run [--profile unix-emulated] [--dir DIR]   an emulated board in the foreground, its
+  tern board run [--profile P] [--dir DIR] [--broker H:P] an emulated board in the foreground, its
                                                           REPL on this terminal (Ctrl-] quits; Ctrl-T p
                                                           powers it on or cycles it, Ctrl-T o off);
                                                           --headless leaves the port to mpremote
   tern deploy (--port PORT | --emulated DIR) [--config F] compile lib/tern's device set and firmware/
               [--app APPDIR]                              (or your APPDIR) with mpy-cross and copy
-                                                          them (mpremote's transport)
-  tern flash --port PORT --firmware FILE [--profile P]    esptool: the MicroPython image plus the
-                                                          profile's partition table (outbox partition)
+                                                          them (mpremote's transport); config checked
+  tern flash --port PORT --firmware FILE [--profile P]    esptool: a combined or an app image, each at
+                                                          its place, with the profile's partition table
   tern repl (--port PORT | --emulated DIR)                a terminal on a board's REPL
 
-An emulated board's DIR (default tern-boards/PROFILE under the current directory) keeps its flash
-image between runs, so `tern deploy --emulated DIR` then `tern board run --dir DIR` boots what was
-deployed.
+Emulated boards are of either kind: the unix port (unix-emulated, tight) or MicroPython's firmware
+under QEMU (qemu-m3-*, whose MQTT link reaches --broker). An emulated board's DIR keeps its flash image
+and its id between runs (default $XDG_DATA_HOME/tern/boards/PROFILE), so `tern deploy --emulated DIR`
+then `tern board run --dir DIR` boots what was deployed, as the same device; a DIR that does not exist
+is an error unless --create.
 """
 
 import os
@@ -39,11 +41,16 @@ def add_subcommands(sub):
     p = sub.add_parser("board", help="run an emulated board", description="Emulated boards.")
     bsub = p.add_subparsers(title="board commands", metavar="ACTION", dest="board_action")
     r = bsub.add_parser("run", help="an emulated board in the foreground, its REPL on this terminal")
-    _profile_arg(r, "unix-emulated")
-    r.add_argument("--dir", help="the board's folder (flash image, console.log); default tern-boards/PROFILE")
-    r.add_argument("--id", help="board id (emuboard.unique_id()); default PROFILE-<random>")
+    _profile_arg(r, None)
+    r.add_argument("--dir", help="the board's folder (flash image, id, console.log); default "
+                   "$XDG_DATA_HOME/tern/boards/PROFILE (~/.local/share/tern/boards/PROFILE)")
+    _create_arg(r)
+    r.add_argument("--id", help="board id (emuboard.unique_id()), kept in the folder; default: the folder's, "
+                   "else PROFILE-<random> drawn once")
     r.add_argument("--host-path", action="append", default=[], metavar="DIR",
-                   help="host folder mounted on the board at /hostN and put on sys.path (repeatable)")
+                   help="host folder mounted on the board at /hostN and put on sys.path (repeatable; unix-port "
+                        "boards)")
+    _broker_arg(r)
     r.add_argument("--cut-at", type=int, default=0, metavar="N", help="power fails at the N-th flash operation")
     r.add_argument("--seed", type=int, default=1, help="seed of the torn write (with --cut-at)")
     r.add_argument("--headless", action="store_true",
@@ -69,7 +76,11 @@ def add_subcommands(sub):
     f.add_argument("--firmware", required=True, metavar="FILE", help="the MicroPython image (.bin) to write")
     _profile_arg(f, "esp32-generic")
     f.add_argument("--baud", type=int, default=460800)
-    f.add_argument("--erase", action="store_true", help="erase the whole flash first")
+    g = f.add_mutually_exclusive_group()
+    g.add_argument("--erase", action="store_true", help="erase the whole flash first (the outbox partition "
+                   "and its undelivered messages too)")
+    g.add_argument("--erase-outbox", action="store_true", help="erase the outbox partition (undelivered "
+                   "messages are lost); by default it is kept")
     f.add_argument("--table-out", metavar="FILE", help="also save the generated partition table here")
     f.add_argument("--dry-run", action="store_true", help="check, write the partition table and print the esptool commands (ready to paste into a shell), run nothing")
     f.set_defaults(func=cmd_flash)
@@ -84,17 +95,48 @@ def _target_args(p):
     g.add_argument("--port", help="a real board's serial port (or any board's pty)")
     g.add_argument("--emulated", metavar="DIR", help="the folder of an emulated board (booted for this command)")
     _profile_arg(p, None)
+    _create_arg(p)
+    _broker_arg(p)
 
 
-def _fail(cmd, msg):
-    sys.stderr.write("tern %s: %s\n" % (cmd, msg))
-    return 1
+def _create_arg(p):
+    p.add_argument("--create", action="store_true",
+                   help="make a new emulated board if its folder does not exist (otherwise an error: a mistyped "
+                        "folder would be a new, empty board)")
 
 
-def _emulated(args, dir_, echo=None, power=True):
-    from .board import BoardError
-    from .emulated import EmulatedBoard
+def _broker_arg(p):
+    p.add_argument("--broker", metavar="HOST[:PORT]", type=_address,
+                   help="a qemu-m3 board's MQTT link (its link UART) reaches this broker (default port 1883); "
+                        "a unix-port board uses the host's network and the app's own config")
 
+
+def _address(text):
+    import argparse
+
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = text, "1883"
+    try:
+        n = int(port)
+    except ValueError:
+        n = 0
+    if not host or not 0 < n < 65536:
+        raise argparse.ArgumentTypeError("%r is not HOST[:PORT] (a port in 1..65535)" % text)
+    return host, n
+
+
+def _board_dir(args, dir_):
+    """The emulated board's folder, which must exist unless --create (or the default folder) says make it."""
+    d = Path(dir_)
+    if not d.is_dir() and not getattr(args, "create", False):
+        raise SystemExit("tern: no emulated board in %s (the folder does not exist): check the path, or add --create "
+                         "to make a new board there" % d)
+    return d
+
+
+def _profile_of(args, dir_):
+    """--profile, else the profile the board in dir_ last ran (board.json), else unix-emulated."""
     name = args.profile
     cfg = Path(dir_) / "board.json"
     if name is None and cfg.is_file():
@@ -102,14 +144,45 @@ def _emulated(args, dir_, echo=None, power=True):
 
         try:
             name = json.loads(cfg.read_text())["profile"]["name"]
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError):
             name = None
+    return name or "unix-emulated"
+
+
+def _fail(cmd, msg):
+    sys.stderr.write("tern %s: %s\n" % (cmd, msg))
+    return 1
+
+
+def _emulated(args, dir_, echo=None, power=True, app=True):
+    """The emulated board in dir_: an EmulatedBoard (unix port), or a QemuBoard for a qemu-m3 profile, its
+    link joined to --broker. power: booted (app=False: boot.py only, main.py does not run)."""
+    from .board import BoardError, load_profile
+    from .emulated import EmulatedBoard
+
+    _board_dir(args, dir_)
     try:
-        return EmulatedBoard(name or "unix-emulated", workdir=dir_, board_id=getattr(args, "id", None),
-                             host_paths=getattr(args, "host_path", ()), echo=echo, power=power,
-                             cut_at=getattr(args, "cut_at", 0), seed=getattr(args, "seed", 1))
+        prof = load_profile(_profile_of(args, dir_))
+        if prof.get("kind") == "qemu-m3":
+            from .qemu import QemuBoard
+
+            if getattr(args, "host_path", None):
+                raise ValueError("--host-path mounts host folders on a unix-port board; %s runs under QEMU "
+                                 "(tern deploy copies files to it)" % prof["name"])
+            b = QemuBoard(prof, workdir=dir_, board_id=getattr(args, "id", None), echo=echo, power=False,
+                          link=getattr(args, "broker", None))
+        else:
+            b = EmulatedBoard(prof, workdir=dir_, board_id=getattr(args, "id", None),
+                              host_paths=getattr(args, "host_path", ()), echo=echo, power=False)
     except (BoardError, ValueError) as e:
         raise SystemExit("tern: %s" % e) from None
+    if power:
+        try:
+            b.power_on(cut_at=getattr(args, "cut_at", 0), seed=getattr(args, "seed", 1), app=app)
+        except BoardError as e:
+            b.close()
+            raise SystemExit("tern: %s" % e) from None
+    return b
 
 
 # -- terminal ------------------------------------------------------------------
@@ -226,7 +299,13 @@ def _boot(args, dir_, echo, say):
 
 
 def cmd_board_run(args):
-    dir_ = args.dir or os.path.join("tern-boards", args.profile)
+    if args.dir:
+        dir_ = args.dir
+    else:  # the default folder of the profile's board is made on first use
+        from ..paths import boards_home
+
+        dir_ = str(boards_home() / (args.profile or "unix-emulated"))
+        args.create = True
     if args.headless:
         return _board_headless(args, dir_)
 
@@ -240,11 +319,21 @@ def cmd_board_run(args):
 
     b = _boot(args, dir_, event, say)
     try:
-        sys.stderr.write("tern: board %s (%s) on %s, flash in %s; %s\r\n" % (b.id, b.name, b.port, b.workdir, POWER_KEYS))
+        sys.stderr.write("tern: board %s (%s) on %s, flash in %s%s; %s\r\n" % (b.id, b.name, b.port, b.workdir,
+                                                                          _link_note(b, args), POWER_KEYS))
         b.disconnect()
         return terminal(b.port, keys=lambda k: _press(b, k, say))
     finally:
         b.close()
+
+
+def _link_note(b, args):
+    """What a qemu-m3 board's MQTT link reaches ('' for a unix-port board, which uses the host's network)."""
+    if b.profile.get("kind") != "qemu-m3":
+        return ""
+    if args.broker:
+        return ", MQTT link to %s:%d" % args.broker
+    return ", MQTT link to nothing (--broker HOST[:PORT] joins it to a broker)"
 
 
 def _board_headless(args, dir_):
@@ -261,8 +350,8 @@ def _board_headless(args, dir_):
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     try:
         b.disconnect()
-        print("tern: board %s (%s) on %s, flash in %s; headless: the port is free for mpremote; commands on "
-              "stdin: on, off, cycle, quit" % (b.id, b.name, b.port, b.workdir), flush=True)
+        print("tern: board %s (%s) on %s, flash in %s%s; headless: the port is free for mpremote; commands on "
+              "stdin: on, off, cycle, quit" % (b.id, b.name, b.port, b.workdir, _link_note(b, args)), flush=True)
 
         def commands():
             for line in sys.stdin:
@@ -299,29 +388,34 @@ def cmd_repl(args):
 
 
 def cmd_deploy(args):
-    from .board import BoardError
-    from .deploy import deploy, deploy_romfs, plan
+    from .board import BoardError, load_profile
+    from .config_check import check
+    from .deploy import install, plan
 
     try:
-        items = plan(config=args.config, files=args.file, app=args.app)
+        if args.port and not os.path.exists(args.port):
+            return _fail("deploy", "no serial port %s" % args.port)
+        plan(config=args.config, files=args.file, app=args.app)  # every file there, before a board is booted
+        if args.romfs and args.source:
+            return _fail("deploy", "--romfs holds compiled modules: it does not go with --source")
+        name = args.profile or ("esp32-generic" if args.port else None)
+        if args.emulated:
+            _board_dir(args, args.emulated)
+            name = _profile_of(args, args.emulated)
+        if args.config:
+            check(args.config, load_profile(name))  # a config the board would not run: refused before it boots
         if args.port:
-            if not os.path.exists(args.port):
-                return _fail("deploy", "no serial port %s" % args.port)
             from .serial import SerialBoard
 
-            board = SerialBoard(args.port, profile=args.profile or "esp32-generic")
-        else:
-            board = _emulated(args, args.emulated)
+            board = SerialBoard(args.port, profile=name)
+        else:  # booted without its app: deploying does not run main.py (nor spend a boot or publish)
+            board = _emulated(args, args.emulated, app=False)
         try:
             prof = board.profile
-            print("tern deploy: %d files to %s (%s, %s)" % (len(items), args.port or board.workdir, prof["name"],
-                                                            "source" if args.source else "mpy-cross -march=%s" % (prof["arch"] or "host")))
-            if args.romfs:
-                if args.source:
-                    return _fail("deploy", "--romfs holds compiled modules: it does not go with --source")
-                done = deploy_romfs(board, items, arch=prof["arch"])
-            else:
-                done = deploy(board, items, arch=prof["arch"], source=args.source)
+            print("tern deploy: to %s (%s, %s)" % (args.port or board.workdir, prof["name"],
+                                                  "source" if args.source else "mpy-cross -march=%s" % (prof["arch"] or "host")))
+            done = install(board, app=args.app, config=args.config, files=args.file, source=args.source,
+                           romfs=args.romfs)
             print("tern deploy: %d files, %d bytes" % (len(done), sum(n for _, n in done)))
         finally:
             board.close()
@@ -330,10 +424,13 @@ def cmd_deploy(args):
     return 0
 
 
-def flash_commands(args, table_path):
-    """The esptool command lines `tern flash` runs (checked inputs)."""
+def flash_commands(args, outdir):
+    """(esptool command lines, notes) of `tern flash`, inputs checked. The files they write are put in
+    outdir: the profile's partition table (or --table-out), and for a combined image a copy of it with
+    that table in place of its own (one write, no window with the image's own table on the chip)."""
     from .board import load_profile
-    from .partitions import profile_table
+    from .esp_image import ImageError, classify
+    from .partitions import TABLE_OFFSET, TYPES, profile_table
 
     prof = load_profile(args.profile)
     if prof.get("platform") != "esp32" or not prof.get("partitions"):
@@ -341,44 +438,81 @@ def flash_commands(args, table_path):
     fw = Path(args.firmware)
     if not fw.is_file():
         raise ValueError("firmware file %s does not exist" % fw)
-    head = fw.read_bytes()[:1]
-    if head != b"\xe9":
-        raise ValueError("%s is not an ESP32 image (first byte %s, expected 0xe9)" % (fw, head.hex() or "none"))
     if not args.dry_run and not os.path.exists(args.port):
         raise ValueError("no serial port %s" % args.port)
     if not 9600 <= args.baud <= 4000000:
         raise ValueError("--baud %d is out of range (9600..4000000)" % args.baud)
-    _, table = profile_table(prof)
-    Path(table_path).write_bytes(table)
+    if args.erase and args.erase_outbox:
+        raise ValueError("--erase already erases the outbox partition with the rest: give one of them")
+    parts, table = profile_table(prof)
+    app = next(p for p in parts if p["type"] == TYPES["app"])
+    data = fw.read_bytes()
+    try:
+        kind, app_at = classify(data, prof["chip"], str(fw), TABLE_OFFSET, app["offset"])
+    except ImageError as e:
+        raise ValueError(str(e)) from None
+    from .esp_image import chip_def
+
+    boot = chip_def(prof["chip"]).BOOTLOADER_FLASH_OFFSET
+    app_len = len(data) - app_at
+    if app_len > app["size"]:
+        raise ValueError("the app in %s is 0x%x bytes: it does not fit the %s partition (0x%x bytes at 0x%x)"
+                         % (fw, app_len, app["name"], app["size"], app["offset"]))
+    outdir = Path(outdir)
+    table_path = Path(args.table_out) if args.table_out else outdir / "partitions.bin"
+    table_path.write_bytes(table)
+    notes = []
+    if kind == "combined":
+        image = bytearray(data)
+        at = TABLE_OFFSET - boot
+        image[at:at + len(table)] = table
+        out = outdir / (fw.stem + "-tern-table.bin")
+        out.write_bytes(bytes(image))
+        pairs = ["0x%x" % boot, str(out)]
+        notes.append("%s is a combined image (bootloader, partition table, app): written at 0x%x as %s, "
+                     "a copy with the %s partition table in place of its own" % (fw, boot, out, prof["name"]))
+    else:
+        pairs = ["0x%x" % app["offset"], str(fw), "0x%x" % TABLE_OFFSET, str(table_path)]
+        notes.append("%s is an app image: written to the %s partition at 0x%x, the partition table at 0x%x; the "
+                     "bootloader already on the chip is kept (a blank chip needs a combined image)"
+                     % (fw, app["name"], app["offset"], TABLE_OFFSET))
     base = [sys.executable, "-m", "esptool", "--chip", prof["chip"], "--port", args.port, "--baud", str(args.baud)]
     cmds = []
+    ob = prof["flash"].get("outbox")
+    obp = next((p for p in parts if ob and p["name"] == ob["label"]), None)
     if args.erase:
         cmds.append(base + ["erase-flash"])
-    cmds.append(base + ["write-flash", "-z", "0x%x" % prof["firmware_offset"], str(fw), "0x8000", str(table_path)])
-    return cmds
+        notes.append("--erase: the whole flash is erased, the outbox partition with it (messages not yet "
+                     "delivered are lost)")
+    elif args.erase_outbox and obp is not None:
+        cmds.append(base + ["erase-region", "0x%x" % obp["offset"], "0x%x" % obp["size"]])
+        notes.append("--erase-outbox: the %s partition (0x%x, %d KiB) is erased: messages not yet delivered "
+                     "are lost" % (obp["name"], obp["offset"], obp["size"] >> 10))
+    elif obp is not None:
+        notes.append("the %s partition (0x%x, %d KiB) is kept: messages not yet delivered survive the flash "
+                     "(--erase-outbox empties it)" % (obp["name"], obp["offset"], obp["size"] >> 10))
+    cmds.append(base + ["write-flash", "-z"] + pairs)
+    return cmds, notes
 
 
 def cmd_flash(args):
     """Run the esptool commands; with --dry-run print them, one a line, each ready to paste into a
-    shell (quoted with shlex; the partition table they write is kept: --table-out, else a temp file)."""
+    shell (quoted with shlex; the files they write are kept: --table-out, else a temporary folder)."""
     import shlex
+    import shutil
 
-    with tempfile.TemporaryDirectory(prefix="tern-flash-") as tmp:
-        table = Path(args.table_out) if args.table_out else Path(tmp) / "partitions.bin"
-        if args.dry_run and not args.table_out:
-            fd, name = tempfile.mkstemp(prefix="tern-partitions-", suffix=".bin")
-            os.close(fd)
-            table = Path(name)
+    keep = args.dry_run
+    outdir = tempfile.mkdtemp(prefix="tern-flash-")
+    try:
         try:
-            cmds = flash_commands(args, table)
+            cmds, notes = flash_commands(args, outdir)
         except ValueError as e:
-            if args.dry_run and not args.table_out:
-                table.unlink()
+            keep = False
             return _fail("flash", e)
+        for n in notes:
+            sys.stderr.write("tern flash: %s\n" % n)
         if args.dry_run:
-            if not args.table_out:
-                sys.stderr.write("tern flash: the partition table is in %s (kept for these commands; "
-                                 "--table-out FILE puts it elsewhere)\n" % table)
+            sys.stderr.write("tern flash: the files to write are in %s (kept for these commands)\n" % outdir)
             for cmd in cmds:
                 print(shlex.join(cmd))
             return 0
@@ -387,4 +521,7 @@ def cmd_flash(args):
             rc = subprocess.call(cmd)
             if rc:
                 return _fail("flash", "esptool failed (exit status %d)" % rc)
-    return 0
+        return 0
+    finally:
+        if not keep:
+            shutil.rmtree(outdir, ignore_errors=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..devset import device_files
 from ..paths import lib_dir, project_dir
-from .board import BoardError
+from .errors import BoardError
 
 SOURCE_ONLY = ("main.py", "boot.py")
 # How .mpy files for a board are compiled (here and by ternlab.telemetry.compile_mpy): -O3 leaves the
@@ -69,6 +69,35 @@ def plan(root=None, config=None, files=(), app=None):
             remote += f.name
         items.append((f, remote, False))
     return items
+
+
+def install(board, app=None, config=None, files=(), source=False, romfs=False, root=None, say=print):
+    """What `tern deploy` does to a board: config (a file, or a dict written as config.json) checked
+    first by the firmware's rules (config_check: a config the board would not run is refused before
+    anything is copied), then the device set and the app (or the telemetry firmware) compiled and
+    copied, or put in the ROMFS partition (romfs=True). Returns [(remote, bytes)]; the board runs
+    them from its next boot."""
+    import json
+
+    from .config_check import check
+
+    with tempfile.TemporaryDirectory(prefix="tern-config-") as tmp:
+        if isinstance(config, dict):
+            path = Path(tmp) / "config.json"
+            path.write_text(json.dumps(config, indent=1))
+            config = path
+        if config is not None:
+            if not Path(config).is_file():
+                raise BoardError("config file %s does not exist" % config)
+            for note in check(config, board.profile):
+                say("  note: config.json %s" % note)
+        items = plan(root=root, config=config, files=files, app=app)
+        arch = board.profile["arch"]
+        if romfs:
+            if source:
+                raise BoardError("--romfs holds compiled modules: it does not go with --source")
+            return deploy_romfs(board, items, arch=arch, say=say)
+        return deploy(board, items, arch=arch, source=source, say=say)
 
 
 def mpy_cross(src, out, arch=None):

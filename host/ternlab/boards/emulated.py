@@ -66,8 +66,8 @@ class EmulatedBoard(Board):
     Besides power: `freeze()`/`thaw()` (the app hangs: fault injection),
     `reset_cause` (why it last booted), `asleep` (in emulated deep sleep).
 
-    workdir holds flash.img (+ .wear counters), console.log, board.json and
-    cut.json; a new temporary directory if None (removed by close() only if
+    workdir holds flash.img (+ .wear counters), console.log, board.json,
+    cut.json and id (the board's id, kept across runs as a chip's); a new temporary directory if None (removed by close() only if
     it was made here). host_paths: host folders mounted read-write at
     /host0, /host1, ... and put on sys.path (the board does not have them:
     use only for code under test that is not deployed to its flash).
@@ -77,9 +77,11 @@ class EmulatedBoard(Board):
                  power=True, cut_at=0, seed=1, reserve=RESERVE):
         prof = profile if isinstance(profile, dict) else load_profile(profile)
         if not prof.get("emulated"):
-            raise ValueError("profile %r is a real board's: use SerialBoard" % prof["name"])
+            raise ValueError("profile %r is a real board's: give its serial port (tern deploy/repl --port PORT, "
+                             "pytest --board-port PORT; SerialBoard in Python)" % prof["name"])
         if prof.get("kind") == "qemu-m3" and type(self) is EmulatedBoard:
-            raise ValueError("profile %r is a qemu-m3 board's: use QemuBoard (ternlab.boards.qemu)" % prof["name"])
+            raise ValueError("profile %r is a qemu-m3 board's: it runs under QEMU (QemuBoard in Python; tern board "
+                             "run --profile %s and pytest --board-profile %s choose it)" % (prof["name"], prof["name"], prof["name"]))
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tern-board-")).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -90,7 +92,7 @@ class EmulatedBoard(Board):
             self._lockf.close()
             raise BoardError("the board in %s is in use by another process (tern board run?): "
                              "use its port instead" % self.workdir) from None
-        self.id = board_id or "%s-%s" % (prof["name"], uuid.uuid4().hex[:8])
+        self.id = self._identity(prof["name"], board_id)
         self.image = self.workdir / "flash.img"
         self.host_paths = [Path(p).resolve() for p in host_paths]
         self.reserve = reserve
@@ -108,6 +110,20 @@ class EmulatedBoard(Board):
         self._sup.start()
         if power:
             self.power_on(cut_at=cut_at, seed=seed)
+
+    def _identity(self, name, board_id):
+        """The board's id (emuboard.unique_id(), the firmware's default client id): kept in the folder's
+        `id` file, as a chip's is burnt in, so every run of the same folder is the same device; drawn
+        once at random (PROFILE-<8 hex>) for a new folder; board_id sets it (and is kept)."""
+        f = self.workdir / "id"
+        try:
+            kept = f.read_text().strip()
+        except FileNotFoundError:
+            kept = ""
+        bid = board_id or kept or "%s-%s" % (name, uuid.uuid4().hex[:8])
+        if bid != kept:
+            f.write_text(bid + "\n")
+        return bid
 
     def _supervisor(self):
         """The thread that runs the device and relays its port (QemuBoard runs QEMU instead)."""
@@ -194,16 +210,19 @@ class EmulatedBoard(Board):
         self._busy = False
 
     # -- power -----------------------------------------------------------------
-    def power_on(self, cut_at=0, seed=1, timeout=10.0):
+    def power_on(self, cut_at=0, seed=1, timeout=10.0, app=True):
         """Boot the board (boot.py, then main.py). cut_at=N: the power fails at the
-        N-th flash program/erase counted from power-on (seeded torn write)."""
+        N-th flash program/erase counted from power-on (seeded torn write). app=False:
+        boot.py only, then the raw REPL, as a soft reset in raw mode (main.py does not run:
+        what `tern deploy` boots a board with)."""
         with self._lock:
             with self._sup.lock:
                 if self._sup.state != "off":
                     raise BoardError("%s is already on%s" % (self.id, " (in deep sleep)" if self.asleep else ""))
                 self._reset_transport()
-                self.log.event("power on" + (" (cut at flash operation %d, seed %d)" % (cut_at, seed) if cut_at else ""))
-                self._sup.spawn("friendly", cut_at, seed)
+                self.log.event("power on" + (" (cut at flash operation %d, seed %d)" % (cut_at, seed) if cut_at else "")
+                               + ("" if app else " (main.py not run)"))
+                self._sup.spawn("friendly" if app else "raw", cut_at, seed)
         self._wait_booted(timeout)
 
     def _wait_booted(self, timeout):

@@ -63,7 +63,8 @@ class _Relay(PortRelay):
     # -- QEMU ------------------------------------------------------------------------
     def spawn(self, mode="friendly", cut_at=0, seed=1, cause="pwron"):
         b = self.b
-        cfg = {"profile": device_profile(b.profile), "id": b.id, "cause": cause, "cut_at": cut_at, "seed": seed}
+        cfg = {"profile": device_profile(b.profile), "id": b.id, "cause": cause, "cut_at": cut_at, "seed": seed,
+               "mode": mode}
         if b.romfs_size():
             cfg["romfs"] = b.romfs_image.name
         try:

@@ -22,6 +22,7 @@
 #include "py/stream.h"
 #include "py/mperrno.h"
 #include "py/objstr.h"
+#include "shared/runtime/pyexec.h"
 
 #define FLASH_BASE ((uint8_t *)0x21000000)
 #define FLASH_MAX (8u << 20)
@@ -521,6 +522,14 @@ static mp_obj_t qb_exit(mp_obj_t code) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(qb_exit_obj, qb_exit);
 
+// raw_repl(): this boot skips main.py and starts at the raw REPL (the firmware's loop reads the mode
+// after boot.py), as a soft reset in raw mode does: how the host boots a board to deploy to it
+static mp_obj_t qb_raw_repl(void) {
+    pyexec_mode_kind = PYEXEC_MODE_RAW_REPL;
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_0(qb_raw_repl_obj, qb_raw_repl);
+
 static const mp_rom_map_elem_t qb_globals_table[] = {
     { MP_ROM_QSTR(MP_QSTR___name__), MP_ROM_QSTR(MP_QSTR_qboard) },
     { MP_ROM_QSTR(MP_QSTR_flash_open), MP_ROM_PTR(&qb_flash_open_obj) },
@@ -531,6 +540,7 @@ static const mp_rom_map_elem_t qb_globals_table[] = {
     { MP_ROM_QSTR(MP_QSTR_host_read), MP_ROM_PTR(&qb_host_read_obj) },
     { MP_ROM_QSTR(MP_QSTR_romfs), MP_ROM_PTR(&qb_romfs_obj) },
     { MP_ROM_QSTR(MP_QSTR_exit), MP_ROM_PTR(&qb_exit_obj) },
+    { MP_ROM_QSTR(MP_QSTR_raw_repl), MP_ROM_PTR(&qb_raw_repl_obj) },
 };
 static MP_DEFINE_CONST_DICT(qb_globals, qb_globals_table);
 
