@@ -565,8 +565,13 @@ def test_the_qemu_board_from_the_command_line_deploys_runs_and_reaches_the_broke
         p.stdin.flush()
         assert p.wait(timeout=30) == 0
     finally:
-        p.kill()
-        p.wait()
+        if p.poll() is None:  # SIGTERM first: a SIGKILL would leave the board's qemu running on its own
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         sub.disconnect()
     rc, out, err = tern(capsys, "board", "run", "--dir", d, "--broker", "localhost:99999")
     assert rc == 2 and "'localhost:99999' is not HOST[:PORT]" in err
