@@ -85,6 +85,7 @@ _QOS2 = const(2)
 _MARKED = const(4)  # PUBREC seen
 _CTRL = const(8)  # SUBSCRIBE or UNSUBSCRIBE
 _EVER = const(16)  # sent on some connection (a resend carries DUP)
+_OLD = const(32)  # an MQTT 5 PUBLISH stored before this connection: sent without its Topic Alias (tern.v5.unaliased)
 
 WOULD_BLOCK = const(-1)
 
@@ -436,6 +437,8 @@ class Session:
                     return
                 if f & _MARKED:
                     self._ack(_PUBREL, pid, 0, now)
+                elif f & _OLD and self._unaliased(pid, f & _EVER, now):
+                    pass
                 else:
                     size = st.size(pid)
                     k = self._txn
@@ -457,13 +460,18 @@ class Session:
                     if q:
                         self._txn = k + size
                     self._last_tx = now
-                flags[i] = f | _SENT | _EVER
+                flags[i] = (f | _SENT | _EVER) & ~_OLD
                 self._unsent -= 1
                 if not self._unsent:
                     return
             i += 1
             if i == cap:
                 i = 0
+
+    def _unaliased(self, pid, dup, now):
+        import tern.v5  # (not `from .v5 import`: see _on_publish)
+
+        return tern.v5.unaliased(self, pid, dup, now)
 
     # ---------------------------------------------------------------- publish
 
@@ -686,6 +694,8 @@ class Session:
         pid = 0
         if self.state == CONNECTED and self._n < len(self._rflags):
             pid = self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
+            if pid < 0:  # (not after _fits above: the same server's maximum)
+                return 0
         if not pid:
             self._gone.append(flt)
             self._late = True
@@ -705,9 +715,10 @@ class Session:
             if s.late:
                 if self._n >= cap:
                     return
-                s.pid = self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
-                if not s.pid:
+                p = self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
+                if not p:
                     return
+                s.pid = p if p > 0 else 0
                 s.late = False
         g = self._gone
         while g and self._n < cap:
@@ -729,7 +740,7 @@ class Session:
         """ValueError when the server's Maximum Packet Size (MQTT 5 CONNACK) is
         below this SUBSCRIBE/UNSUBSCRIBE [MQTT-3.1.2-24]; checked before anything is
         registered. (One registered offline, before a CONNACK said the maximum,
-        goes as it is.)"""
+        is given back at that CONNACK: see _ctrl.)"""
         mx = self.server.get(_P_MAX_PACKET)
         if mx:
             n = len(self._ctrl_packet(t, topic, user_props, sid, 1))
@@ -741,9 +752,18 @@ class Session:
         # SUBSCRIBE or UNSUBSCRIBE of one filter: stored, queued in the ring
         # like a QoS 1 message (outside the window), resent until acknowledged.
         # The caller made sure the ring has room; a store without room (ENOSPC)
-        # makes it wait like a full ring: 0 is returned, nothing is queued.
+        # makes it wait like a full ring: 0 is returned, nothing is queued;
+        # -1: refused (over the server's Maximum Packet Size), EV_SUBACK /
+        # EV_UNSUBACK told so.
         pid = self._alloc_pid()
         b = self._ctrl_packet(t, topic, user_props, sid, pid)
+        mx = self.server.get(_P_MAX_PACKET)
+        if mx and len(b) > mx:
+            # Made offline, before this CONNACK said the maximum: sent, it would
+            # only get the connection closed, at every reconnect [MQTT-3.1.2-24].
+            # Given back as a refusing SUBACK/UNSUBACK would be, not stored.
+            self._event(EV_SUBACK if t == _SUBSCRIBE else EV_UNSUBACK, pid, [0x95])
+            return -1
         try:
             self.store.append(t, pid, b, b"")
         except OSError as e:
@@ -920,15 +940,22 @@ class Session:
             # goes after the resends, once.
             self._inflight = 0
             self._unsent = self._uctl = 0
-            # A message stored before this CONNACK said what the server takes
+            # A packet stored before this CONNACK said what the server takes
             # (offline, or for another server) that breaks its Maximum Packet
             # Size, Maximum QoS or Retain Available would only get the
             # connection closed, again after every reconnect, with everything
-            # behind it waiting: it is given back refused (EV_PUBLISHED 0x95,
-            # 0x9B, 0x9A), as a PUBACK refusing it would.
+            # behind it waiting: a PUBLISH is given back refused (EV_PUBLISHED
+            # 0x95, 0x9B, 0x9A), as a PUBACK refusing it would, a SUBSCRIBE or
+            # UNSUBSCRIBE over the maximum [MQTT-3.1.2-24] as its SUBACK or
+            # UNSUBACK would (EV_SUBACK / EV_UNSUBACK [0x95]; the subscription
+            # stays registered, as after a refusing SUBACK). Its Topic Alias
+            # Maximum and Receive Maximum cannot refuse one: an MQTT 5 PUBLISH
+            # from before this connection goes without its Topic Alias (_OLD),
+            # and the window is capped by the Receive Maximum (_limit).
             mx = g(_P_MAX_PACKET, 0)
             chk = mx or self.max_qos < 2 or not self.retain_ok
-            refused = []
+            old = _OLD if self.version == _V5 else 0
+            refused = []  # pid << 12 | packet type << 8 | reason
             st = self.store
             # Without a session on the broker every registered subscription
             # goes again (below): a SUBSCRIBE still pending for one of them is
@@ -948,19 +975,25 @@ class Session:
                     r = 0
                     if f & _CTRL and keep is not None and pid not in keep:
                         if st.kind(pid) == _UNSUBSCRIBE:
-                            refused.append(pid << 8 | 0x11)  # "no subscription existed", to whoever waits
+                            refused.append(pid << 12 | _UNSUBSCRIBE << 8 | 0x11)  # "no subscription existed", to whoever waits
                         self._free(i)
                         i = (i + 1) % len(self._rflags)
                         continue
-                    if chk and not f & (_MARKED | _CTRL):
+                    k = _PUBLISH
+                    if f & _CTRL:
+                        k = st.kind(pid)
+                        r = 0x95 if mx and st.size(pid) > mx else 0
+                    elif chk and not f & _MARKED:
                         st.read(pid, 0, self._tx)
                         b = self._tx[0]
                         r = 0x95 if mx and st.size(pid) > mx else 0x9B if (b >> 1) & 3 > self.max_qos else (
                             0x9A if b & 1 and not self.retain_ok else 0)
                     if r:
                         self._free(i)
-                        refused.append(pid << 8 | r)
+                        refused.append(pid << 12 | k << 8 | r)
                     else:
+                        if not f & (_MARKED | _CTRL):
+                            f |= old
                         self._rflags[i] = f
                         self._unsent += 1
                         if f & _CTRL:
@@ -975,10 +1008,15 @@ class Session:
                     s.late = not s.pid
                 self._gone = []
             for r in refused:
-                if r & 255 == 0x11:
-                    self._event(EV_UNSUBACK, r >> 8, [0x11])
+                k = r >> 8 & 15
+                pid = r >> 12
+                if k == _PUBLISH:
+                    self._event(EV_PUBLISHED, pid, r & 255)
                 else:
-                    self._event(EV_PUBLISHED, r >> 8, r & 255)
+                    for s in self._subs:
+                        if s.pid == pid:
+                            s.pid = 0  # answered: not resent, subscribed again after a session is lost
+                    self._event(EV_SUBACK if k == _SUBSCRIBE else EV_UNSUBACK, pid, [r & 255])
             self._send_late(now)
             self._pump(now)
             if self.state == CONNECTED:  # not when a resend found the connection dead
