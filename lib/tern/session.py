@@ -86,6 +86,7 @@ _MARKED = const(4)  # PUBREC seen
 _CTRL = const(8)  # SUBSCRIBE or UNSUBSCRIBE
 _EVER = const(16)  # sent on some connection (a resend carries DUP)
 _OLD = const(32)  # an MQTT 5 PUBLISH stored before this connection: sent without its Topic Alias (tern.v5.unaliased)
+_GONE = const(64)  # given back at a CONNACK, released once the application was told (with _SENT | _CTRL: never sent)
 
 WOULD_BLOCK = const(-1)
 
@@ -969,27 +970,35 @@ class Session:
                 pid = self._ring[i]
                 if pid:
                     f = self._rflags[i] & ~_SENT
+                    if f & _GONE:  # told at an earlier CONNACK, its release failed (ENOSPC): released now
+                        self._free(i)
+                        i = (i + 1) % len(self._rflags)
+                        continue
                     if f & _MARKED and not sp:
                         st.unmark(pid)
                         f &= ~_MARKED
                     r = 0
-                    if f & _CTRL and keep is not None and pid not in keep:
-                        if st.kind(pid) == _UNSUBSCRIBE:
-                            refused.append(pid << 12 | _UNSUBSCRIBE << 8 | 0x11)  # "no subscription existed", to whoever waits
-                        self._free(i)
-                        i = (i + 1) % len(self._rflags)
-                        continue
                     k = _PUBLISH
                     if f & _CTRL:
                         k = st.kind(pid)
-                        r = 0x95 if mx and st.size(pid) > mx else 0
+                        if keep is not None and pid not in keep:
+                            if k != _UNSUBSCRIBE:
+                                self._free(i)  # (nobody waits for a superseded SUBSCRIBE)
+                                i = (i + 1) % len(self._rflags)
+                                continue
+                            r = 0x11  # "no subscription existed", to whoever waits
+                        elif mx and st.size(pid) > mx:
+                            r = 0x95
                     elif chk and not f & _MARKED:
                         st.read(pid, 0, self._tx)
                         b = self._tx[0]
                         r = 0x95 if mx and st.size(pid) > mx else 0x9B if (b >> 1) & 3 > self.max_qos else (
                             0x9A if b & 1 and not self.retain_ok else 0)
                     if r:
-                        self._free(i)
+                        # Released only once the application was told (below): a power cut
+                        # in between tells it again after the reboot, rather than never.
+                        # Parked meanwhile as a control packet in flight: nothing sends it.
+                        self._rflags[i] = _SENT | _CTRL | _GONE
                         refused.append(pid << 12 | k << 8 | r)
                     else:
                         if not f & (_MARKED | _CTRL):
@@ -1017,6 +1026,10 @@ class Session:
                         if s.pid == pid:
                             s.pid = 0  # answered: not resent, subscribed again after a session is lost
                     self._event(EV_SUBACK if k == _SUBSCRIBE else EV_UNSUBACK, pid, [r & 255])
+            for r in refused:  # (all told first: a release that fails, ENOSPC, leaves only told ones parked)
+                i = self._find(r >> 12)
+                if i >= 0:
+                    self._free(i)
             self._send_late(now)
             self._pump(now)
             if self.state == CONNECTED:  # not when a resend found the connection dead

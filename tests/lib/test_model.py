@@ -1,6 +1,8 @@
 """The model-based test (tests/lib/model.py) in CI: seeded examples of up to
-200 steps over the real Session with each store at small capacities
-(max_pending 4-8, a 4 KiB flash partition, a FileStore of 4,000 bytes), the
+200 steps over the real Session with each store in each mode at small
+capacities (max_pending 4-8; FlashStore on a 4 KiB partition in place, with
+appended acks, with group commit; FileStore of 4,000 bytes on POSIX and on a
+64 KiB LittleFS volume, with and without group commit; MemoryStore), the
 same examples on CPython and on the MicroPython unix port (fewer there).
 tools/model_sweep.py runs a long budget. A failure names its seed and its
 shrunk step list; `python tools/model_sweep.py --seed N --rig R` replays it."""
@@ -25,11 +27,19 @@ def test_model_memory_store():
 
 
 def test_model_flash_store():
-    _budget("flash", 1500, 200, 5000)
+    _budget("flash", 1000, 150, 5000)
+
+
+def test_model_flash_store_appended_acks():
+    _budget("flash-acks", 400, 60, 6000)
 
 
 def test_model_file_store():
-    _budget("file", 800, 150, 9000)
+    _budget("file", 500, 80, 9000)
+
+
+def test_model_file_store_on_littlefs():
+    _budget("file-lfs", 40, 8, 11000)
 
 
 class LossyStore(model.MemoryStore):
