@@ -27,10 +27,21 @@ Targets (the engine is tests/lib/test_store_powercut.py):
                at every operation, on FlashStore (4 x 1 KiB sectors) and
                FileStore on POSIX (max_bytes=4000), MQTT 3.1.1 with max_pending
                4 and MQTT 5 with 8; the model's invariants after every step.
+  group-flash, group-flash-acks, group-posix, group-lfs
+               the write-ahead rule under group commit (tests/lib/walsweep.py):
+               a real Session on FlashStore in place / with appended acks /
+               FileStore on POSIX / FileStore on LittleFS (littlefs-python), all
+               with group_commit=True, against a broker model that keeps its
+               session; a cut at every operation of the medium and right after
+               every packet the client sends; checked at each reboot that no
+               packet's announced state (record, mark, inbound id, its release)
+               was lost, and at the end exactly-once / at-least-once delivery
+               both ways, in order.
 
 Prints each failing cut point and a summary per target; exit status 1 if any
 cut point failed. The goal is zero. --write FILE puts the summary in FILE's
-store_sweep section (the targets of that run).
+store_sweep section (the targets of that run), or its store_sweep_group
+section when only group-* targets ran.
 """
 
 import sys
@@ -56,7 +67,7 @@ for p in ("/tests/lib", "/lib", "/boards/emulated"):
         sys.path.insert(0, ROOT + p)
 
 TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full",
-           "session-edge")
+           "session-edge", "group-flash", "group-flash-acks", "group-posix", "group-lfs")
 
 # The capacity-edge workload of session-edge, in tests/lib/model.py's steps.
 EDGE = [("sub", 0), ("sub", 1), ("sub", 2), ("fill", 160), ("connect",), ("net",), ("hold",), ("fill", 0),
@@ -101,6 +112,25 @@ def run_edge(seed, quick):
     return nks, fails
 
 
+GROUP = {}  # group-* target -> (operations cut at, packets cut after)
+
+
+def run_group(name, quick):
+    import walsweep
+    from test_store_powercut import sample
+
+    t0 = time.time()
+    ops, pkts = walsweep.totals(name)
+    ks = sample(ops, 200, 1) if quick else list(range(1, ops + 1))
+    print("%s: %d medium operations, %d packets; cutting at %d operations and after %d packets"
+          % (name, ops, pkts, len(ks), pkts))
+    found = walsweep.sweep(name, ks, range(1, pkts + 1), report=print)
+    n = len(ks) + pkts
+    GROUP[name] = (len(ks), pkts)
+    print("RESULT %s: %d cut points, %d failures, %.1f s" % (name, n, len(found), time.time() - t0))
+    return n, len(found)
+
+
 def make(name):
     """(rig, workload size): a number of scripted calls, or a full-store workload."""
     import test_store_powercut as t
@@ -130,6 +160,8 @@ def run_target(name, seed, quick):
 
     if name == "session-edge":
         return run_edge(seed, quick)
+    if name.startswith("group-"):
+        return run_group(name, quick)
     made = make(name)
     if not isinstance(made, list):
         made = [(made[0], made[1])]
@@ -191,31 +223,35 @@ def main(argv):
             res = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT lfs")]
             if not res:
                 sys.stdout.write(proc.stderr[-3000:])
-                totals.append((name, 0, 1))
+                totals.append((name, 0, 1, 0.0))
                 continue
             parts = res[-1].split()
-            totals.append((name, int(parts[2]), int(parts[5])))
+            totals.append((name, int(parts[2]), int(parts[5]), float(parts[7])))
         else:
+            t0 = time.time()
             n, f = run_target(name, seed, quick)
-            totals.append((name, n, f))
+            totals.append((name, n, f, time.time() - t0))
     print("")
     print("%-12s %10s %9s" % ("target", "cut points", "failures"))
-    for name, n, f in totals:
+    for name, n, f, _ in totals:
         print("%-12s %10d %9d" % (name, n, f))
     if a.write:
         import datetime
 
         from bench.benchdoc import write_section
 
-        text = ["## Store crash-point sweep (`tools/store_sweep.py`)", "",
+        group = all(t.startswith("group-") for t in only)  # (their own section: the other table stays)
+        text = ["## Store crash-point sweep%s (`tools/store_sweep.py`)" % (", group commit" if group else ""), "",
                 "Command: `python tools/store_sweep.py --only %s%s --seed %d --write %s`, %s (targets: the "
-                "tool's docstring). A power cut at %s operation of each workload, reboot, check." % (
+                "tool's docstring). A power cut at %s operation of each workload%s, reboot, check." % (
                     ",".join(only), " --quick" if quick else "", seed, a.write, datetime.date.today().isoformat(),
-                    "a sample of 200 cut points of each" if quick else "every"),
-                "", "| target | cut points | failures |", "|---|---:|---:|"]
-        text += ["| %s | %d | %d |" % t for t in totals]
-        write_section(a.write, "store_sweep", "\n".join(text))
-    sys.exit(1 if any(f for _, _, f in totals) else 0)
+                    "a sample of 200 cut points of each" if quick else "every",
+                    " and right after every packet the client sends" if group else ""),
+                "", "| target | cut points | failures | time |", "|---|---:|---:|---:|"]
+        text += ["| %s | %s | %d | %.1f s |" % (
+            t[0], "%d operations + %d packets" % GROUP[t[0]] if t[0] in GROUP else t[1], t[2], t[3]) for t in totals]
+        write_section(a.write, "store_sweep_group" if group else "store_sweep", "\n".join(text))
+    sys.exit(1 if any(t[2] for t in totals) else 0)
 
 
 if __name__ == "__main__":

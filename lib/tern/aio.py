@@ -592,7 +592,9 @@ class Client(_Driver):
         PUBCOMP for QoS 2); a refusal (reason >= 0x80) raises MQTTError.
         timeout (default connect_timeout) bounds the wait for room in the
         outbox and for the acknowledgement; on an acknowledgement timeout
-        OSError is raised and the message stays pending."""
+        OSError is raised and the message stays pending. Cancelled after the
+        message is stored (asyncio.wait_for), it returns the id: accepted,
+        its acknowledgement not awaited (README, "Cancelling publish()")."""
         if isinstance(payload, str):
             payload = payload.encode()
         s = self.session
@@ -617,6 +619,12 @@ class Client(_Driver):
                     break
             if ev is not None:
                 await _wait(ev, t_ms - ticks_diff(ticks_ms(), start))
+        except _CancelledError:
+            # Cancelled once the message is stored (asyncio.wait_for on a slow
+            # link): it is accepted and will be sent, so publish() returns its
+            # id as it does without wait_ack; raising would read as "not
+            # accepted" and a caller that publishes again sends it twice.
+            return pid
         finally:
             if ev is not None:
                 reason = self._done(pid)
@@ -798,9 +806,10 @@ class Client(_Driver):
 
     def close(self):
         """Drop the connection without DISCONNECT (the broker publishes the
-        will) and stop reconnecting."""
+        will) and stop reconnecting; what the store holds uncommitted is committed."""
         self._stop()
         self._finish()
+        self.session.store.commit()
 
 
 if MICROPYTHON:

@@ -621,6 +621,8 @@ class Client(_Driver):
 
     def close(self):
         """Drop the connection without DISCONNECT (the broker sends the will).
-        loop() then stays offline until connect() is called again."""
+        loop() then stays offline until connect() is called again. What the
+        store holds uncommitted (group commit: acknowledgements) is committed."""
         self._drop()
         self._next_try = None
+        self.session.store.commit()

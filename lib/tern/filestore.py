@@ -16,7 +16,8 @@ and the last packet id, so nothing needed survives only in deleted files.
   flush -- a LittleFS file sync -- and os.sync() when present on MicroPython).
   With group_commit=True, nothing is flushed until commit(), which makes every
   change since the last commit durable at once (the session commits before
-  publish() returns and before a byte leaves: acks are what waits).
+  publish() returns and before any packet leaves while `dirty`: releases
+  are what waits, until the next packet).
 - mark/unmark/release/in_release/in_clear/set_meta append small records.
 - every open starts a new segment: a torn tail (caught by the CRC) is never
   appended to. A record that would take a segment past `segment_bytes` goes
@@ -207,7 +208,7 @@ class FileStore(Log):
         self._f = None
         self._cur = 0
         self._off = 0
-        self._dirty = False
+        self.dirty = False
         self._segs = []  # segment numbers, oldest first
         self._live = {}  # segment -> bytes of its live records
         self._sz = {}  # segment -> file size (the current one: _off)
@@ -445,15 +446,18 @@ class FileStore(Log):
             self._f = None
         if self._cur:
             self._sz[self._cur] = self._off
+        self._cur = 0  # (none open until its file exists)
         seg = (self._segs[-1] + 1) if self._segs else 1
+        try:
+            self._f = self.fs.open(self._name(seg), "wb")
+        except Exception as e:
+            # Listed only once its file exists: a name without a file (the
+            # filesystem full) would stop garbage collection there for good.
+            self._fail(e)
         self._segs.append(seg)
         self._live[seg] = 0
         self._cur = seg
         self._off = 0
-        try:
-            self._f = self.fs.open(self._name(seg), "wb")
-        except Exception as e:
-            self._fail(e)
         self._emit(T_SEG, 0, self._rseq, self._last, b"", b"")
         self._sync()
         self.fs.sync_dir(self.path)
@@ -471,7 +475,7 @@ class FileStore(Log):
         c = crc32(body, crc32(head, hcrc(h2, 12, 0))) & 0xFFFFFFFF
         _put32(self._crcb, 0, c)
         f = self._f
-        self._dirty = True
+        self.dirty = True
         try:
             f.write(h2)
             if lh:
@@ -485,12 +489,12 @@ class FileStore(Log):
         return off
 
     def _sync(self):
-        if self._dirty:
+        if self.dirty:
             try:
                 self.fs.sync_file(self._f)
             except Exception as e:
                 self._fail(e)
-            self._dirty = False
+            self.dirty = False
 
     def _fail(self, e):
         """A write or sync failed (a full filesystem, say): what the file holds
@@ -503,7 +507,7 @@ class FileStore(Log):
             self._bad = True
             f = self._f
             self._f = None
-            self._dirty = False
+            self.dirty = False
             try:
                 f.close()
             except Exception:

@@ -169,6 +169,7 @@ class FlashStore(Log):
         self._gmv = memoryview(self._gbuf)
         self._gaddr = 0
         self._glen = 0
+        self.dirty = False  # records wait in the group buffer (see store.py: commit)
         # index of pending messages, in record-sequence order (pid 0 = hole)
         self._ipid = array("H", [0] * _CHUNK)
         self._iaddr = array("I", [0] * _CHUNK)  # address | kind code << 1 | marked
@@ -886,6 +887,7 @@ class FlashStore(Log):
                     g[p] = 0xFF
                     p += 1
                 self._glen = p
+                self.dirty = True
                 return
         self._prog(addr, self._hdr)
         if lh:
@@ -898,6 +900,7 @@ class FlashStore(Log):
         if self._glen:
             n = self._glen
             self._glen = 0
+            self.dirty = False
             self._prog(self._gaddr, self._gmv[0:n])
 
     def _small(self, t, flags, rseq, pid):

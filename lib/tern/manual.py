@@ -25,8 +25,7 @@ def ack(s, ack_id, now):
         if s.state != _CONNECTED:
             continue
         if t == _PUBREC and not s.store.in_has(pid):
-            s.store.in_add(pid)
-            s.store.commit()
+            s.store.in_add(pid)  # (durable before its PUBREC leaves: Session._out)
         s._ack(t, pid, r, now)
 
 

@@ -333,7 +333,18 @@ class Session:
         n = self._txn
         if n:
             self._txn = 0
-            self.send(self._tx, 0, n)
+            self._out(self._tx, 0, n)
+
+    def _out(self, buf, off, n):
+        # The write-ahead rule, for every packet in one place: whatever the
+        # store holds uncommitted (group commit: the mark a PUBREL announces,
+        # the inbound id a PUBREC does, its release a PUBCOMP does, the record
+        # of a PUBLISH, SUBSCRIBE or UNSUBSCRIBE) is made durable before a
+        # byte leaves. A store with nothing buffered answers by an attribute.
+        st = self.store
+        if st.dirty:
+            st.commit()
+        self.send(buf, off, n)
 
     def _ack(self, ptype, pid, reason, now):
         # A PUBREL (our QoS 2 flow) waits with the rest of what the read
@@ -354,7 +365,7 @@ class Session:
         if q:
             self._txn = k
         else:
-            self.send(self._tx, 0, k)
+            self._out(self._tx, 0, k)
         self._last_tx = now
 
     def _packet(self, p, now):
@@ -363,7 +374,7 @@ class Session:
         if len(b) > mx:
             raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (len(b), mx))
         self.flush()
-        self.send(b, 0, len(b))
+        self._out(b, 0, len(b))
         self._last_tx = now
 
     def _violation(self, code, msg, now):
@@ -406,7 +417,6 @@ class Session:
     def _send_ring(self, now):
         limit = self._limit
         st = self.store
-        st.commit()  # write-ahead: durable before the first byte leaves (group commit)
         tx = self._tx
         flags = self._rflags
         ring = self._ring
@@ -457,7 +467,7 @@ class Session:
                             tx[at] |= 8  # DUP
                         off += n
                         if not q:
-                            self.send(tx, 0, n)
+                            self._out(tx, 0, n)
                     if q:
                         self._txn = k + size
                     self._last_tx = now
@@ -571,9 +581,9 @@ class Session:
                 n += plen
                 plen = 0
             try:
-                self.send(tx, 0, n)
+                self._out(tx, 0, n)
                 if plen:
-                    self.send(payload, 0, plen)
+                    self._out(payload, 0, plen)
             except OSError as e:
                 # Part of the packet may have left: the connection cannot carry
                 # another. Not accepted (QoS 0 is not kept), so the caller hears.
@@ -597,9 +607,10 @@ class Session:
             v = self._cache[n] = memoryview(tx)[:n]
         st = self.store
         st.append(_PUBLISH, pid, v, payload)
-        # Durable before publish() returns, online or not (group commit: offline, no pump would commit
-        # until the next CONNACK); a store failure is not an acceptance.
-        st.commit()
+        # Durable before publish() returns, online or not (group commit: offline, no packet would
+        # commit it until the next CONNACK); a store failure is not an acceptance.
+        if st.dirty:
+            st.commit()
         self._push(pid, _QOS2 if qos == 2 else 0)
         if self.state == CONNECTED:
             try:
@@ -934,6 +945,7 @@ class Session:
                 # holds it (at least once rather than lost); inbound QoS 2 ids
                 # and the broker's copies of our subscriptions are gone.
                 self.store.in_clear()
+                self.store.commit()  # now, not at the next packet: the broker's new session exists already
                 self._in2 = 0
             # Replay the ring in its original order (and without a session on
             # the broker, forget the PUBRECs seen) before the application
@@ -1274,7 +1286,7 @@ class Session:
         if rec:
             try:
                 self.store.in_add(pid)
-                self.store.commit()  # durable before its PUBREC leaves (group commit too): delivered once
+                self.store.commit()  # durable before the handler runs (group commit too): delivered once
             except OSError as e:
                 if e.args[0] != 28:
                     raise
@@ -1321,7 +1333,7 @@ class Session:
         idle = ticks_diff(now, self._last_tx)
         if idle >= ka:
             self.flush()
-            self.send(pkt.PINGREQ_BYTES, 0, 2)
+            self._out(pkt.PINGREQ_BYTES, 0, 2)
             self._last_tx = self._ping_sent = now
             return ka
         return ka - idle

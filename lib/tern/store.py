@@ -28,7 +28,11 @@ power loss):
   whole; a store that needs nothing does nothing.
 - last_pid(): the pid of the newest record ever appended (0 if none), so
   identifiers keep advancing across reboots instead of reusing recent ones.
-- commit(): make appends durable (group commit); close().
+- commit(): make every change so far durable (group commit); close() too.
+- dirty: True while changes wait for commit(), an attribute so that asking
+  costs nothing. The session commits before any packet leaves while it is
+  set (a packet may announce any change: PUBREL the mark, PUBCOMP the
+  release), and before publish() returns.
 """
 
 # Record kinds are the packet types they hold.
@@ -48,6 +52,7 @@ class MemoryStore:
     full of the other records)."""
 
     durable = False
+    dirty = False  # nothing is ever waiting for commit()
 
     def __init__(self):
         self._pids = []  # live pids in append order
