@@ -87,6 +87,7 @@ _CTRL = const(8)  # SUBSCRIBE or UNSUBSCRIBE
 _EVER = const(16)  # sent on some connection (a resend carries DUP)
 _OLD = const(32)  # an MQTT 5 PUBLISH stored before this connection: sent without its Topic Alias (tern.v5.unaliased)
 _GONE = const(64)  # given back at a CONNACK, released once the application was told (with _SENT | _CTRL: never sent)
+_TOLD = const(128)  # and told
 
 WOULD_BLOCK = const(-1)
 
@@ -177,6 +178,7 @@ class Session:
         self._in_cap = 4 * receive_max if receive_max > 32 else 128  # see _admit
         self._in2 = 0  # inbound QoS 2 ids recorded on this session and not yet released
         self._deferred = 0  # inbound QoS 2 messages over receive_max on this connection (not taken)
+        self._stale = False  # inbound QoS 2 ids of a broker session that is gone, not yet cleared (see CONNACK)
         self.auth = auth  # enhanced authentication hook: auth(reason, props) -> props
         self.outbound_aliases = outbound_aliases
         self._oalias = None  # topic bytes -> encoded property block with its alias (this connection)
@@ -249,17 +251,21 @@ class Session:
         self._rflags = bytearray(cap)
         self._cap = cap  # (len() is a global lookup and a call: too dear for every message on MicroPython)
         for pid in pids:
-            f = _EVER
-            if store.kind(pid) != _PUBLISH:
-                f |= _CTRL
-            else:
-                store.read(pid, 0, self._tx)
-                if (self._tx[0] >> 1) & 3 == 2:
-                    f |= _QOS2
-                if store.marked(pid):
-                    f |= _MARKED
-            self._push(pid, f)
+            self._push(pid, self._stored_flags(pid))
         self.stats_recovered = self._n
+
+    def _stored_flags(self, pid):
+        # A stored packet's ring flags, from its record (at start, or for one parked, _GONE)
+        st = self.store
+        f = _EVER
+        if st.kind(pid) != _PUBLISH:
+            return f | _CTRL
+        st.read(pid, 0, self._tx)
+        if (self._tx[0] >> 1) & 3 == 2:
+            f |= _QOS2
+        if st.marked(pid):
+            f |= _MARKED
+        return f
 
     # ------------------------------------------------------------- send ring
 
@@ -944,8 +950,12 @@ class Session:
                 # PUBREC was seen is published again, since the broker no longer
                 # holds it (at least once rather than lost); inbound QoS 2 ids
                 # and the broker's copies of our subscriptions are gone.
+                self._stale = True  # until the clear is durable: a failure (ENOSPC) clears at the next CONNACK,
+                # whose session present 1 would otherwise keep the old session's ids against the new one's
+            if self._stale:
                 self.store.in_clear()
                 self.store.commit()  # now, not at the next packet: the broker's new session exists already
+                self._stale = False
                 self._in2 = 0
             # Replay the ring in its original order (and without a session on
             # the broker, forget the PUBRECs seen) before the application
@@ -982,10 +992,12 @@ class Session:
                 pid = self._ring[i]
                 if pid:
                     f = self._rflags[i] & ~_SENT
-                    if f & _GONE:  # told at an earlier CONNACK, its release failed (ENOSPC): released now
-                        self._free(i)
-                        i = (i + 1) % len(self._rflags)
-                        continue
+                    if f & _GONE:  # given back at an earlier CONNACK that failed (ENOSPC) before its release
+                        if f & _TOLD:
+                            self._free(i)
+                            i = (i + 1) % len(self._rflags)
+                            continue
+                        f = self._stored_flags(pid)  # not told: looked at again
                     if f & _MARKED and not sp:
                         st.unmark(pid)
                         f &= ~_MARKED
@@ -1038,6 +1050,9 @@ class Session:
                         if s.pid == pid:
                             s.pid = 0  # answered: not resent, subscribed again after a session is lost
                     self._event(EV_SUBACK if k == _SUBSCRIBE else EV_UNSUBACK, pid, [r & 255])
+                i = self._find(pid)
+                if i >= 0:
+                    self._rflags[i] |= _TOLD
             for r in refused:  # (all told first: a release that fails, ENOSPC, leaves only told ones parked)
                 i = self._find(r >> 12)
                 if i >= 0:

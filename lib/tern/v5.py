@@ -147,10 +147,10 @@ def unaliased(s, pid, dup, now):
         k = st.read(pid, off, memoryview(tx)[h:]) if h < len(tx) else 0
         if not k and not h:
             raise OSError("store returned a short record for packet %d" % pid)
-        s.send(tx, 0, h + k)
+        s._out(tx, 0, h + k)
         off += k
         h = 0
     if h:
-        s.send(tx, 0, h)
+        s._out(tx, 0, h)
     s._last_tx = now
     return True

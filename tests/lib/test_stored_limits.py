@@ -261,3 +261,41 @@ def test_a_message_refused_at_connack_stays_stored_until_the_application_was_tol
     w.connect(True, {0x27: 100})
     assert sorted(told) == [(EV_SUBACK, sp, [0x95], True), (EV_UNSUBACK, up, [0x95], True)], told
     assert st2.pending() == []
+
+
+class FullOnce(MemoryStore):
+    """A store whose next in_clear() finds no room (ENOSPC), once."""
+
+    full = False
+
+    def in_clear(self):
+        if self.full:
+            self.full = False
+            raise OSError(28, "ENOSPC")
+        MemoryStore.in_clear(self)
+
+
+def test_inbound_ids_of_a_lost_session_are_cleared_at_the_next_connack_when_the_store_was_full():
+    # Found by the model (file seed 6556): a CONNACK without our session found the store full,
+    # in_clear() raised ENOSPC and the connection ended; the next CONNACK said session present 1 (the
+    # broker's new session exists since the first), so the old session's inbound QoS 2 ids stayed,
+    # and the new session's messages under them were taken for repeats: never delivered.
+    st = FullOnce()
+    w = Wire(st)
+    w.connect(False)
+    w.s.feed(E(PUBLISH, topic="i", payload=b"old", qos=2, pid=1), w.now)
+    assert st.in_has(1)
+    w.drop()
+    st.full = True
+    try:
+        w.connect(False)
+        raise AssertionError("no ENOSPC")
+    except OSError as e:
+        assert e.args[0] == 28
+    w.drop()
+    w.connect(True)
+    assert not st.in_has(1)
+    got = []
+    w.s.on_message = lambda m: got.append(bytes(m.payload))
+    w.s.feed(E(PUBLISH, topic="i", payload=b"new", qos=2, pid=1), w.now)
+    assert got == [b"new"], got
