@@ -3,18 +3,23 @@
     .venv/bin/python tools/model_sweep.py [--rigs memory,flash,file] [--seeds 1:2001]
         [--steps 300] [--micropython] [--mp-seeds 1:501 --write docs/benchmarks.md]
     .venv/bin/python tools/model_sweep.py --rig flash --seed 1052 [--steps 300]   (replay one, step by step)
+    .venv/bin/python tools/model_sweep.py --first [--rigs memory,flash-gc,file-gc] [--seeds 1:401]
+        (examples until the first finding of each of issue 25's defects 1, 2, 5, 6; no shrinking)
 
 Each example is a seeded list of steps (publish at QoS 0/1/2 online and
 offline, fill the outbox, subscribe/unsubscribe, connect, drop, the broker
 withholding acks, forgetting the session, refusing a filter, inbound QoS 1/2
-with or without PUBREL, a power cut at the store's k-th next operation and a
-reboot, a restart with another max_pending) run on the real Session and a
+with or without PUBREL, a power cut at the store's k-th next operation or
+right after the client's k-th next network write and a reboot, ENOSPC from the
+filesystem, the broker's limits changed, a restart with another max_pending)
+run on the real Session and a
 store at small capacities; the invariants are checked after every step and the
 outbox drained at the end. Prints per rig the examples run, the steps taken,
 the findings (seed and shrunk step list) and the time; exit status 1 on any
 finding. --micropython runs the same examples under the MicroPython unix port.
 --write FILE runs the CPython budget, then --mp-seeds under MicroPython, and
-writes the results as FILE's model_sweep section.
+writes the results as FILE's model_sweep section (in its older form: the
+section now in docs/benchmarks.md was written from the commands it names).
 """
 
 import sys
@@ -187,9 +192,7 @@ def write(path, rigs, a, b, steps, mp_seeds):
             "step names; MemoryStore), MQTT 3.1.1 and 5 alternately, against a broker model (acks withheld, "
             "session forgotten, a filter refused by closing, inbound QoS 1/2 with or without PUBREL, Mosquitto "
             "2.0.11's Receive Maximum overrun after a resume). Invariants after every step, the outbox drained "
-            "at the end; a finding is shrunk to its minimal step list. CI (`tests/lib/test_model.py`) runs "
-            "2,000 / 1,500 / 800 examples of 200 steps (memory / flash / file) on CPython and 300 / 200 / 150 on "
-            "the MicroPython unix port, about 50 s in all."
+            "at the end; a finding is shrunk to its minimal step list. CI budgets: tests/lib/test_model.py."
             % (cmd, datetime.date.today().isoformat()), "", "CPython:", "", "```"] + lines + ["```", "",
                                                                                         "MicroPython unix port:",
                                                                                         "", "```"] + mp_lines + ["```"]

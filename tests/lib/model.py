@@ -5,7 +5,8 @@ lose power, FlashStore on the emulated NOR flash) talk to a broker model
 through two byte queues. A seeded generator (plain Python: CPython and
 MicroPython run the same examples) draws a list of steps:
 
-  pub q n        publish n bytes (and the message's number) at QoS q (0, 1, 2), online or not
+  pub q n f      publish n bytes (and the message's number) at QoS q (0, 1, 2), online or not;
+                 f: 1 retained, 2 with a Topic Alias (MQTT 5, when the server takes one)
   fill n         publish QoS 1 until the outbox or the store refuses
   sub f / unsub f   subscribe / unsubscribe filter f (online or offline)
   connect        open a connection (CONNECT; the broker answers)
@@ -17,6 +18,11 @@ MicroPython run the same examples) draws a list of steps:
   in q r n       the broker sends n messages at QoS q (r=0: no PUBREL after PUBREC); after a
                  resumed session, over the Receive Maximum as Mosquitto 2.0.11 does
   cut k          the power goes at the store's k-th next operation; reboot
+  cutpkt k       the power goes right after the client's k-th next write to the network (the
+                 broker reads it); what the store had not made durable is gone; reboot
+  limits ...     the broker's limits from its next CONNACK on (MQTT 5): Maximum Packet Size,
+                 Topic Alias Maximum, Receive Maximum, Maximum QoS, Retain Available
+  full k         ENOSPC from the filesystem (FileStore on POSIX) for the next k writes, -1: until the end
   restart m      a clean restart with max_pending m (a new session on the same store)
 
 After every step the invariants are checked:
@@ -26,10 +32,14 @@ After every step the invariants are checked:
 - tables stay bounded (ring, store, subscriptions, inbound QoS 2 ids; and the
   heap on MicroPython);
 - every error the library raises is typed (OSError, MQTTError);
+- no packet of the client breaks a limit the broker announced for that
+  connection (see Broker): it would be refused at every reconnect;
 and at the end, with faults off, the outbox drains: every accepted message
 was delivered at least once, QoS 2 exactly once (unless the broker lost the
-session while it was pending, the documented exception), in publish order;
-inbound QoS 2 was delivered at most once.
+session while it was pending, the documented exception), in publish order, or
+given back with a reason a limit of the server's justifies; inbound, every
+message the client acknowledged reached the handler (unless a cut came between
+its id made durable and its handler, documented) and QoS 2 at most once.
 
 A failure is shrunk by removing steps while it still fails, and reported with
 its seed and the minimal step list.
