@@ -3,18 +3,23 @@
     .venv/bin/python tools/model_sweep.py [--rigs memory,flash,file] [--seeds 1:2001]
         [--steps 300] [--micropython] [--mp-seeds 1:501 --write docs/benchmarks.md]
     .venv/bin/python tools/model_sweep.py --rig flash --seed 1052 [--steps 300]   (replay one, step by step)
+    .venv/bin/python tools/model_sweep.py --first [--rigs memory,flash-gc,file-gc] [--seeds 1:401]
+        (examples until the first finding of each of issue 25's defects 1, 2, 5, 6; no shrinking)
 
 Each example is a seeded list of steps (publish at QoS 0/1/2 online and
 offline, fill the outbox, subscribe/unsubscribe, connect, drop, the broker
 withholding acks, forgetting the session, refusing a filter, inbound QoS 1/2
-with or without PUBREL, a power cut at the store's k-th next operation and a
-reboot, a restart with another max_pending) run on the real Session and a
+with or without PUBREL, a power cut at the store's k-th next operation or
+right after the client's k-th next network write and a reboot, ENOSPC from the
+filesystem, the broker's limits changed, a restart with another max_pending)
+run on the real Session and a
 store at small capacities; the invariants are checked after every step and the
 outbox drained at the end. Prints per rig the examples run, the steps taken,
 the findings (seed and shrunk step list) and the time; exit status 1 on any
 finding. --micropython runs the same examples under the MicroPython unix port.
 --write FILE runs the CPython budget, then --mp-seeds under MicroPython, and
-writes the results as FILE's model_sweep section.
+writes the results as FILE's model_sweep section (in its older form: the
+section now in docs/benchmarks.md was written from the commands it names).
 """
 
 import sys
@@ -58,9 +63,61 @@ def sweep(rigs, first, last, steps, lines=None):
     return bad
 
 
+# Issue 25's defects, told apart by the model's finding (the first line of it)
+DEFECTS = (
+    ("1", "QoS 2 delivered twice (PUBREL left before its mark was durable)",
+     lambda f: f.startswith("QoS 2 message") and "delivered twice" in f),
+    ("2", "inbound QoS 2 lost (PUBCOMP left before the release was durable)",
+     lambda f: "acknowledged but never delivered" in f),
+    ("5", "a stored message resent with a Topic Alias the server does not take",
+     lambda f: "Topic Alias" in f),
+    ("6", "a stored SUBSCRIBE/UNSUBSCRIBE over the server's Maximum Packet Size",
+     lambda f: "a packet of type 8," in f or "a packet of type 10," in f),
+)
+
+
+def first(rigs, a, b, steps, lines=None):
+    """Examples, seed by seed (every rig per seed, in the order given), until each defect's
+    first finding; no shrinking. Prints per defect the examples run up to its first finding."""
+    found = {}
+    other = []
+    count = 0
+    t0 = clock()
+    for seed in range(a, b):
+        for name in rigs:
+            count += 1
+            v, mp, _ = model.params(seed)
+            f = model.run(name, seed, model.gen_steps(seed, steps), v, mp)
+            if not f:
+                continue
+            for key, _, match in DEFECTS:
+                if match(f):
+                    if key not in found:
+                        found[key] = (count, name, seed, f)
+                    break
+            else:
+                other.append("%s seed %d: %s" % (name, seed, f))
+        if len(found) == len(DEFECTS):
+            break
+    out = ["FIRST %s, seeds %d.. (%d examples of %d steps run, %.1f s):" % (",".join(rigs), a, count, steps,
+                                                                            clock() - t0)]
+    for key, what, _ in DEFECTS:
+        if key in found:
+            n, name, seed, f = found[key]
+            out.append("  defect %s (%s): example %d (%s seed %d): %s" % (key, what, n, name, seed, f))
+        else:
+            out.append("  defect %s (%s): not found in %d examples" % (key, what, count))
+    out += ["  other finding: " + o for o in other[:5]]
+    for ln in out:
+        print(ln)
+        if lines is not None:
+            lines.append(ln)
+    return found
+
+
 def replay(name, seed, steps):
-    v, mp = (4, 5)[seed % 2], 4 + seed % 5
-    r = model.Run(model.RIGS[name](), v, mp)
+    v, mp, lowest = model.params(seed)
+    r = model.Run(model.RIGS[name](), v, mp, lowest=lowest)
     print("%s seed %d: MQTT %d, max_pending %d" % (name, seed, v, mp))
     try:
         for i, st in enumerate(model.gen_steps(seed, steps)):
@@ -85,6 +142,10 @@ def main(argv):
     steps = int(opt("--steps", "300"))
     if "--seed" in argv:
         return replay(opt("--rig", "memory"), int(opt("--seed", "1")), steps)
+    if "--first" in argv:
+        a, _, b = opt("--seeds", "1:401").partition(":")
+        first(opt("--rigs", "memory,flash-gc,file-gc").split(","), int(a), int(b), steps)
+        return 0
     rigs = opt("--rigs", "memory,flash,file").split(",")
     for r in rigs:
         if r not in model.RIGS:
@@ -131,9 +192,7 @@ def write(path, rigs, a, b, steps, mp_seeds):
             "step names; MemoryStore), MQTT 3.1.1 and 5 alternately, against a broker model (acks withheld, "
             "session forgotten, a filter refused by closing, inbound QoS 1/2 with or without PUBREL, Mosquitto "
             "2.0.11's Receive Maximum overrun after a resume). Invariants after every step, the outbox drained "
-            "at the end; a finding is shrunk to its minimal step list. CI (`tests/lib/test_model.py`) runs "
-            "2,000 / 1,500 / 800 examples of 200 steps (memory / flash / file) on CPython and 300 / 200 / 150 on "
-            "the MicroPython unix port, about 50 s in all."
+            "at the end; a finding is shrunk to its minimal step list. CI budgets: tests/lib/test_model.py."
             % (cmd, datetime.date.today().isoformat()), "", "CPython:", "", "```"] + lines + ["```", "",
                                                                                         "MicroPython unix port:",
                                                                                         "", "```"] + mp_lines + ["```"]

@@ -85,6 +85,9 @@ _QOS2 = const(2)
 _MARKED = const(4)  # PUBREC seen
 _CTRL = const(8)  # SUBSCRIBE or UNSUBSCRIBE
 _EVER = const(16)  # sent on some connection (a resend carries DUP)
+_OLD = const(32)  # an MQTT 5 PUBLISH stored before this connection: sent without its Topic Alias (tern.v5.unaliased)
+_GONE = const(64)  # given back at a CONNACK, released once the application was told (with _SENT | _CTRL: never sent)
+_TOLD = const(128)  # and told
 
 WOULD_BLOCK = const(-1)
 
@@ -175,6 +178,7 @@ class Session:
         self._in_cap = 4 * receive_max if receive_max > 32 else 128  # see _admit
         self._in2 = 0  # inbound QoS 2 ids recorded on this session and not yet released
         self._deferred = 0  # inbound QoS 2 messages over receive_max on this connection (not taken)
+        self._stale = False  # inbound QoS 2 ids of a broker session that is gone, not yet cleared (see CONNACK)
         self.auth = auth  # enhanced authentication hook: auth(reason, props) -> props
         self.outbound_aliases = outbound_aliases
         self._oalias = None  # topic bytes -> encoded property block with its alias (this connection)
@@ -247,17 +251,21 @@ class Session:
         self._rflags = bytearray(cap)
         self._cap = cap  # (len() is a global lookup and a call: too dear for every message on MicroPython)
         for pid in pids:
-            f = _EVER
-            if store.kind(pid) != _PUBLISH:
-                f |= _CTRL
-            else:
-                store.read(pid, 0, self._tx)
-                if (self._tx[0] >> 1) & 3 == 2:
-                    f |= _QOS2
-                if store.marked(pid):
-                    f |= _MARKED
-            self._push(pid, f)
+            self._push(pid, self._stored_flags(pid))
         self.stats_recovered = self._n
+
+    def _stored_flags(self, pid):
+        # A stored packet's ring flags, from its record (at start, or for one parked, _GONE)
+        st = self.store
+        f = _EVER
+        if st.kind(pid) != _PUBLISH:
+            return f | _CTRL
+        st.read(pid, 0, self._tx)
+        if (self._tx[0] >> 1) & 3 == 2:
+            f |= _QOS2
+        if st.marked(pid):
+            f |= _MARKED
+        return f
 
     # ------------------------------------------------------------- send ring
 
@@ -446,6 +454,8 @@ class Session:
                     return
                 if f & _MARKED:
                     self._ack(_PUBREL, pid, 0, now)
+                elif f & _OLD and self._unaliased(pid, f & _EVER, now):
+                    pass
                 else:
                     size = st.size(pid)
                     k = self._txn
@@ -467,13 +477,18 @@ class Session:
                     if q:
                         self._txn = k + size
                     self._last_tx = now
-                flags[i] = f | _SENT | _EVER
+                flags[i] = (f | _SENT | _EVER) & ~_OLD
                 self._unsent -= 1
                 if not self._unsent:
                     return
             i += 1
             if i == cap:
                 i = 0
+
+    def _unaliased(self, pid, dup, now):
+        import tern.v5  # (not `from .v5 import`: see _on_publish)
+
+        return tern.v5.unaliased(self, pid, dup, now)
 
     # ---------------------------------------------------------------- publish
 
@@ -697,6 +712,8 @@ class Session:
         pid = 0
         if self.state == CONNECTED and self._n < len(self._rflags):
             pid = self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
+            if pid < 0:  # (not after _fits above: the same server's maximum)
+                return 0
         if not pid:
             self._gone.append(flt)
             self._late = True
@@ -716,9 +733,10 @@ class Session:
             if s.late:
                 if self._n >= cap:
                     return
-                s.pid = self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
-                if not s.pid:
+                p = self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
+                if not p:
                     return
+                s.pid = p if p > 0 else 0
                 s.late = False
         g = self._gone
         while g and self._n < cap:
@@ -740,7 +758,7 @@ class Session:
         """ValueError when the server's Maximum Packet Size (MQTT 5 CONNACK) is
         below this SUBSCRIBE/UNSUBSCRIBE [MQTT-3.1.2-24]; checked before anything is
         registered. (One registered offline, before a CONNACK said the maximum,
-        goes as it is.)"""
+        is given back at that CONNACK: see _ctrl.)"""
         mx = self.server.get(_P_MAX_PACKET)
         if mx:
             n = len(self._ctrl_packet(t, topic, user_props, sid, 1))
@@ -752,9 +770,18 @@ class Session:
         # SUBSCRIBE or UNSUBSCRIBE of one filter: stored, queued in the ring
         # like a QoS 1 message (outside the window), resent until acknowledged.
         # The caller made sure the ring has room; a store without room (ENOSPC)
-        # makes it wait like a full ring: 0 is returned, nothing is queued.
+        # makes it wait like a full ring: 0 is returned, nothing is queued;
+        # -1: refused (over the server's Maximum Packet Size), EV_SUBACK /
+        # EV_UNSUBACK told so.
         pid = self._alloc_pid()
         b = self._ctrl_packet(t, topic, user_props, sid, pid)
+        mx = self.server.get(_P_MAX_PACKET)
+        if mx and len(b) > mx:
+            # Made offline, before this CONNACK said the maximum: sent, it would
+            # only get the connection closed, at every reconnect [MQTT-3.1.2-24].
+            # Given back as a refusing SUBACK/UNSUBACK would be, not stored.
+            self._event(EV_SUBACK if t == _SUBSCRIBE else EV_UNSUBACK, pid, [0x95])
+            return -1
         try:
             self.store.append(t, pid, b, b"")
         except OSError as e:
@@ -923,8 +950,12 @@ class Session:
                 # PUBREC was seen is published again, since the broker no longer
                 # holds it (at least once rather than lost); inbound QoS 2 ids
                 # and the broker's copies of our subscriptions are gone.
+                self._stale = True  # until the clear is durable: a failure (ENOSPC) clears at the next CONNACK,
+                # whose session present 1 would otherwise keep the old session's ids against the new one's
+            if self._stale:
                 self.store.in_clear()
                 self.store.commit()  # now, not at the next packet: the broker's new session exists already
+                self._stale = False
                 self._in2 = 0
             # Replay the ring in its original order (and without a session on
             # the broker, forget the PUBRECs seen) before the application
@@ -932,15 +963,22 @@ class Session:
             # goes after the resends, once.
             self._inflight = 0
             self._unsent = self._uctl = 0
-            # A message stored before this CONNACK said what the server takes
+            # A packet stored before this CONNACK said what the server takes
             # (offline, or for another server) that breaks its Maximum Packet
             # Size, Maximum QoS or Retain Available would only get the
             # connection closed, again after every reconnect, with everything
-            # behind it waiting: it is given back refused (EV_PUBLISHED 0x95,
-            # 0x9B, 0x9A), as a PUBACK refusing it would.
+            # behind it waiting: a PUBLISH is given back refused (EV_PUBLISHED
+            # 0x95, 0x9B, 0x9A), as a PUBACK refusing it would, a SUBSCRIBE or
+            # UNSUBSCRIBE over the maximum [MQTT-3.1.2-24] as its SUBACK or
+            # UNSUBACK would (EV_SUBACK / EV_UNSUBACK [0x95]; the subscription
+            # stays registered, as after a refusing SUBACK). Its Topic Alias
+            # Maximum and Receive Maximum cannot refuse one: an MQTT 5 PUBLISH
+            # from before this connection goes without its Topic Alias (_OLD),
+            # and the window is capped by the Receive Maximum (_limit).
             mx = g(_P_MAX_PACKET, 0)
             chk = mx or self.max_qos < 2 or not self.retain_ok
-            refused = []
+            old = _OLD if self.version == _V5 else 0
+            refused = []  # pid << 12 | packet type << 8 | reason
             st = self.store
             # Without a session on the broker every registered subscription
             # goes again (below): a SUBSCRIBE still pending for one of them is
@@ -954,25 +992,41 @@ class Session:
                 pid = self._ring[i]
                 if pid:
                     f = self._rflags[i] & ~_SENT
+                    if f & _GONE:  # given back at an earlier CONNACK that failed (ENOSPC) before its release
+                        if f & _TOLD:
+                            self._free(i)
+                            i = (i + 1) % len(self._rflags)
+                            continue
+                        f = self._stored_flags(pid)  # not told: looked at again
                     if f & _MARKED and not sp:
                         st.unmark(pid)
                         f &= ~_MARKED
                     r = 0
-                    if f & _CTRL and keep is not None and pid not in keep:
-                        if st.kind(pid) == _UNSUBSCRIBE:
-                            refused.append(pid << 8 | 0x11)  # "no subscription existed", to whoever waits
-                        self._free(i)
-                        i = (i + 1) % len(self._rflags)
-                        continue
-                    if chk and not f & (_MARKED | _CTRL):
+                    k = _PUBLISH
+                    if f & _CTRL:
+                        k = st.kind(pid)
+                        if keep is not None and pid not in keep:
+                            if k != _UNSUBSCRIBE:
+                                self._free(i)  # (nobody waits for a superseded SUBSCRIBE)
+                                i = (i + 1) % len(self._rflags)
+                                continue
+                            r = 0x11  # "no subscription existed", to whoever waits
+                        elif mx and st.size(pid) > mx:
+                            r = 0x95
+                    elif chk and not f & _MARKED:
                         st.read(pid, 0, self._tx)
                         b = self._tx[0]
                         r = 0x95 if mx and st.size(pid) > mx else 0x9B if (b >> 1) & 3 > self.max_qos else (
                             0x9A if b & 1 and not self.retain_ok else 0)
                     if r:
-                        self._free(i)
-                        refused.append(pid << 8 | r)
+                        # Released only once the application was told (below): a power cut
+                        # in between tells it again after the reboot, rather than never.
+                        # Parked meanwhile as a control packet in flight: nothing sends it.
+                        self._rflags[i] = _SENT | _CTRL | _GONE
+                        refused.append(pid << 12 | k << 8 | r)
                     else:
+                        if not f & (_MARKED | _CTRL):
+                            f |= old
                         self._rflags[i] = f
                         self._unsent += 1
                         if f & _CTRL:
@@ -987,10 +1041,22 @@ class Session:
                     s.late = not s.pid
                 self._gone = []
             for r in refused:
-                if r & 255 == 0x11:
-                    self._event(EV_UNSUBACK, r >> 8, [0x11])
+                k = r >> 8 & 15
+                pid = r >> 12
+                if k == _PUBLISH:
+                    self._event(EV_PUBLISHED, pid, r & 255)
                 else:
-                    self._event(EV_PUBLISHED, r >> 8, r & 255)
+                    for s in self._subs:
+                        if s.pid == pid:
+                            s.pid = 0  # answered: not resent, subscribed again after a session is lost
+                    self._event(EV_SUBACK if k == _SUBSCRIBE else EV_UNSUBACK, pid, [r & 255])
+                i = self._find(pid)
+                if i >= 0:
+                    self._rflags[i] |= _TOLD
+            for r in refused:  # (all told first: a release that fails, ENOSPC, leaves only told ones parked)
+                i = self._find(r >> 12)
+                if i >= 0:
+                    self._free(i)
             self._send_late(now)
             self._pump(now)
             if self.state == CONNECTED:  # not when a resend found the connection dead

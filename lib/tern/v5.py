@@ -111,3 +111,46 @@ def server_disconnect(reason, p):
     """The error for a DISCONNECT from the server (MQTT 5 only), with its reason string."""
     rs = p.props.get(0x1F) if p is not None and p.props else None
     return MQTTError(reason, "server sent DISCONNECT" + (": " + rs if rs else ""))
+
+
+def unaliased(s, pid, dup, now):
+    # A stored PUBLISH sent on a later connection than the one it was
+    # published on (MQTT 5): a Topic Alias in it means nothing there
+    # [MQTT-3.3.2-7], and the server may now take fewer aliases, or none
+    # ([MQTT-3.3.2-9]: Mosquitto answers DISCONNECT 0x94, at every
+    # reconnect). It goes with its topic alone: a QoS 1/2 message always
+    # carries its topic (props.client_publish), and topic and properties
+    # are otherwise what was stored. Without an alias it goes as stored.
+    # Returns False when there was none (the caller sends the record).
+    from .wire import Reader, get_varint, varint_size
+    from . import props as P, pkt
+
+    st = s.store
+    tx = s._tx
+    s.flush()
+    n = st.read(pid, 0, tx)  # the header fits in tx (publish() checked)
+    i = 1 + varint_size(get_varint(tx, 1, n))
+    tl = tx[i] << 8 | tx[i + 1]
+    j = i + 2 + tl + 2  # after the topic and the packet id (QoS 1/2)
+    r = Reader(tx, j, n)
+    pr = P.decode(r, 3)
+    if not pr or 0x23 not in pr:
+        return False
+    size = st.size(pid)
+    del pr[0x23]
+    b0 = tx[0]
+    topic = bytes(tx[i + 2 : i + 2 + tl])
+    off = r.pos  # where the payload starts in the record
+    h = pkt.publish_header_into(tx, topic, (b0 >> 1) & 3, b0 & 1, dup, pid, size - off, 5,
+                                P.encode(pr, 3) if pr else None)
+    while off < size:  # one write when it fits (see Session.publish), else header and payload in parts
+        k = st.read(pid, off, memoryview(tx)[h:]) if h < len(tx) else 0
+        if not k and not h:
+            raise OSError("store returned a short record for packet %d" % pid)
+        s._out(tx, 0, h + k)
+        off += k
+        h = 0
+    if h:
+        s._out(tx, 0, h)
+    s._last_tx = now
+    return True
