@@ -526,7 +526,8 @@ def _given_back(addr, **kw):
     assert told == [(pid, 0x82)], told
     e = c.last_error
     assert isinstance(e, MQTTError) and e.code == 0x82, e
-    assert "QoS 2 message 1 with PUBACK (it does not do QoS 2" in str(e), e
+    # fails closed (exactly-once is never weakened behind the user's back) and says what to do instead
+    assert "QoS 2 message 1 with PUBACK (it does not do QoS 2: publish at QoS 1 to this broker)" in str(e), e
     until([c], lambda: c.connected, 5000, "the reconnect")
     c.wait_published(c.publish("t", b"after", qos=1), 5)
     assert not c.session.pending() and told == [(pid, 0x82), (2, 0)], told
@@ -738,3 +739,58 @@ def test_aio_version_5_4_falls_back_when_the_broker_never_answers_mqtt5(scripted
         await a.disconnect()
 
     asyncio.run(main())
+
+
+# After DISCONNECT the broker closes (MQTT 3.1.1 and 5.0 section 3.14.4). One that reads the DISCONNECT and
+# our end of stream in one go may take the end of stream first and publish the will (amqtt 0.12): the
+# client keeps its end open while the broker acts on the DISCONNECT, and is done as soon as it closed.
+SCRIPTS["test_disconnect_lets_the_broker_close_first"] = ([
+    HELLO + [("recv", E(DISCONNECT)), ("open", 0.1), ("close",)]], 4)
+SCRIPTS["test_aio_disconnect_lets_the_broker_close_first"] = SCRIPTS["test_disconnect_lets_the_broker_close_first"]
+# A broker that waits for the client to close gets its end of stream within linger_ms (CPython half-closes
+# after client.GRACE_MS; MicroPython's sockets have no shutdown(): it closes when linger_ms is out).
+SCRIPTS["test_disconnect_from_a_broker_that_waits_for_the_client"] = ([HELLO + [("recv", E(DISCONNECT)), ("eof",)]], 4)
+SCRIPTS["test_aio_disconnect_from_a_broker_that_waits_for_the_client"] = \
+    SCRIPTS["test_disconnect_from_a_broker_that_waits_for_the_client"]
+
+
+def test_disconnect_lets_the_broker_close_first(scripted_addr):
+    c = _client(scripted_addr)
+    t0 = ticks_ms()
+    c.disconnect(linger_ms=5000)
+    took = ticks_diff(ticks_ms(), t0)
+    assert took < 4000, took  # the broker's close ended it, not linger_ms
+    assert not c.connected
+
+
+def test_disconnect_from_a_broker_that_waits_for_the_client(scripted_addr):
+    c = _client(scripted_addr)
+    t0 = ticks_ms()
+    c.disconnect(linger_ms=1000)
+    took = ticks_diff(ticks_ms(), t0)
+    assert took < 3000, took
+    assert not c.connected
+
+
+def _aio_disconnect(addr, linger_ms):
+    import asyncio
+    from tern import aio
+
+    async def main():
+        a = aio.Client("scripted", server=addr[0], port=addr[1], reconnect=False)
+        await a.connect()
+        t0 = ticks_ms()
+        await a.disconnect(linger_ms=linger_ms)
+        return ticks_diff(ticks_ms(), t0), a.connected
+
+    return asyncio.run(main())
+
+
+def test_aio_disconnect_lets_the_broker_close_first(scripted_addr):
+    took, up = _aio_disconnect(scripted_addr, 5000)
+    assert took < 4000 and not up, (took, up)
+
+
+def test_aio_disconnect_from_a_broker_that_waits_for_the_client(scripted_addr):
+    took, up = _aio_disconnect(scripted_addr, 1000)
+    assert took < 3000 and not up, (took, up)
