@@ -154,7 +154,7 @@ class _Driver:
         self.on_disconnect = None  # on_disconnect(error) when an established connection is lost
         self.on_published = None  # on_published(pid, reason)
         self.last_error = None
-        self._attempt = 0
+        self._attempt = 1  # 0 only after a connection that served healthy_after: see _backoff_ms
         # When the open connection was accepted (ticks_ms); None: no accepted
         # connection is open (the session may already know it is gone).
         self._up = None
@@ -212,12 +212,21 @@ class _Driver:
         if isinstance(e, ConnectError) and e.permanent:
             self.reconnect = False
             return None
+        # The first try after a connection that served healthy_after seconds
+        # goes at once: a dropped link or a broker back from a restart is met
+        # without a wait. Then backoff_min doubling up to backoff_max. A
+        # connection that ends sooner keeps the count (from 1 at the start),
+        # so a broker that drops clients soon after accepting them (shedding
+        # load) sees backed-off, jittered retries, not a storm.
+        n = self._attempt
+        self._attempt += 1
+        if not n:
+            return 0
         import random  # only a reconnect needs it: not imported at start
 
-        d = self.backoff_min * (1 << min(self._attempt, 16))
+        d = self.backoff_min * (1 << min(n - 1, 16))
         if d > self.backoff_max:
             d = self.backoff_max
-        self._attempt += 1
         # jitter, 50-100 % of d: fleets must not reconnect in step
         return int(d * (0.5 + random.getrandbits(16) / 131072) * 1000)
 
@@ -259,9 +268,10 @@ class Client(_Driver):
     ssl: True (verify the server with the system's CAs; CPython only), or an
     ssl.SSLContext. `tern.tls.context(ca=path)` makes one that verifies on
     both runtimes (a bare MicroPython SSLContext verifies nothing).
-    reconnect: after a lost connection, `loop()` reconnects with exponential
-    backoff and jitter between backoff_min and backoff_max seconds; not after
-    close() or disconnect() until connect() is called again.
+    reconnect: after a lost connection, `loop()` reconnects: at once when the
+    connection had served healthy_after seconds, then with exponential
+    backoff and jitter between backoff_min and backoff_max seconds; not
+    after close() or disconnect() until connect() is called again.
     Set handlers (on_message, subscribe(handler=...)) before connect():
     a persistent session's queued messages can arrive with the CONNACK.
     stream: use this open byte stream instead of a TCP connection (non-blocking
