@@ -4,12 +4,23 @@ turns one message into bytes."""
 
 import datetime as _dt
 import json
+import re
 import time
 
 from tern import props as P
 
 from .brokeropts import arg_bytes
 from .mqtt_errors import UsageError
+
+# -F %j: a byte of the payload (or of binary properties) that is not UTF-8 becomes the JSON escape of a
+# lone surrogate, \udc80..\udcff (Python's surrogateescape): valid JSON text that text never produces, so
+# json.loads(line)["payload"].encode("utf-8", "surrogateescape") gives the payload's bytes back and the
+# literal text "\xff" stays itself. mosquitto_sub 2.0.11 writes the raw byte (the line is not UTF-8).
+_UNPAIRED = re.compile("[\udc80-\udcff]")
+
+
+def _u_escape(m):
+    return "\\u%04x" % ord(m.group())
 
 
 _ESCAPES = {"\\": b"\\", "0": b"\0", "a": b"\a", "e": b"\x1b", "n": b"\n", "r": b"\r", "t": b"\t", "v": b"\v"}
@@ -132,11 +143,11 @@ def _value(conv, m, now):
                     if pid == P.USER_PROPERTY:
                         v = dict(v)
                     elif isinstance(v, (bytes, bytearray, memoryview)):
-                        v = bytes(v).decode("utf-8", "backslashreplace")
+                        v = bytes(v).decode("utf-8", "surrogateescape")
                     jp[key] = v
             d["properties"] = jp
-        d["payload"] = m["payload"].decode("utf-8", "backslashreplace")
-        return json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()
+        d["payload"] = m["payload"].decode("utf-8", "surrogateescape")
+        return _UNPAIRED.sub(_u_escape, json.dumps(d, separators=(",", ":"), ensure_ascii=False)).encode()
     if conv == "P":
         return " ".join("%s:%s" % kv for kv in pr.get(P.USER_PROPERTY, ())).encode()
     if conv == "S":

@@ -339,6 +339,75 @@ def f_sub_ids(kind, port, v, user):
         a.close()
 
 
+def _no_will(port, v, user, stop):
+    """stop(base) has clients with a will on base/<n> connect and disconnect cleanly: on DISCONNECT the
+    broker must discard the will (MQTT 3.1.1 and 5.0 section 3.14.4). A paho-mqtt client watches base/#."""
+    base = _uid("ix/nowill")
+    w = Paho(port, v, user)
+    w.connect()
+    try:
+        w.subscribe(base + "/#", 1)
+        detail = stop(base)
+        time.sleep(1.0)  # a will goes out when its connection ends
+        if w.got:
+            raise AssertionError("will published after a clean disconnect: %s" % sorted(m[1] for m in w.got))
+        return detail
+    finally:
+        w.close()
+
+
+def _will_kw(v, user, topic):
+    return dict(version=v, username=user, password=b"x" if user else None, reconnect=False, will_topic=topic,
+                will_payload=b"gone", will_qos=1)
+
+
+def _stop_tern(base, port, v, user):
+    import asyncio
+
+    from tern import aio
+    from tern.client import Client
+
+    for i in range(3):
+        c = Client(_uid("tw"), "127.0.0.1", port, connect_timeout=T, **_will_kw(v, user, "%s/%d" % (base, i)))
+        c.connect()
+        c.disconnect()
+
+    async def one(i):
+        c = aio.Client(_uid("tw"), "127.0.0.1", port, connect_timeout=T, **_will_kw(v, user, "%s/%d" % (base, i)))
+        await c.connect()
+        await c.disconnect()
+
+    for i in range(3, 6):
+        asyncio.run(one(i))
+    return "no will after 3 blocking + 3 asyncio clean disconnects"
+
+
+def _stop_paho(base, port, v, user):
+    for i in range(6):
+        c = Paho(port, v, user, will=("%s/%d" % (base, i), b"gone"))
+        c.connect()
+        c.close()
+    return "no will after 6 clean disconnects"
+
+
+def _stop_micropython(base, port, v, user):
+    return _run_micropython("mp_will.py", port, v, user, base)
+
+
+def _stop_cli(base, port, v, user, tern_cli):
+    vv = {3: "31", 4: "311", 5: "5"}[v]
+    pub = [str(Path(sys.executable).with_name("tern")), "pub"] if tern_cli else ["mosquitto_pub"]
+    auth = ["-u", user, "-P", "x"] if user else []
+    for i in range(3):
+        r = subprocess.run(pub + ["-h", "127.0.0.1", "-p", str(port), "-V", vv, "-q", "1", "-t", base + "-msg",
+                                  "-m", "m", "--will-topic", "%s/%d" % (base, i), "--will-payload", "gone",
+                                  "--will-qos", "1", "-i", _uid("pw")] + auth, capture_output=True, text=True,
+                           timeout=20)
+        if r.returncode:
+            raise AssertionError("pub exit %d: %s" % (r.returncode, r.stderr.strip()[-200:]))
+    return "no will after 3 runs"
+
+
 def _node_roundtrip(port, v, user):
     shutil.copy(HERE / "mqttjs_roundtrip.mjs", BUILD / "mqttjs_roundtrip.mjs")
     r = subprocess.run(["node", "mqttjs_roundtrip.mjs", str(port), str(v), user or "", _uid("ix/js")], cwd=BUILD,
@@ -350,9 +419,13 @@ def _node_roundtrip(port, v, user):
 
 
 def _micropython_roundtrip(port, v, user):
+    return _run_micropython("mp_roundtrip.py", port, v, user, _uid("ix/mp"))
+
+
+def _run_micropython(script, port, v, user, topic):
     exe = Path(sys.executable).with_name("micropython")
-    env = dict(os.environ, MICROPYPATH=str(ROOT / "lib"))
-    r = subprocess.run([str(exe), str(HERE / "mp_roundtrip.py"), str(port), str(v), user or "", _uid("ix/mp")],
+    env = dict(os.environ, MICROPYPATH=".frozen:" + str(ROOT / "lib"))  # .frozen: asyncio
+    r = subprocess.run([str(exe), str(HERE / script), str(port), str(v), user or "", topic],
                        env=env, capture_output=True, text=True, timeout=60)
     out = (r.stdout.strip().splitlines() or [""])[-1]
     if not out.startswith("ok"):
@@ -402,6 +475,11 @@ FEATURES = (
     ("retained", (4, 5), lambda p, v, u: f_retained(Tern, p, v, u), lambda p, v, u: f_retained(Paho, p, v, u),
      "paho-mqtt"),
     ("will", (4, 5), lambda p, v, u: f_will(Tern, p, v, u), lambda p, v, u: f_will(Paho, p, v, u), "paho-mqtt"),
+    ("no will after a clean disconnect", (4, 5), lambda p, v, u: _no_will(p, v, u, lambda b: _stop_tern(b, p, v, u)),
+     lambda p, v, u: _no_will(p, v, u, lambda b: _stop_paho(b, p, v, u)), "paho-mqtt"),
+    ("no will after a clean disconnect, MicroPython", (4, 5),
+     lambda p, v, u: _no_will(p, v, u, lambda b: _stop_micropython(b, p, v, u)),
+     lambda p, v, u: _no_will(p, v, u, lambda b: _stop_paho(b, p, v, u)), "paho-mqtt"),
     ("persistent session", (4, 5), lambda p, v, u: f_session(Tern, p, v, u), lambda p, v, u: f_session(Paho, p, v, u),
      "paho-mqtt"),
     ("shared subscription", (5,), lambda p, v, u: f_shared(Tern, p, v, u), lambda p, v, u: f_shared(Paho, p, v, u),
@@ -410,6 +488,9 @@ FEATURES = (
      lambda p, v, u: f_sub_ids(Paho, p, v, u), "paho-mqtt"),
     ("tern pub / tern sub", (4, 5), lambda p, v, u: _cli_roundtrip(p, v, u, True),
      lambda p, v, u: _cli_roundtrip(p, v, u, False), "mosquitto_pub/sub"),
+    ("tern pub: no will after a clean disconnect", (4, 5),
+     lambda p, v, u: _no_will(p, v, u, lambda b: _stop_cli(b, p, v, u, True)),
+     lambda p, v, u: _no_will(p, v, u, lambda b: _stop_cli(b, p, v, u, False)), "mosquitto_pub"),
 )
 
 
@@ -427,23 +508,46 @@ def _attempt(fn, port, v, user):
         return False, text[:300]
 
 
+STRICT = "the strict broker logged a violation: "
+
+
 def verdict(tern, peer):
     """One cell: (ok, detail) of Tern and of the peer -> text."""
     (tok, tdet), (pok, pdet) = tern, peer
+    if tdet.startswith(STRICT):  # Tern broke a rule: whatever the peer did
+        return "**TERN FAILS**: %s (peer: %s)" % (tdet, "passes" if pok else pdet)
     if tok:
         if "cop" in tdet or "as MQTT" in tdet:  # how the broker sent identifiers, which version it took
             return "ok: %s (peer: %s)" % (tdet, pdet)
         return "ok" if pok else "ok (peer: %s)" % pdet
-    if "protocol violation" in tdet or "does not support MQTT" in tdet:
+    if "protocol violation" in tdet or "does not support MQTT" in tdet or tdet.startswith("broker fault"):
         return "broker: %s (peer: %s)" % (tdet, pdet if not pok else "passes")
     if not pok:
         return "broker limit: %s (peer: %s)" % (tdet, pdet)
     return "**TERN FAILS**: %s (peer passes)" % tdet
 
 
-def run_broker(cls, work: Path, say=print) -> dict:
+def _judged(b, fn, port, v, user):
+    """_attempt, failed when the broker logged a violation meanwhile (the strict broker: b.violations)."""
+    mark = b.mark() if hasattr(b, "violations") else None
+    ok, det = _attempt(fn, port, v, user)
+    if mark is not None:
+        bad, faults = b.violations(mark)
+        if bad:
+            return False, (STRICT + "; ".join(bad)).replace("|", "/")[:300]
+        if faults and not ok:
+            return False, ("broker fault: the broker raised %s; %s" % ("; ".join(faults), det)).replace("|", "/")[:300]
+    return ok, det
+
+
+def run_broker(cls, work: Path, say=print, features=None) -> dict:
     b = cls(work)
     res = {"broker": cls.name, "version": "", "cells": {}, "error": None}
+    absent = getattr(cls, "absent", lambda: None)()
+    if absent:
+        say("%-9s %s" % (cls.name, absent))
+        res["error"] = absent
+        return res
     try:
         res["version"] = b.version_text()
         b.start()
@@ -453,6 +557,8 @@ def run_broker(cls, work: Path, say=print) -> dict:
     down = set()  # versions neither Tern nor the peer could connect with: only the rows about that run
     try:
         for name, vs, tf, pf, peer in FEATURES:
+            if features and not any(f in name for f in features):
+                continue
             for v in cls.versions:
                 if v not in vs:
                     continue
@@ -460,8 +566,8 @@ def run_broker(cls, work: Path, say=print) -> dict:
                     cell = "not run: no connection"
                     res["cells"]["%s|%d" % (name, v)] = {"cell": cell}
                     continue
-                t = _attempt(tf, b.port, v, cls.username)
-                p = _attempt(pf, b.port, v, cls.username)
+                t = _judged(b, tf, b.port, v, cls.username)
+                p = _judged(b, pf, b.port, v, cls.username)
                 if name == "connect" and not t[0] and not p[0]:
                     down.add(v)
                 cell = verdict(t, p)
@@ -469,6 +575,8 @@ def run_broker(cls, work: Path, say=print) -> dict:
                 say("%-9s MQTT %s  %-34s %s" % (cls.name, _vname(v), name, cell[:150]))
     finally:
         b.stop()
+    if hasattr(b, "statements"):
+        res["statements"] = b.statements()
     return res
 
 
@@ -498,6 +606,10 @@ def render(results, seconds) -> str:
                 continue
             lines.append("| %s (peer: %s) | %s |" % (name, peer, " | ".join(row)))
         lines.append("")
+        if r.get("statements"):
+            lines += ["Normative statements this broker's log names (each checked at least once in this run, for "
+                      "Tern's clients or the peers; a violation would fail the cell): " +
+                      ", ".join(r["statements"]) + ".", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -515,6 +627,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ternlab.interop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", type=Path, help="the document whose generated matrix to replace")
     ap.add_argument("--only", action="append", help="broker name (repeatable)")
+    ap.add_argument("--feature", action="append", help="run only the features whose name contains this (repeatable)")
     a = ap.parse_args(argv)
     start = time.monotonic()
     results = []
@@ -528,7 +641,7 @@ def main(argv=None) -> int:
                     continue
                 work = Path(tmp) / cls.name
                 work.mkdir()
-                results.append(run_broker(cls, work))
+                results.append(run_broker(cls, work, features=a.feature))
         finally:
             if epmd is not None:
                 epmd.terminate()

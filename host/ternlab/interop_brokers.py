@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -195,7 +198,83 @@ class Amqtt(_Process):
         return next((ln.split(": ", 1)[1] for ln in out.splitlines() if ln.startswith("Version: ")), "?")
 
 
-BROKERS = (Mosquitto, RabbitMQ, Ejabberd, Aedes, Amqtt)
+# Sources kept beside the repository for machines that reach only the package registries
+# (../shared/third_party/README.md); CI clones the repository with shared/ beside it.
+THIRD_PARTY = ROOT.parent / "shared" / "third_party"
+_STATEMENT = re.compile(r"\[(MQTT5?-[0-9.]+-[0-9]+)\]")
+
+
+class PahoTest(_Process):
+    """The Eclipse Paho test broker (paho.mqtt.testing): pure Python, MQTT 3.1.1 and 5.0 on one port, and
+    strict: it checks what clients send against the specification's normative statements, logs each one
+    it checks ([MQTT-x.y.z-n] at INFO) and each violation (at ERROR). Not packaged anywhere: it runs when
+    its archive is in THIRD_PARTY, unpacked under build/interop, with the main venv's Python."""
+
+    name = "Paho test broker"
+    start_s = 30.0
+
+    @staticmethod
+    def archive():
+        found = sorted(THIRD_PARTY.glob("paho.mqtt.testing-*.tar.gz"))
+        return found[-1] if found else None
+
+    @classmethod
+    def absent(cls):
+        """Why it cannot run here, or None."""
+        if cls.archive() is None:
+            return "not run: no paho.mqtt.testing-*.tar.gz in %s (the strict broker is not packaged)" % THIRD_PARTY
+        return None
+
+    def command(self):
+        tar = self.archive()
+        dest = BUILD / tar.name[: -len(".tar.gz")]
+        if not (dest / "paho.mqtt.testing" / "interoperability" / "startbroker.py").exists():
+            with tarfile.open(tar) as t:
+                t.extractall(dest, filter="data")
+        conf = self.work / "paho.conf"
+        conf.write_text("loglevel debug\nlistener %d 127.0.0.1\n" % self.port)  # debug: INFO lines are the checks
+        return [sys.executable, "startbroker.py", "-c", str(conf)], None, dest / "paho.mqtt.testing" / "interoperability"
+
+    def version_text(self):
+        tar = self.archive()
+        return "(paho.mqtt.testing %s)" % tar.name[len("paho.mqtt.testing-"): -len(".tar.gz")] if tar else ""
+
+    def mark(self) -> int:
+        """Where the log ends now: violations() reads from here."""
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def violations(self, mark: int) -> tuple[list[str], list[str]]:
+        """What the log says since mark: (violations, faults). A violation is an ERROR line (a client
+        broke a rule the broker checks); a fault is an exception of the broker's own (its handler's
+        catch-all, "WebSocketTCPHandler", with a traceback), named by the traceback's last line."""
+        time.sleep(0.3)  # the broker handles the last packets on threads of its own
+        with open(self.log, "rb") as f:
+            f.seek(mark)
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        bad, faults = [], []
+        for i, ln in enumerate(lines):
+            if not ln.startswith(("ERROR ", "CRITICAL ")):
+                continue
+            msg = ln.split(" ", 3)[-1]
+            if msg == "WebSocketTCPHandler":
+                tb = [x for x in lines[i + 1:i + 40] if x and not x.startswith((" ", "Traceback", "^"))]
+                faults.append(tb[0] if tb else msg)
+            else:
+                bad.append(msg)
+        return bad, faults
+
+    def statements(self) -> list[str]:
+        """Every normative statement the broker's log names, checked or broken."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return sorted(set(_STATEMENT.findall(text)), key=_statement_key)
+
+
+def _statement_key(sid):
+    head, _, n = sid.rpartition("-")
+    return (head.startswith("MQTT5"), [int(x) for x in head.split("-", 1)[1].split(".")], int(n))
+
+
+BROKERS = (Mosquitto, RabbitMQ, Ejabberd, Aedes, Amqtt, PahoTest)
 
 
 def _dpkg_version(pkg):

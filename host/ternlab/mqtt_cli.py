@@ -59,11 +59,18 @@ DIFFERENCES = {
         "a password without a user name is an error on MQTT 5 too (mosquitto_pub/sub send it alone on MQTT 5)",
         "--insecure skips only the host name check: the certificate chain is still verified",
         "--help exits 0 (mosquitto: 1)",
+        "an empty topic (-t '') is an error, status 1, before connecting (mosquitto_pub prints an error and "
+        "exits 0; mosquitto_sub sends the empty filter and waits)",
+        "--will-qos without --will-topic is an error, status 1, as --will-payload and --will-retain are for "
+        "both (mosquitto connects without a will and exits 0)",
     ),
     "sub": (
         "a QoS 1/2 message is acknowledged after it is printed (mosquitto_sub: before); one that arrives "
         "after -C is done is not acknowledged, and stays queued for the next run with -c",
         "MQTT 3.1.1: a message over the receive limit (16 MiB) is dropped with one line on stderr",
+        "-F %j: a payload byte that is not UTF-8 is written as the escape \\udcXX (80..ff), which "
+        "json.loads(line)['payload'].encode('utf-8', 'surrogateescape') turns back into the bytes "
+        "(mosquitto_sub writes the raw byte: the line is not UTF-8)",
     ),
 }
 

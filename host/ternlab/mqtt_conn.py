@@ -46,6 +46,8 @@ def _apply_url(args, tool):
         if tls and not (args.cafile or args.capath):
             args.tls_use_os_certs = True
     args.host = args.host or "localhost"
+    if tool == "pub" and args.topic == "":
+        raise UsageError("-t: the topic is empty (a topic name has at least one character)")
     if not (args.topic if tool == "pub" else args.topics):
         raise UsageError("a topic is needed: -t/--topic or -L URL")
 

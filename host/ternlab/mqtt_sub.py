@@ -32,6 +32,9 @@ def run_sub(args):
         restore()
 
 
+RECONNECT_MAX_S = 1.0
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -130,6 +133,10 @@ def _sub(args, say):
         c.on_disconnect = on_disconnect
 
     hold_outbox(args, kw)
+    # After a lost connection: the library's policy (the first try at once, then backoff), with retries
+    # at most a second apart, as mosquitto_sub's (libmosquitto's reconnect delay of 1 s): someone is
+    # watching this one, and a broker back from a restart is met within a second.
+    kw["backoff_max"] = RECONNECT_MAX_S
     client = open_client(args, kw, reconnect=True, setup=setup)
     try:
         try:

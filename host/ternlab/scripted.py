@@ -10,6 +10,9 @@ A script is a list of connections; each connection a list of steps:
   ("stall", s)      read nothing for s seconds (a broker whose socket fills up)
   ("quiet", s)      the client must send nothing for s seconds
   ("eof",)          the client must close the connection (sending nothing more)
+  ("open", s)       the client must send nothing and keep its end open for s
+                    seconds (a broker that acts on a DISCONNECT a moment
+                    after reading it)
 After its last step a connection stays open until the client closes it.
 Mismatches are collected in `errors`; `complete` says every step was played.
 """
@@ -99,6 +102,19 @@ class ScriptedBroker:
                         if got is not None or buf:
                             self.errors.append(f"{where}: expected nothing for {step[1]} s, got "
                                                f"{_describe(got or bytes(buf), self.version)}")
+                            return
+                    elif step[0] == "open":
+                        conn.settimeout(step[1])
+                        try:
+                            got = bytes(buf) or conn.recv(65536)
+                        except socket.timeout:
+                            got = None
+                        except OSError:  # reset
+                            got = b""
+                        conn.settimeout(READ_TIMEOUT)
+                        if got is not None:
+                            self.errors.append(f"{where}: expected the connection open and quiet for {step[1]} s, got "
+                                               f"{_describe(got, self.version) if got else 'its end of stream'}")
                             return
                     elif step[0] == "eof":
                         try:

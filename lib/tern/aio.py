@@ -65,7 +65,7 @@ import sys
 import asyncio
 
 from . import session as S
-from .client import ConnectError, MICROPYTHON, ticks_ms, ticks_diff, _Driver, _CLOSED, nodelay
+from .client import ConnectError, GRACE_MS, MICROPYTHON, ticks_ms, ticks_diff, _Driver, _CLOSED, nodelay
 from .wire import MQTTError
 
 try:
@@ -758,11 +758,13 @@ class Client(_Driver):
         self._progress.set()
 
     async def disconnect(self, reason=0, props=None, linger_ms=1000):
-        """Send DISCONNECT (the broker discards the will), close, and stop
-        reconnecting. Messages still pending stay in the store. Over a
-        stream= (which stays open), what still arrives is then read and
-        dropped until the far end hangs up, at most linger_ms, as the
-        blocking client does: what the broker sent before it read the
+        """Send DISCONNECT (the broker discards the will), let the broker
+        close first, and stop reconnecting. Messages still pending stay in
+        the store. As the blocking client: what still arrives is read and
+        dropped until the far end hangs up, at most linger_ms, and over TCP
+        our end of stream goes only after client.GRACE_MS (CPython's
+        write_eof; MicroPython's streams have none: it only waits). Over a
+        stream= (which stays open) what the broker sent before it read the
         DISCONNECT must not reach the next connection over that stream."""
         self._stop()
         s = self.session
@@ -782,13 +784,16 @@ class Client(_Driver):
                     left = t_ms - ticks_diff(ticks_ms(), start)
                     if left <= 0 or not await _wait(self._drained, left):
                         break
-                if self.stream is not None and self._w is w:
+                if self._w is w:
                     if rt is not None:
                         try:
                             await rt  # its read ends before ours starts (CPython's reader takes one)
                         except _CancelledError:
                             pass
-                    await self._linger(self._r, int(linger_ms))
+                    eof = None  # half-closes after GRACE_MS: TCP on CPython, not TLS (no write_eof there)
+                    if self.stream is None and not MICROPYTHON and w.can_write_eof():
+                        eof = w.write_eof
+                    await self._linger(self._r, int(linger_ms), eof)
             except OSError:
                 pass
         self._finish()
@@ -798,20 +803,24 @@ class Client(_Driver):
             except Exception:
                 pass
 
-    async def _linger(self, r, ms):
-        # Read and drop until end of stream, at most ms.
+    async def _linger(self, r, ms, eof=None):
+        # Read and drop until end of stream, at most ms; eof() after GRACE_MS.
         mv = self.session.rxmv  # the session is done with it
-        end = ticks_add(ticks_ms(), ms)
-        try:
-            while True:
-                left = ticks_diff(end, ticks_ms())
-                if left <= 0:
-                    return
+        t0 = ticks_ms()
+        while True:
+            gone = ticks_diff(ticks_ms(), t0)
+            if eof is not None and gone >= GRACE_MS:
+                eof()
+                eof = None
+            left = min(GRACE_MS if eof is not None else ms, ms) - gone
+            if left <= 0:
+                return
+            try:
                 n = await _wait_for_ms(r.readinto(mv) if MICROPYTHON else r.read(len(mv)), left)
-                if n is not None and not n:
-                    return  # end of stream (0, b""): the far end hung up
-        except _TimeoutError:
-            pass
+            except _TimeoutError:
+                continue
+            if n is not None and not n:
+                return  # end of stream (0, b""): the far end hung up
 
     def close(self):
         """Drop the connection without DISCONNECT (the broker publishes the

@@ -154,7 +154,7 @@ class _Driver:
         self.on_disconnect = None  # on_disconnect(error) when an established connection is lost
         self.on_published = None  # on_published(pid, reason)
         self.last_error = None
-        self._attempt = 0
+        self._attempt = 1  # 0 only after a connection that served healthy_after: see _backoff_ms
         # When the open connection was accepted (ticks_ms); None: no accepted
         # connection is open (the session may already know it is gone).
         self._up = None
@@ -212,12 +212,21 @@ class _Driver:
         if isinstance(e, ConnectError) and e.permanent:
             self.reconnect = False
             return None
+        # The first try after a connection that served healthy_after seconds
+        # goes at once: a dropped link or a broker back from a restart is met
+        # without a wait. Then backoff_min doubling up to backoff_max. A
+        # connection that ends sooner keeps the count (from 1 at the start),
+        # so a broker that drops clients soon after accepting them (shedding
+        # load) sees backed-off, jittered retries, not a storm.
+        n = self._attempt
+        self._attempt += 1
+        if not n:
+            return 0
         import random  # only a reconnect needs it: not imported at start
 
-        d = self.backoff_min * (1 << min(self._attempt, 16))
+        d = self.backoff_min * (1 << min(n - 1, 16))
         if d > self.backoff_max:
             d = self.backoff_max
-        self._attempt += 1
         # jitter, 50-100 % of d: fleets must not reconnect in step
         return int(d * (0.5 + random.getrandbits(16) / 131072) * 1000)
 
@@ -230,6 +239,14 @@ _REPLIED = const(3)  # the SUBACK/UNSUBACK for packet id `pid` arrived
 _AUTHED = const(4)  # the re-authentication ended, accepted or not
 
 # session.py's states and events (its public constants), folded here.
+# After DISCONNECT the client waits this long for the broker to close before
+# it half-closes (then waits out linger_ms). A broker may read the DISCONNECT
+# and the end of stream behind it in one go and take the end of stream first:
+# amqtt 0.12 then publishes the will of a clean disconnect. On DISCONNECT the
+# server must discard the will and should close the connection (MQTT 3.1.1 and
+# 5.0, section 3.14.4), so a broker that does costs nothing; one that waits
+# for the client to close costs GRACE_MS. Shared with tern.aio.
+GRACE_MS = const(250)
 _DISCONNECTED = const(0)
 _CONNECTED = const(2)
 _WOULD_BLOCK = const(-1)
@@ -251,9 +268,10 @@ class Client(_Driver):
     ssl: True (verify the server with the system's CAs; CPython only), or an
     ssl.SSLContext. `tern.tls.context(ca=path)` makes one that verifies on
     both runtimes (a bare MicroPython SSLContext verifies nothing).
-    reconnect: after a lost connection, `loop()` reconnects with exponential
-    backoff and jitter between backoff_min and backoff_max seconds; not after
-    close() or disconnect() until connect() is called again.
+    reconnect: after a lost connection, `loop()` reconnects: at once when the
+    connection had served healthy_after seconds, then with exponential
+    backoff and jitter between backoff_min and backoff_max seconds; not
+    after close() or disconnect() until connect() is called again.
     Set handlers (on_message, subscribe(handler=...)) before connect():
     a persistent session's queued messages can arrive with the CONNACK.
     stream: use this open byte stream instead of a TCP connection (non-blocking
@@ -604,21 +622,28 @@ class Client(_Driver):
             raise self.last_error or OSError("re-authentication failed")
 
     def disconnect(self, reason=0, props=None, linger_ms=1000):
-        """Send DISCONNECT, then half-close and read until the broker closes
-        (at most linger_ms): closing a socket with unread bytes in it makes
-        the kernel reset the connection, and the broker then drops our last
-        acknowledgements and the DISCONNECT itself."""
+        """Send DISCONNECT and let the broker close first: read (and drop)
+        until its end of stream, at most linger_ms, then close. Our own end
+        of stream (a half-close) goes only after GRACE_MS (see there); where
+        the socket has no shutdown() (MicroPython) we only wait. Closing with
+        unread bytes would make the kernel reset the connection, and the
+        broker drop our last acknowledgements and the DISCONNECT itself."""
         sock = self.sock
         try:
             if sock is not None:
                 self.session.disconnect(ticks_ms(), reason, props)
                 shut = getattr(sock, "shutdown", None)
-                if shut is not None:
-                    shut(1)  # SHUT_WR: the broker reads our end of stream
                 mv = self.session.rxmv  # the session is done with it: what arrives now is discarded
-                end = ticks_add(ticks_ms(), int(linger_ms))
-                while ticks_diff(end, ticks_ms()) > 0 and self._poll.poll(ticks_diff(end, ticks_ms())):
-                    if _read_into(sock, mv, len(mv)) == 0:
+                t0 = ticks_ms()
+                while True:
+                    gone = ticks_diff(ticks_ms(), t0)
+                    if shut is not None and gone >= GRACE_MS:
+                        shut(1)  # SHUT_WR: a broker that waits for the client to close reads it now
+                        shut = None
+                    wait = min(GRACE_MS if shut is not None else linger_ms, linger_ms) - gone
+                    if wait <= 0:
+                        break
+                    if self._poll.poll(wait) and _read_into(sock, mv, len(mv)) == 0:
                         break  # the broker closed: everything we sent was read
         except OSError:
             pass

@@ -33,7 +33,7 @@ def wrong_ack(s, t, pid, i, f, now):
         what = "QoS %d message" % (2 if f & _QOS2 else 1)
     s._violation(_PROTOCOL_ERROR, "protocol violation: the broker answered %s %d with %s%s%s" % (
         what, pid, n[t - _PUBACK],
-        " (it does not do QoS 2: it acknowledges it as QoS 1)" if t == _PUBACK and f & _QOS2 else
+        " (it does not do QoS 2: publish at QoS 1 to this broker)" if t == _PUBACK and f & _QOS2 else
         " before PUBREC" if t == _PUBCOMP and f & _QOS2 else "",
         "" if f & _CTRL else "; the message is given back failed (0x82)"), now)
 

@@ -906,3 +906,81 @@ def test_sub_stops_at_a_violation_while_subscribing_or_reconnecting(capsys, wher
     assert not b.errors and b.complete, b.errors
     assert rc == 2 and out == "" and took < 5, (rc, err)
     assert one_line(err).startswith("tern sub: the broker broke the protocol: ") and reason in err
+
+
+# ---------------------------------------------------------------- beside mosquitto_pub/sub 2.0.11 (issue 29)
+
+
+def test_will_options_without_a_will_topic_are_an_error(capsys, broker):
+    # a will without a topic cannot be sent: an error, as mosquitto_pub's for --will-payload and
+    # --will-retain; mosquitto_pub ignores --will-qos alone and exits 0 (DIFFERENCES)
+    for opt, mosquitto in ((["--will-qos", "1"], 0), (["--will-payload", "gone"], 1), (["--will-retain"], 1)):
+        rc, out, err = tern(capsys, "pub", *conn(broker), "-t", "w/x", "-m", "m", *opt)
+        assert (rc, out) == (1, "") and "need --will-topic" in one_line(err), (opt, rc, err)
+        r = subprocess.run([MOSQ_PUB, *map(str, conn(broker)), "-t", "w/x", "-m", "m", *opt], capture_output=True,
+                           timeout=10)
+        assert r.returncode == mosquitto and (b"no will topic given" in r.stderr) == bool(mosquitto), (opt, r)
+
+
+def test_an_empty_topic_is_an_error_before_connecting(capsys, broker):
+    # MQTT 4.7.3: a topic name or filter has at least one character. mosquitto_pub prints an error and
+    # exits 0; mosquitto_sub sends the empty filter and waits (-W 1: 27)
+    rc, out, err = tern(capsys, "pub", *conn(broker), "-t", "", "-m", "m")
+    assert (rc, out) == (1, "") and one_line(err) == "tern pub: -t: the topic is empty (a topic name has at least one character)"
+    rc, out, err = tern(capsys, "sub", *conn(broker), "-t", "", "-W", "1")
+    assert (rc, out) == (1, "") and "-t: topic filter '' is empty" in one_line(err)
+    r = subprocess.run([MOSQ_PUB, *map(str, conn(broker)), "-t", "", "-m", "m"], capture_output=True, timeout=10)
+    assert r.returncode == 0 and b"Invalid input" in r.stderr, r
+    r = subprocess.run([MOSQ_SUB, *map(str, conn(broker)), "-t", "", "-W", "1"], capture_output=True, timeout=10)
+    assert r.returncode == 27, r
+
+
+def test_sub_json_output_gives_a_binary_payload_back(capsys, broker, tmp_path):
+    # -F %j wrote a byte that is not UTF-8 as the text \xff (JSON "\\xff"), which the payload's own text
+    # "\xff" also gives. Now: the JSON escape \udcff, which surrogateescape turns back into the byte
+    payload = b"a\xff\\xff\xc3\xa9\x00\"b"
+    src = tmp_path / "payload.bin"
+    src.write_bytes(payload)
+    t, errors = publish_when_subscribed(broker, "tj", ["-t", "j/1", "-f", src])
+    rc, out, err = tern(capsys, "sub", *conn(broker), "-t", "j/1", "-C", 1, "-F", "%j", "-i", "tj")
+    t.join(10)
+    assert rc == 0 and not errors, (err, errors)
+    j = json.loads(out)
+    assert j["payloadlen"] == len(payload) and j["payload"].encode("utf-8", "surrogateescape") == payload, out
+    assert "\\udcff" in out and "\\\\xff" in out  # the byte and the text each as itself
+    peer = MosqSub(broker, "-t", "j/1", "-F", "%j", client_id="mj")
+    mosq_pub(broker, "-t", "j/1", "-f", src)
+    line = peer.result()
+    assert b"\xff" in line  # mosquitto_sub 2.0.11: the raw byte (DIFFERENCES)
+    with pytest.raises(UnicodeDecodeError):
+        line.decode("utf-8")
+
+
+def test_sub_subscribes_again_within_a_second_of_a_broker_restart_as_mosquitto_sub(tmp_path):
+    # tern sub had not subscribed again 3 s after a restart (it had by 8 s) where mosquitto_sub had: the first
+    # try after a lost connection now goes at once, and tern sub retries at most a second apart (as
+    # mosquitto_sub). The broker stays down for 4 s, so both have several failed attempts behind them
+    b = Broker(tmp_path / "broker").start()
+    procs = []
+    try:
+        procs.append(subprocess.Popen([TERN, "sub", *map(str, conn(b)), "-t", "r/x", "-C", "1", "-i", "tsub"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        procs.append(subprocess.Popen([MOSQ_SUB, *map(str, conn(b)), "-t", "r/x", "-C", "1", "-i", "msub"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        for cid in ("tsub", "msub"):
+            wait_log(b, "Sending SUBACK to " + cid)
+        b.stop()
+        time.sleep(4.0)
+        b.start()
+        for cid in ("tsub", "msub"):  # the second SUBACK of each: subscribed again, within 2 s of the start
+            wait_log(b, "Sending SUBACK to " + cid, count=2, timeout=2.0)
+        mosq_pub(b, "-t", "r/x", "-m", "back", "-q", "1")
+        for p in procs:
+            out, err = p.communicate(timeout=10)
+            assert p.returncode == 0 and out == b"back\n", (p.args[0], out, err)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        b.stop()

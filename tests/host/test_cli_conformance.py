@@ -27,7 +27,7 @@ def test_tern_pub_qos2_to_a_broker_that_answers_puback_fails_and_says_why(capsys
     rc, err = _play(capsys, [hello + [("recv", pub), ("send", encode(Packet(PUBACK, pid=1), 4)), ("eof",)]],
                     "-t", "t", "-m", "m", "-q", "2", "-i", "cli")
     assert rc == 1, (rc, err)
-    assert "QoS 2 message 1 with PUBACK (it does not do QoS 2" in err, err
+    assert "QoS 2 message 1 with PUBACK (it does not do QoS 2: publish at QoS 1 to this broker)" in err, err
 
 
 def test_tern_pub_mqtt5_to_an_mqtt311_broker_names_the_version(capsys):

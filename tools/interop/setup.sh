@@ -11,5 +11,8 @@ if [ ! -x "$root/.venv-interop/bin/amqtt" ]; then
 fi
 mkdir -p "$root/build/interop"
 if [ ! -d "$root/build/interop/node_modules/aedes" ] || [ ! -d "$root/build/interop/node_modules/mqtt" ]; then
+  # a package.json of its own: without one npm installs into the nearest folder above that has one (the
+  # repository's root, whose package.json is the mip manifest)
+  [ -f "$root/build/interop/package.json" ] || echo '{"private": true}' > "$root/build/interop/package.json"
   (cd "$root/build/interop" && npm install --no-audit --no-fund --silent aedes@1.2.0 mqtt@5.16.0)
 fi
