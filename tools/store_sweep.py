@@ -27,6 +27,14 @@ Targets (the engine is tests/lib/test_store_powercut.py):
                at every operation, on FlashStore (4 x 1 KiB sectors) and
                FileStore on POSIX (max_bytes=4000), MQTT 3.1.1 with max_pending
                4 and MQTT 5 with 8; the model's invariants after every step.
+  flash-wrap   FlashStore, in-place acks, 4 x 1 KiB sectors, started with its
+               counters just before their wraps (tests/lib/test_store_powercut.py
+               near_wraps: record sequence 2^32 - 41, sector sequence 2^32 - 3,
+               last packet id 65500): all three wrap inside the workload
+  flash-acks-wrap  the same with appended acks
+  posix-wrap   FileStore on POSIX files (1 KiB segments, max_segments 3),
+               record sequence 2^32 - 41, segment number 99999997, last packet
+               id 65500: all three wrap inside the workload
 
 Prints each failing cut point and a summary per target; exit status 1 if any
 cut point failed. The goal is zero. --write FILE puts the summary in FILE's
@@ -56,7 +64,7 @@ for p in ("/tests/lib", "/lib", "/boards/emulated"):
         sys.path.insert(0, ROOT + p)
 
 TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full",
-           "session-edge")
+           "session-edge", "flash-wrap", "flash-acks-wrap", "posix-wrap")
 
 # The capacity-edge workload of session-edge, in tests/lib/model.py's steps.
 EDGE = [("sub", 0), ("sub", 1), ("sub", 2), ("fill", 160), ("connect",), ("net",), ("hold",), ("fill", 0),
@@ -112,6 +120,12 @@ def make(name):
     if name == "lfs-host-full":
         return [(t.LfsRig(blocks=16), ("file", 40))]
 
+    if name == "flash-wrap":
+        return t.FlashRig(blocks=4, block_size=1024, wraps=True), 420
+    if name == "flash-acks-wrap":
+        return t.FlashRig(blocks=4, block_size=1024, wraps=True, append_acks=True), 420
+    if name == "posix-wrap":
+        return t.PosixRig(wraps=True, segment_bytes=1024, max_segments=3), 300
     if name == "flash":
         return t.FlashRig(blocks=4, block_size=4096), 700
     if name == "flash-acks":
@@ -139,7 +153,7 @@ def run_target(name, seed, quick):
     for rig, work in made:
         try:
             if isinstance(work, int):
-                steps = t.script(seed, work)
+                steps = t.script(seed, work, getattr(rig, "last0", 0))
             elif work[0] == "flash":
                 steps = t.full_store_steps(rig.blocks, rig.bs, work[1])
             else:
@@ -172,6 +186,8 @@ def main(argv):
     ap.add_argument("--seed", type=int, default=21, help="seed of the torn writes (default 21)")
     ap.add_argument("--quick", action="store_true", help="a sample of cut points instead of every one")
     ap.add_argument("--write", metavar="FILE", help="rewrite this file's store_sweep section with the summary")
+    ap.add_argument("--section", default="store_sweep",
+                    help="the section --write rewrites (default store_sweep; the counter wraps: store_sweep_wrap)")
     a = ap.parse_args(argv)
     only = a.only.split(",")
     unknown = [t for t in only if t not in TARGETS]
@@ -180,6 +196,7 @@ def main(argv):
     seed, quick = a.seed, a.quick
 
     totals = []
+    t_start = time.time()
     for name in only:
         if name == "lfs":
             exe = os.path.join(os.path.dirname(sys.executable), "micropython")
@@ -207,14 +224,16 @@ def main(argv):
 
         from bench.benchdoc import write_section
 
-        text = ["## Store crash-point sweep (`tools/store_sweep.py`)", "",
-                "Command: `python tools/store_sweep.py --only %s%s --seed %d --write %s`, %s (targets: the "
-                "tool's docstring). A power cut at %s operation of each workload, reboot, check." % (
-                    ",".join(only), " --quick" if quick else "", seed, a.write, datetime.date.today().isoformat(),
-                    "a sample of 200 cut points of each" if quick else "every"),
+        title = "" if a.section == "store_sweep" else " across the counter wraps"
+        text = ["## Store crash-point sweep%s (`tools/store_sweep.py`)" % title, "",
+                "Command: `python tools/store_sweep.py --only %s%s --seed %d --write %s%s`, %s (targets: the "
+                "tool's docstring). A power cut at %s operation of each workload, reboot, check; %.0f s." % (
+                    ",".join(only), " --quick" if quick else "", seed, a.write,
+                    "" if a.section == "store_sweep" else " --section " + a.section, datetime.date.today().isoformat(),
+                    "a sample of 200 cut points of each" if quick else "every", time.time() - t_start),
                 "", "| target | cut points | failures |", "|---|---:|---:|"]
         text += ["| %s | %d | %d |" % t for t in totals]
-        write_section(a.write, "store_sweep", "\n".join(text))
+        write_section(a.write, a.section, "\n".join(text))
     sys.exit(1 if any(f for _, _, f in totals) else 0)
 
 
