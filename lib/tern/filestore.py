@@ -23,7 +23,8 @@ and the last packet id, so nothing needed survives only in deleted files.
   to a new one (a bigger record gets a segment of its own).
 - the oldest segment is deleted once nothing in it is live; when more than
   `max_segments` exist, the oldest one's stuck live records are copied forward
-  (same record sequence, so order is kept) and it is deleted (one such move
+  (same record sequence, so order is kept, unless a stale one: see logrec;
+  segment numbers wrap after 99999999) and it is deleted (one such move
   per call). Segments are only ever deleted oldest first, so an appended
   release always outlives the record it releases.
 

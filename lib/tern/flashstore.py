@@ -29,6 +29,11 @@ A status byte counts as set when at least half its bits are 0: a torn
 one-byte program reads either way (the call never returned), a flipped bit
 never changes a state.
 
+Flags: F_RELOC (a copy made by reclaim), F_MARKED (its mark state then),
+F_RENUM (a stale record's copy under a fresh sequence: see logrec). Sector
+and record sequences are 32-bit and wrap (a sector's is never 0, which
+means free); both are compared as serial numbers.
+
 Types: the packet types PUBLISH/SUBSCRIBE/UNSUBSCRIBE (body = the packet),
 INID (inbound QoS 2 id), META (body = key length, key, value), OP (appended
 ack: flags = MARK/UNMARK/RELEASE/INREL, sequence/pid = its target), INCLEAR
