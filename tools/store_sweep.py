@@ -35,6 +35,10 @@ Targets (the engine is tests/lib/test_store_powercut.py):
   posix-wrap   FileStore on POSIX files (1 KiB segments, max_segments 3),
                record sequence 2^32 - 41, segment number 99999997, last packet
                id 65500: all three wrap inside the workload
+  flash-stale, flash-acks-stale, posix-stale  a message never acknowledged,
+               then the record sequence 2^28 + 5 further on, then the
+               workload: the stuck message's next relocation gives it a
+               fresh sequence (a scan that finds both copies keeps the new)
 
 Prints each failing cut point and a summary per target; exit status 1 if any
 cut point failed. The goal is zero. --write FILE puts the summary in FILE's
@@ -64,7 +68,8 @@ for p in ("/tests/lib", "/lib", "/boards/emulated"):
         sys.path.insert(0, ROOT + p)
 
 TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full",
-           "session-edge", "flash-wrap", "flash-acks-wrap", "posix-wrap")
+           "session-edge", "flash-wrap", "flash-acks-wrap", "posix-wrap", "flash-stale", "flash-acks-stale",
+           "posix-stale")
 
 # The capacity-edge workload of session-edge, in tests/lib/model.py's steps.
 EDGE = [("sub", 0), ("sub", 1), ("sub", 2), ("fill", 160), ("connect",), ("net",), ("hold",), ("fill", 0),
@@ -120,6 +125,12 @@ def make(name):
     if name == "lfs-host-full":
         return [(t.LfsRig(blocks=16), ("file", 40))]
 
+    if name == "flash-stale":
+        return t.FlashRig(blocks=4, block_size=1024), 300
+    if name == "flash-acks-stale":
+        return t.FlashRig(blocks=4, block_size=1024, append_acks=True), 300
+    if name == "posix-stale":
+        return t.PosixRig(segment_bytes=1024, max_segments=3), 300
     if name == "flash-wrap":
         return t.FlashRig(blocks=4, block_size=1024, wraps=True), 420
     if name == "flash-acks-wrap":
@@ -153,7 +164,7 @@ def run_target(name, seed, quick):
     for rig, work in made:
         try:
             if isinstance(work, int):
-                steps = t.script(seed, work, getattr(rig, "last0", 0))
+                steps = t.stale_steps(seed, work) if name.endswith("-stale") else t.script(seed, work, getattr(rig, "last0", 0))
             elif work[0] == "flash":
                 steps = t.full_store_steps(rig.blocks, rig.bs, work[1])
             else:
