@@ -37,6 +37,18 @@ Targets (the engine is tests/lib/test_store_powercut.py):
                packet's announced state (record, mark, inbound id, its release)
                was lost, and at the end exactly-once / at-least-once delivery
                both ways, in order.
+  flash-wrap   FlashStore, in-place acks, 4 x 1 KiB sectors, started with its
+               counters just before their wraps (tests/lib/test_store_powercut.py
+               near_wraps: record sequence 2^32 - 41, sector sequence 2^32 - 3,
+               last packet id 65500): all three wrap inside the workload
+  flash-acks-wrap  the same with appended acks
+  posix-wrap   FileStore on POSIX files (1 KiB segments, max_segments 3),
+               record sequence 2^32 - 41, segment number 99999997, last packet
+               id 65500: all three wrap inside the workload
+  flash-stale, flash-acks-stale, posix-stale  a message never acknowledged,
+               then the record sequence 2^28 + 5 further on, then the
+               workload: the stuck message's next relocation gives it a
+               fresh sequence (a scan that finds both copies keeps the new)
 
 Prints each failing cut point and a summary per target; exit status 1 if any
 cut point failed. The goal is zero. --write FILE puts the summary in FILE's
@@ -67,7 +79,8 @@ for p in ("/tests/lib", "/lib", "/boards/emulated"):
         sys.path.insert(0, ROOT + p)
 
 TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full",
-           "session-edge", "group-flash", "group-flash-acks", "group-posix", "group-lfs")
+           "session-edge", "group-flash", "group-flash-acks", "group-posix", "group-lfs", "flash-wrap",
+           "flash-acks-wrap", "posix-wrap", "flash-stale", "flash-acks-stale", "posix-stale")
 
 # The capacity-edge workload of session-edge, in tests/lib/model.py's steps.
 EDGE = [("sub", 0), ("sub", 1), ("sub", 2), ("fill", 160), ("connect",), ("net",), ("hold",), ("fill", 0),
@@ -142,6 +155,18 @@ def make(name):
     if name == "lfs-host-full":
         return [(t.LfsRig(blocks=16), ("file", 40))]
 
+    if name == "flash-stale":
+        return t.FlashRig(blocks=4, block_size=1024), 300
+    if name == "flash-acks-stale":
+        return t.FlashRig(blocks=4, block_size=1024, append_acks=True), 300
+    if name == "posix-stale":
+        return t.PosixRig(segment_bytes=1024, max_segments=3), 300
+    if name == "flash-wrap":
+        return t.FlashRig(blocks=4, block_size=1024, wraps=True), 420
+    if name == "flash-acks-wrap":
+        return t.FlashRig(blocks=4, block_size=1024, wraps=True, append_acks=True), 420
+    if name == "posix-wrap":
+        return t.PosixRig(wraps=True, segment_bytes=1024, max_segments=3), 300
     if name == "flash":
         return t.FlashRig(blocks=4, block_size=4096), 700
     if name == "flash-acks":
@@ -171,7 +196,7 @@ def run_target(name, seed, quick):
     for rig, work in made:
         try:
             if isinstance(work, int):
-                steps = t.script(seed, work)
+                steps = t.stale_steps(seed, work) if name.endswith("-stale") else t.script(seed, work, getattr(rig, "last0", 0))
             elif work[0] == "flash":
                 steps = t.full_store_steps(rig.blocks, rig.bs, work[1])
             else:
@@ -204,6 +229,8 @@ def main(argv):
     ap.add_argument("--seed", type=int, default=21, help="seed of the torn writes (default 21)")
     ap.add_argument("--quick", action="store_true", help="a sample of cut points instead of every one")
     ap.add_argument("--write", metavar="FILE", help="rewrite this file's store_sweep section with the summary")
+    ap.add_argument("--section", default="store_sweep",
+                    help="the section --write rewrites (default store_sweep; the counter wraps: store_sweep_wrap)")
     a = ap.parse_args(argv)
     only = a.only.split(",")
     unknown = [t for t in only if t not in TARGETS]
@@ -212,6 +239,7 @@ def main(argv):
     seed, quick = a.seed, a.quick
 
     totals = []
+    t_start = time.time()
     for name in only:
         if name == "lfs":
             exe = os.path.join(os.path.dirname(sys.executable), "micropython")
@@ -241,16 +269,19 @@ def main(argv):
         from bench.benchdoc import write_section
 
         group = all(t.startswith("group-") for t in only)  # (their own section: the other table stays)
-        text = ["## Store crash-point sweep%s (`tools/store_sweep.py`)" % (", group commit" if group else ""), "",
-                "Command: `python tools/store_sweep.py --only %s%s --seed %d --write %s`, %s (targets: the "
+        section = "store_sweep_group" if group and a.section == "store_sweep" else a.section
+        title = {"store_sweep": "", "store_sweep_group": ", group commit"}.get(section, " across the counter wraps")
+        text = ["## Store crash-point sweep%s (`tools/store_sweep.py`)" % title, "",
+                "Command: `python tools/store_sweep.py --only %s%s --seed %d --write %s%s`, %s (targets: the "
                 "tool's docstring). A power cut at %s operation of each workload%s, reboot, check." % (
-                    ",".join(only), " --quick" if quick else "", seed, a.write, datetime.date.today().isoformat(),
+                    ",".join(only), " --quick" if quick else "", seed, a.write,
+                    " --section " + a.section if a.section != "store_sweep" else "", datetime.date.today().isoformat(),
                     "a sample of 200 cut points of each" if quick else "every",
                     " and right after every packet the client sends" if group else ""),
                 "", "| target | cut points | failures | time |", "|---|---:|---:|---:|"]
         text += ["| %s | %s | %d | %.1f s |" % (
             t[0], "%d operations + %d packets" % GROUP[t[0]] if t[0] in GROUP else t[1], t[2], t[3]) for t in totals]
-        write_section(a.write, "store_sweep_group" if group else "store_sweep", "\n".join(text))
+        write_section(a.write, section, "\n".join(text))
     sys.exit(1 if any(t[2] for t in totals) else 0)
 
 

@@ -24,7 +24,8 @@ and the last packet id, so nothing needed survives only in deleted files.
   to a new one (a bigger record gets a segment of its own).
 - the oldest segment is deleted once nothing in it is live; when more than
   `max_segments` exist, the oldest one's stuck live records are copied forward
-  (same record sequence, so order is kept) and it is deleted (one such move
+  (same record sequence, so order is kept, unless a stale one: see logrec;
+  segment numbers wrap after 99999999) and it is deleted (one such move
   per call). Segments are only ever deleted oldest first, so an appended
   release always outlives the record it releases.
 
@@ -71,6 +72,8 @@ from .logrec import (
     T_INCLEAR,
     F_RELOC,
     F_MARKED,
+    F_RENUM,
+    STALE as _STALE,
     OP_MARK,
     OP_UNMARK,
     OP_RELEASE,
@@ -91,6 +94,7 @@ except ImportError:  # pragma: no cover
     from uarray import array
 
 T_SEG = const(0x35)
+_SEGS = const(99999999)  # segment numbers (8 digits) wrap after this
 _E = const(20)  # a record without a body: SEG, OP, INCLEAR, INID
 _SPARE = const(3)  # blocks of the free space left to the filesystem
 _RSV = const(640)  # live bytes messages leave to inbound ids and meta updates (32 ids)
@@ -252,15 +256,21 @@ class FileStore(Log):
             if len(n) == 12 and n.endswith(".seg") and n[:8].isdigit():
                 segs.append(int(n[:8]))
         segs.sort()
+        if segs and segs[-1] - segs[0] > _SEGS // 2:  # the numbers wrapped: 99999999 comes before 1
+            segs = [s for s in segs if s > _SEGS // 2] + [s for s in segs if s <= _SEGS // 2]
         ents = {}
         ins = {}
-        self._bootlast = -1
+        self._ref = None  # record sequences wrap: the scan works on serial distances from the first
+        self._bootlast = -0x80000001
         self._meta = {}  # (a recovery after a failed write boots again from scratch)
         self._rseq = 1
         self._last = 0
         self._sz = {}
         for seg in segs:
             self._scan(seg, ents, ins)
+        ref = self._ref or 0
+        if self._ref is not None:
+            self._rseq = (self._rseq + ref) & 0xFFFFFFFF
         keys = sorted(ents)
         self._ipid = array("H", [0] * len(keys))
         self._iseg = array("I", [0] * len(keys))
@@ -280,14 +290,14 @@ class FileStore(Log):
             self._iseg[i] = e[1]
             self._iaddr[i] = e[2]
             self._ilen[i] = e[3]
-            self._irs[i] = keys[i]
+            self._irs[i] = (keys[i] + ref) & 0xFFFFFFFF
             self._live[e[1]] += e[3] + _E
             mx = max(mx, e[3] + _E)
         self._mx = mx
         self._in = {}
         for r in ins:
             pid, seg, off = ins[r]
-            self._in[pid] = (seg, off, r)
+            self._in[pid] = (seg, off, (r + ref) & 0xFFFFFFFF)
             self._live[seg] += _E
         for k in self._meta:
             m = self._meta[k]
@@ -412,6 +422,14 @@ class FileStore(Log):
         t = h[0]
         fl = h[1]
         r = _u32(h, 4)
+        if self._ref is None:
+            self._ref = r
+            self._rseq = 0
+        r -= self._ref
+        if r > 0x7FFFFFFF:
+            r -= 0x100000000
+        elif r < -0x80000000:
+            r += 0x100000000
         pid = _u16(h, 8)
         if t == T_SEG:
             if r > self._rseq:
@@ -432,8 +450,16 @@ class FileStore(Log):
             if not fl & F_RELOC and r > self._bootlast:
                 self._bootlast = r
                 self._last = pid
+            if fl & F_RENUM:  # a stale record's copy: the original has its pid
+                for k in list(ents):
+                    if ents[k][0] == pid:
+                        del ents[k]
             ents[r] = [pid, seg, (off << 3) | (_KINDS.index(t) << 1) | (1 if fl & F_MARKED else 0), ln]
         elif t == T_INID:
+            if fl & F_RENUM:
+                for k in list(ins):
+                    if ins[k][0] == pid:
+                        del ins[k]
             ins[r] = (pid, seg, off)
         elif t == T_META:
             self._meta_rec(mv[off + _RH : off + _RH + ln], r, seg, off)
@@ -447,7 +473,7 @@ class FileStore(Log):
         if self._cur:
             self._sz[self._cur] = self._off
         self._cur = 0  # (none open until its file exists)
-        seg = (self._segs[-1] + 1) if self._segs else 1
+        seg = (self._segs[-1] % _SEGS + 1) if self._segs else 1
         try:
             self._f = self.fs.open(self._name(seg), "wb")
         except Exception as e:
@@ -647,7 +673,13 @@ class FileStore(Log):
         if crc32(memoryview(rest)[0:ln], hcrc(h, 12, 0)) & 0xFFFFFFFF != _u32(rest, ln):
             self._say("segment %d: record at %d went bad: dropped" % (seg, off))
             return -1
-        return self._emit(h[0], (h[1] & ~(F_RELOC | F_MARKED)) | flags, _u32(h, 4), _u16(h, 8), b"", rest[0:ln])
+        r = _u32(h, 4)
+        if (self._rseq - r) & 0xFFFFFFFF >= _STALE:  # (see STALE in logrec)
+            r = self._rseq
+            self._rseq = (r + 1) & 0xFFFFFFFF
+            flags |= F_RENUM
+        self._cr = r
+        return self._emit(h[0], (h[1] & ~(F_RELOC | F_MARKED | F_RENUM)) | flags, r, _u16(h, 8), b"", rest[0:ln])
 
     def _relocate(self, seg):
         """Copy every live record of seg forward (the copies may open new segments)."""
@@ -662,6 +694,7 @@ class FileStore(Log):
                     continue
                 self._iseg[i] = self._cur
                 self._iaddr[i] = (no << 3) | (o & 7)
+                self._irs[i] = self._cr
                 self._live[self._cur] += n
         for pid in list(self._in):
             s, o, r = self._in[pid]
@@ -671,7 +704,7 @@ class FileStore(Log):
                 if no < 0:
                     del self._in[pid]
                     continue
-                self._in[pid] = (self._cur, no, r)
+                self._in[pid] = (self._cur, no, self._cr)
                 self._live[self._cur] += _E
         for k in self._meta:
             m = self._meta[k]
@@ -682,6 +715,7 @@ class FileStore(Log):
                 if no >= 0:
                     m[1] = self._cur
                     m[2] = no
+                    m[3] = self._cr
                     self._live[self._cur] += n
 
     # ------------------------------------------------------------ index
@@ -708,7 +742,7 @@ class FileStore(Log):
         self._take(n + _E, 0, _RSV)
         r = self._rseq
         off = self._emit(kind, 0, r, pid, head, body)
-        self._rseq += 1
+        self._rseq = (self._rseq + 1) & 0xFFFFFFFF
         self._last = pid
         self._ipid.append(pid)
         self._iseg.append(self._cur)
@@ -772,7 +806,7 @@ class FileStore(Log):
         self._take(_E)
         r = self._rseq
         off = self._emit(T_INID, 0, r, pid, b"", b"")
-        self._rseq += 1
+        self._rseq = (self._rseq + 1) & 0xFFFFFFFF
         self._in[pid] = (self._cur, off, r)
         self._live[self._cur] += _E
         self._done()
@@ -796,7 +830,7 @@ class FileStore(Log):
             return
         self._room(_E)
         self._emit(T_INCLEAR, 0, self._rseq, 0, b"", b"")
-        self._rseq += 1
+        self._rseq = (self._rseq + 1) & 0xFFFFFFFF
         for pid in self._in:
             self._live[self._in[pid][0]] -= _E
         self._in = {}
@@ -812,7 +846,7 @@ class FileStore(Log):
         self._take(n + len(v), 0 if cur is None else n + len(cur[0]))
         r = self._rseq
         off = self._emit(T_META, 0, r, 0, bytes((len(k),)) + k, v)
-        self._rseq += 1
+        self._rseq = (self._rseq + 1) & 0xFFFFFFFF
         cur = self._meta.get(k)  # (the room made may have moved the old one)
         self._meta[k] = [v, self._cur, off, r]
         self._live[self._cur] += n + len(v)

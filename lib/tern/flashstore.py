@@ -29,6 +29,11 @@ A status byte counts as set when at least half its bits are 0: a torn
 one-byte program reads either way (the call never returned), a flipped bit
 never changes a state.
 
+Flags: F_RELOC (a copy made by reclaim), F_MARKED (its mark state then),
+F_RENUM (a stale record's copy under a fresh sequence: see logrec). Sector
+and record sequences are 32-bit and wrap (a sector's is never 0, which
+means free); both are compared as serial numbers.
+
 Types: the packet types PUBLISH/SUBSCRIBE/UNSUBSCRIBE (body = the packet),
 INID (inbound QoS 2 id), META (body = key length, key, value), OP (appended
 ack: flags = MARK/UNMARK/RELEASE/INREL, sequence/pid = its target), INCLEAR
@@ -73,6 +78,9 @@ from .logrec import (
     T_FLOOR,
     F_RELOC,
     F_MARKED,
+    F_RENUM,
+    STALE as _STALE,
+    sd as _sd,
     OP_MARK,
     OP_UNMARK,
     OP_RELEASE,
@@ -101,6 +109,11 @@ _MKEEP = const(64)  # what an inbound QoS 2 id leaves of it: a meta value
 _WIN = const(512)
 _CHUNK = const(64)  # index growth step (entries)
 ENOSPC = const(28)
+
+
+def _inc(q):
+    """The sector sequence after q: 32-bit, never 0 (0 = a free sector, no floor)."""
+    return (q + 1) & 0xFFFFFFFF or 1
 
 
 def _rsize(n):
@@ -261,7 +274,14 @@ class FlashStore(Log):
                     self._ret[s] = 1 if sh[28] == 0 else 0
             elif sh[0] != 0xFF or sh[8] != 0xFF or sh[24] != 0xFF:
                 bad.append(s)
-        valid.sort()
+        # sector sequences wrap: ordered as serial numbers from the newest
+        # (all lie within a few turns of the partition of each other)
+        top = valid[0][0] if valid else 0
+        for q, s in valid:
+            if _sd(q, top) > 0:
+                top = q
+        key = lambda e: (e[0] - top) & 0xFFFFFFFF ^ 0x80000000
+        valid.sort(key=key)
         head = -1
         floor = 0
         if valid:
@@ -277,29 +297,34 @@ class FlashStore(Log):
             q = self._recover(s, valid, floor)
             if q:
                 valid.append((q, s))
-                valid.sort()
+                valid.sort(key=key)
                 self._ret[s] = 0
                 if valid[-1][1] == s:  # it was the head: its floor may be higher
                     head = s
                     rhead = True
                     floor = self._scan_floor(s, floor)
         if valid:
-            self._nextseq = valid[-1][0] + 1
+            self._nextseq = _inc(valid[-1][0])
         self._floor = floor
-        data = [s for q, s in valid if q >= floor]
         for s in range(n):
             self._sseq[s] = 0
+        data = []
         for q, s in valid:
-            if q >= floor:
+            if not floor or _sd(q, floor) >= 0:
                 self._sseq[s] = q
+                data.append(s)
         scanned = 0
         # the index is built in place, in record-sequence order (_iseq: each
         # entry's sequence, for the scan only); reserve() before open sizes it
-        self._iseq = array("I", bytes(4 * len(self._ipid)))
+        self._iseq = array("i", bytes(4 * len(self._ipid)))
         self._n = 0
         ins = {}
         repair = []
-        self._bootlast = self._rseq - 1
+        # record sequences wrap: the scan works on each one's serial distance
+        # from the head's next sequence (small integers: see STALE in logrec)
+        self._ref = self._rseq
+        self._rseq = 0
+        self._bootlast = -1
         end = _SH
         for s in data:
             if self._ret[s] and s != head:
@@ -316,6 +341,7 @@ class FlashStore(Log):
                 self._sealed = True
             if self._off > self._limit or rhead:  # (never append under a damaged header)
                 self._sealed = 2
+        self._rseq = (self._rseq + self._ref) & 0xFFFFFFFF
         self._count = self._compact(0)
         for i in range(self._count):
             self._lv(self._iaddr[i], self._isz[i])
@@ -362,12 +388,10 @@ class FlashStore(Log):
         bit, a torn header over an empty sector, old data below the floor."""
         used = [q for q, _ in valid]
         top = used[-1] if used else 0
-        lo = floor if floor > top - 2 * self.nsec else top - 2 * self.nsec
-        if lo < 1:
-            lo = 1
         h = self._hdr
-        for q in range(lo, top + 2 * self.nsec + 1):
-            if q in used:
+        for k in range(-2 * self.nsec, 2 * self.nsec + 1):
+            q = (top + k) & 0xFFFFFFFF
+            if not q or q in used or (floor and _sd(q, floor) < 0) or (not used and k < 1):
                 continue
             self._sseq[s] = q
             off = _SH
@@ -405,7 +429,7 @@ class FlashStore(Log):
             ln = _u16(h, 2)
             if h[0] == T_FLOOR and self._crc_ok(base + off, ln):
                 f = _u32(h, 4)
-                if f > floor:
+                if not floor or _sd(f, floor) > 0:
                     floor = f
             off += _rsize(ln)
         return floor
@@ -507,7 +531,11 @@ class FlashStore(Log):
         h = self._hdr
         t = h[0]
         fl = h[1]
-        r = _u32(h, 4)
+        r = _u32(h, 4) - self._ref
+        if r > 0x7FFFFFFF:
+            r -= 0x100000000
+        elif r < -0x80000000:
+            r += 0x100000000
         pid = _u16(h, 8)
         if t == PUBLISH or t == SUBSCRIBE or t == UNSUBSCRIBE:
             if r >= self._rseq:
@@ -516,6 +544,10 @@ class FlashStore(Log):
                 self._bootlast = r
                 self._last = pid
             i = self._efind(r)
+            if fl & F_RENUM:  # a stale record's copy: the original has its pid
+                for j in range(self._n):
+                    if self._ipid[j] == pid:
+                        i = j
             if i >= 0:  # an older copy: this one wins
                 if not self.append_acks:
                     repair.append(self._iaddr[i] & ~7)
@@ -533,6 +565,10 @@ class FlashStore(Log):
         elif t == T_INID:
             if r >= self._rseq:
                 self._rseq = r + 1
+            if fl & F_RENUM:  # a stale id's copy: the original has its pid
+                for k in list(ins):
+                    if ins[k][0] == pid:
+                        ins[r] = ins.pop(k)
             old = ins.pop(r, None)
             if old is not None and not self.append_acks:
                 repair.append(old[1])
@@ -595,7 +631,7 @@ class FlashStore(Log):
         if n == len(ip):
             if self._compact(0, q) == n:
                 self.reserve(n + _CHUNK)
-                self._iseq = _grow(q, "I", 4, n + _CHUNK)
+                self._iseq = _grow(q, "i", 4, n + _CHUNK)
                 ip, ia, iz, q = self._ipid, self._iaddr, self._isz, self._iseq
             n = self._n
             i = self._epos(r)
@@ -624,7 +660,7 @@ class FlashStore(Log):
         bq = 0
         for s in range(self.nsec):
             q = self._sseq[s]
-            if q and s != self._head and (best < 0 or q < bq):
+            if q and s != self._head and (best < 0 or _sd(q, bq) < 0):
                 best = s
                 bq = q
         self._old = best
@@ -715,7 +751,7 @@ class FlashStore(Log):
         self._sseq[s] = self._nextseq  # before programming: a torn header is junk
         self._nfree = -1
         self._old = -2
-        self._nextseq += 1
+        self._nextseq = _inc(self._nextseq)
         self._total -= self._live[s]
         self._live[s] = 0
         self._pin[s] = 0
@@ -757,7 +793,7 @@ class FlashStore(Log):
                     self._lv(na, m[2])
                     m[1] = na
         # void the old sector, then erase it
-        f = self._sseq[o] + 1
+        f = _inc(self._sseq[o])
         a = self._head * self.bs + self._off
         self._mkhdr(T_FLOOR, 0, 0, f, 0, a)
         c = hcrc(self._hdr, 12, 0) & 0xFFFFFFFF
@@ -765,7 +801,7 @@ class FlashStore(Log):
         self._prog(a, self._hdr)
         self._prog(a + _RH, self._crcb)
         self._off += _FLOOR_SZ
-        if f > self._floor:
+        if not self._floor or _sd(f, self._floor) > 0:
             self._floor = f
         self._sseq[o] = 0
         self._total -= self._live[o]
@@ -804,8 +840,13 @@ class FlashStore(Log):
         self._read(src, h)
         ln = _u16(h, 2)
         old = hcrc(self._hdr, 12, 0)
-        h[1] = (h[1] & ~(F_RELOC | F_MARKED)) | flags
-        self._mkhdr(h[0], h[1], ln, _u32(h, 4), _u16(h, 8), dst)
+        r = _u32(h, 4)
+        if (self._rseq - r) & 0xFFFFFFFF >= _STALE:  # (see STALE in logrec)
+            r = self._rseq & 0xFFFFFFFF
+            self._rseq = r + 1
+            flags |= F_RENUM
+        h[1] = (h[1] & ~(F_RELOC | F_MARKED | F_RENUM)) | flags
+        self._mkhdr(h[0], h[1], ln, r, _u16(h, 8), dst)
         new = hcrc(self._hdr, 12, 0)
         self._prog(dst, h)
         p = 0
@@ -903,10 +944,16 @@ class FlashStore(Log):
             self.dirty = False
             self._prog(self._gaddr, self._gmv[0:n])
 
-    def _small(self, t, flags, rseq, pid):
-        """Append a body-less record (OP, INID, INCLEAR)."""
+    def _small(self, t, flags, pid):
+        """Append a body-less record (OP, INID, INCLEAR). Its sequence is taken
+        after the room is made: a reclaim may give the target a fresh one."""
         a = self._alloc(_FLOOR_SZ, _MKEEP if t == T_INID else None)
-        self._write(t, flags, rseq, pid, b"", b"", a)
+        if t == T_OP:
+            r = self._rseq_of(self._inaddr[self._infind(pid)] if flags == OP_INREL else self._iaddr[self._find(pid)] & ~7)
+        else:
+            r = self._rseq
+            self._rseq += 1
+        self._write(t, flags, r, pid, b"", b"", a)
         if t != T_INID:
             self._pin[a >> self._shift] = 1  # what it says must be read at boot
         return a
@@ -999,6 +1046,8 @@ class FlashStore(Log):
         r = _u32(h, 4)
         na = self._alloc(_FLOOR_SZ, None)
         i = self._get(pid)
+        if self._iaddr[i] & ~7 != src:
+            r = self._rseq_of(self._iaddr[i] & ~7)  # (a stale one got a fresh sequence)
         if not self.append_acks and self._iaddr[i] & ~7 != src:
             # the reclaim making room copied it, with fresh mark bytes: an OP
             # after that copy would override the in-place marks made on it
@@ -1017,7 +1066,7 @@ class FlashStore(Log):
         a = self._iaddr[i] & ~7
         size = self._isz[i]
         if self.append_acks:
-            self._small(T_OP, OP_RELEASE, self._rseq_of(a), pid)
+            self._small(T_OP, OP_RELEASE, pid)
             i = self._find(pid)
             a = self._iaddr[i] & ~7
         else:
@@ -1071,8 +1120,7 @@ class FlashStore(Log):
         self._gflush()
         if self._infind(pid) >= 0:
             return
-        a = self._small(T_INID, 0, self._rseq, pid)
-        self._rseq += 1
+        a = self._small(T_INID, 0, pid)
         if self._inn == len(self._inpid):
             n = self._inn + 8
             self._inpid = _grow(self._inpid, "H", 2, n)
@@ -1100,7 +1148,7 @@ class FlashStore(Log):
             return
         a = self._inaddr[i]
         if self.append_acks:
-            self._small(T_OP, OP_INREL, self._rseq_of(a), pid)
+            self._small(T_OP, OP_INREL, pid)
             i = self._infind(pid)
         else:
             self._zero[0] = 0
@@ -1111,8 +1159,7 @@ class FlashStore(Log):
         self._gflush()
         if not self._inn:
             return
-        self._small(T_INCLEAR, 0, self._rseq, 0)
-        self._rseq += 1
+        self._small(T_INCLEAR, 0, 0)
         while self._inn:
             self._in_del(self._inn - 1)
 

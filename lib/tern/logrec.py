@@ -23,6 +23,7 @@ T_FLOOR = const(0x34)
 
 F_RELOC = const(1)
 F_MARKED = const(2)
+F_RENUM = const(4)  # a relocated copy under a fresh sequence (see STALE)
 
 OP_MARK = const(1)
 OP_UNMARK = const(2)
@@ -30,6 +31,26 @@ OP_RELEASE = const(3)
 OP_INREL = const(4)
 
 KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)  # message records: the kind code is the index
+
+# Record sequences are 32-bit and wrap: a boot scan orders records by their
+# serial distance (RFC 1982) from the newest, exact while every record it reads
+# is less than 2^30 behind (so the distances are small integers on a board).
+# A relocation keeps a record's sequence, which keeps the outbox order, unless
+# the record is STALE: 2^28 or more behind the next sequence; then the copy
+# takes a fresh one and F_RENUM, and a scan that still finds the original (a
+# power cut before it was voided) keeps only the copy. Every live record is
+# relocated at least once per turn of the log (under 2^28 records: 65,535
+# sectors of 64 KiB; FileStore's segment files, up to 6 GiB), and a dead one
+# is gone a turn after it died, so nothing a scan reads is 3 * 2^28 behind.
+# A refreshed message goes behind the others at the next boot: one the broker
+# left unacknowledged while 268 million later records were written.
+STALE = const(0x10000000)
+
+
+def sd(a, b):
+    """Serial difference a - b of two 32-bit sequences, in -2^31..2^31-1."""
+    d = (a - b) & 0xFFFFFFFF
+    return d - 0x100000000 if d & 0x80000000 else d
 
 
 def u16(b, i):

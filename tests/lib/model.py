@@ -74,8 +74,15 @@ class MemRig:
     name = "memory"
     cuts = False
 
+    def __init__(self, wraps=False):
+        self.wraps = wraps
+
     def boot(self):
         self.st = MemoryStore()
+        if self.wraps:
+            from test_store_powercut import PID0
+
+            self.st._last = PID0  # the session's packet ids wrap 35 messages in
         return self.st
 
     def cut_in(self, k):
@@ -103,9 +110,10 @@ class FlashRig:
     name = "flash"
     cuts = True
 
-    def __init__(self, blocks=4, block_size=1024, **opts):
+    def __init__(self, blocks=4, block_size=1024, wraps=False, **opts):
         self.blocks, self.bs, self.opts = blocks, block_size, opts
         self.dev = None
+        self.wraps = wraps
 
     def _dev(self, seed=1):
         old = self.dev
@@ -116,6 +124,11 @@ class FlashRig:
 
     def boot(self):
         self.dev = None
+        if self.wraps:  # counters just before their wraps (test_store_powercut.near_wraps)
+            from test_store_powercut import flash_near_wraps
+
+            self.dev = NorFlash(None, blocks=self.blocks, block_size=self.bs)
+            flash_near_wraps(self.dev, self.opts)
         return self._dev()
 
     def cut_in(self, k):
@@ -867,6 +880,11 @@ RIGS = {
     "file-gc": lambda: FileRig(max_bytes=4000, segment_bytes=500, group_commit=True),
     "file-lfs": lambda: LfsRig(segment_bytes=2048, max_segments=3),
     "file-lfs-gc": lambda: LfsRig(segment_bytes=2048, max_segments=3, group_commit=True),
+    # the same with every counter just before its wrap (packet id; record and
+    # sector sequence; segment number): see test_store_powercut.near_wraps
+    "memory-wrap": lambda: MemRig(wraps=True),
+    "flash-wrap": lambda: FlashRig(blocks=4, block_size=1024, wraps=True),
+    "file-wrap": lambda: FileRig(max_bytes=4000, segment_bytes=500, wraps=True),
 }
 
 

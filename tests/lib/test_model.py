@@ -67,6 +67,16 @@ def test_model_file_store_on_littlefs_group_commit():
     _budget("file-lfs-gc", 10, 4, 12000)
 
 
+def test_model_across_the_counter_wraps():
+    """Every store started with its counters just before their wraps (packet
+    id 65500 with ids pending across 65535 -> 1; record sequence 2^32 - 41;
+    FlashStore's sector sequence 2^32 - 3; FileStore's segment 99999997):
+    each wraps within an example's first hundred or so store writes (all of
+    them in 28, 29 and 36 of seeds 21000-21039 on flash-wrap, file-wrap, memory-wrap)."""
+    for rig, seed in (("memory-wrap", 20000), ("flash-wrap", 21000), ("file-wrap", 22000)):
+        _budget(rig, 40, 8, seed)
+
+
 class LossyStore(model.MemoryStore):
     """A store with a planted bug: a release also drops the oldest other record."""
 
