@@ -208,11 +208,13 @@ def _run_spark(console, out: Path, starter):
     from .pipeline.rollup import run_rollup
 
     landing = str((out / "landing").resolve())
-    console.print(f"[bold]Spark[/] ({starter.master or 'local[*]'}): delivery audit against the ledger, rollup, report")
+    console.print(f"[bold]Spark[/] ({starter.master or 'local[*]'}): delivery audit against the ledger (order per "
+                  "subscriber: each collector, and the observer for the whole stream), rollup, report")
     t0 = time.monotonic()
     try:
         spark = starter.get()
-        summary = run_audit(spark, landing, str((out / "audit").resolve()), ledger=str((out / "ledger.jsonl").resolve()))
+        summary = run_audit(spark, landing, str((out / "audit").resolve()), ledger=str((out / "ledger.jsonl").resolve()),
+                            order_ref=str((out / "received.jsonl").resolve()))
         rows = run_rollup(spark, landing, str((out / "rollup").resolve()), window=ROLLUP_WINDOW)
         report = run_report(spark, str((out / "audit").resolve()), str((out / "report").resolve()),
                             faults=str((out / "faults.jsonl").resolve()), console=console)

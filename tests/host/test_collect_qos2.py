@@ -153,3 +153,73 @@ def test_a_commit_cut_between_its_files_records_only_what_was_renamed(tmp_path):
     want = {**carried, **{10 + i: qos2_key("t", b"%d" % i) for i in range(3)}}
     assert LandingWriter(tmp_path, "col").last_record() == want
     assert LandingWriter(tmp_path, "other").last_record() == {}
+
+
+@pytest.mark.parametrize("hard, persistence", [(False, True), (True, True), (True, False)],
+                         ids=["soft-restart", "hard-restart", "state-lost"])
+def test_qos2_lands_once_across_a_broker_restart_between_publish_and_pubcomp(tmp_path, hard, persistence):
+    """The broker restarts (SIGTERM, or SIGKILL) while every QoS 2 message of the collector's first
+    batch is between PUBLISH and PUBCOMP: the proxy holds the collector's packets from its 11th PUBREC
+    on, so the broker has the PUBRECs of 1-10 (and waits for their PUBCOMPs) and none of 11-20. With
+    persistence the broker sends what it kept again; without (``state-lost``) it comes back empty and
+    the publisher, whose session went with it, publishes all 40 again (as a device must: they were
+    never completed for it) -- new packet ids, no DUP. Either way each message is recognised by what
+    it is (topic and reading) and lands exactly once. The landing set is read back with pyarrow."""
+    from ternlab.broker import Broker
+    from ternlab.chaos import C2B, ChaosProxy
+
+    msgs = [("tern/dev-r/telemetry", schema.make_payload("dev-r", 1, s, 2, 1700000000.0 + s, {"v": s}), 2)
+            for s in range(40)]
+    with Broker(tmp_path / "broker", persistence=persistence) as broker, \
+            ChaosProxy(broker.address, seed=1) as proxy:
+        land = tmp_path / "landing"
+        proxy.stall_at_packet("PUBREC", 11, C2B, 60, stall_direction=C2B, connections=1)
+        c = CollectorProc(broker, land, "col-r2", "--batch-size", "20", "--batch-time", "0.3",
+                          port=proxy.address[1])
+        c.wait_for("subscribed to")
+        publish_all(broker, msgs, "pub-r2")
+        c.wait_for(r"landed (2\d|[3-9]\d)", after=0)  # the first batch is on disk, its PUBRECs sent
+        assert proxy.wait_for(lambda: len(proxy.packets(C2B, "PUBREC")) >= 10, 5)
+        time.sleep(1.1)  # the broker's PUBRELs of 1-10 went out (PUBCOMPs held); autosave_interval 1
+        broker.restart(hard=hard)
+        c.wait_for("subscribed again", after=c.at)
+        if not persistence:
+            publish_all(broker, msgs, "pub-r2")
+        wait_landed(land, 40, timeout=30)
+        time.sleep(1.5)  # a second copy would land within a batch time
+        assert c.stop() == 0
+        rows, _ = landed(land)
+        assert rows == Counter(("dev-r", s) for s in range(40)), \
+            f"duplicates {+(rows - Counter(rows.keys()))} missing {set(range(40)) - {k[1] for k in rows}}"
+        if not persistence:
+            assert c.summary()["qos2_already_landed"] >= 20, c.lines[-20:]
+        # nothing stays at the broker: a later collector with the same id gets nothing
+        again = CollectorProc(broker, land, "col-r2", "--batch-time", "0.2")
+        again.wait_for(r"session present: 1")
+        time.sleep(0.5)
+        assert again.stop() == 0 and again.summary()["landed"] == 0
+        assert landed(land)[0] == rows
+
+
+def test_the_qos2_window_outlives_the_collector(broker, tmp_path):
+    """The window is rebuilt from the collector's own landing files: a collector restarted with the
+    same id recognises the device's fresh publication (new packet ids, no DUP) of QoS 2 readings it
+    landed before it stopped, and lands none of them again -- QoS 1 copies are not held back."""
+    land = tmp_path / "landing"
+    q2 = [m for m in messages() if m[1] not in BAD.values()][:20]
+    q1 = [("tern/dev-q/telemetry", schema.make_payload("dev-q", 1, 100 + s, 1, 1.0, {}), 1) for s in range(5)]
+    c = CollectorProc(broker, land, "col-w", "--batch-time", "0.2")
+    c.wait_for("subscribed to")
+    publish(broker, q2 + q1)
+    wait_landed(land, 25)
+    assert c.stop() == 0
+    again = CollectorProc(broker, land, "col-w", "--batch-time", "0.2", "--qos2-window", "1000")
+    again.wait_for("subscribed to")
+    publish(broker, q2 + q1)
+    wait_landed(land, 30)
+    time.sleep(0.5)
+    assert again.stop() == 0
+    rows, _ = landed(land)
+    assert [n for (_, s), n in sorted(rows.items()) if s < 100] == [1] * 20
+    assert [n for (_, s), n in sorted(rows.items()) if s >= 100] == [2] * 5  # QoS 1: at least once
+    assert again.summary()["qos2_already_landed"] == 20

@@ -122,6 +122,71 @@ def test_ordering_definition(spark):
     assert res["two-boots"]["latency_p50_ms"] is None  # no send times, no latency
 
 
+def _subscriber_cases(spark):
+    """Landing rows with their collector, and an order reference (the observer's copies): each device
+    is one case, boot 1, QoS 2. ``(collector, seq, recv_ts)``; ``ref``: ``(seq, recv_ts)``."""
+    cases = {
+        # a backlog the broker split between the two members of the shared subscription: each
+        # collector's own stream is in order, across them it is not -- and the observer's is in order
+        "split-backlog": ([("col-a", 0, 1.0), ("col-a", 3, 2.0), ("col-b", 1, 3.0), ("col-b", 2, 4.0)],
+                          [(0, 1.0), (1, 1.1), (2, 1.2), (3, 1.3)]),
+        # one collector got its copies out of order: a real reordering, whatever the other one saw
+        "one-stream-out-of-order": ([("col-a", 0, 1.0), ("col-a", 2, 2.0), ("col-a", 1, 3.0),
+                                     ("col-b", 3, 4.0)], []),
+        # the collectors' streams are in order, the observer (one subscription, the whole stream) saw
+        # 2 before 1: reordered once, though the landing alone could not show it
+        "observer-out-of-order": ([("col-a", 0, 1.0), ("col-a", 1, 2.0), ("col-b", 2, 1.5)],
+                                  [(0, 1.0), (2, 1.5), (1, 2.0)]),
+        # both a collector and the observer saw it: still one reordered message
+        "both-out-of-order": ([("col-a", 0, 1.0), ("col-a", 2, 2.0), ("col-a", 1, 3.0)],
+                              [(0, 1.0), (2, 2.0), (1, 3.0)]),
+    }
+    rows = [{"device": d, "boot": 1, "qos": 2, "seq": s, "recv_ts": 100.0 + t, "sent_ts": 100.0,
+             "collector": c} for d, (land, _) in cases.items() for c, s, t in land]
+    ref = [(d, 1, 2, s, 100.0 + t) for d, (_, r) in cases.items() for s, t in r]
+    return landing_frame(spark, rows), spark.createDataFrame(
+        ref, "device string, boot int, qos int, seq long, recv_ts double")
+
+
+def test_order_is_judged_per_subscriber_stream(spark):
+    land, ref = _subscriber_cases(spark)
+    res = {r["device"]: r.asDict() for r in audit.audit_frame(land, order_ref=ref)
+           .filter("level = 'device'").collect()}
+    assert res["split-backlog"]["reordered"] == 0
+    assert res["one-stream-out-of-order"]["reordered"] == 1
+    assert res["observer-out-of-order"]["reordered"] == 1
+    assert res["both-out-of-order"]["reordered"] == 1
+    # the observer's copies are an order reference only: they are not landing copies
+    assert {d: (r["received"], r["unique"], r["duplicated"]) for d, r in res.items()} == {
+        "split-backlog": (4, 4, 0), "one-stream-out-of-order": (4, 4, 0),
+        "observer-out-of-order": (3, 3, 0), "both-out-of-order": (3, 3, 0)}
+    # without the reference, only what the collectors' own streams show
+    alone = {r["device"]: r["reordered"] for r in audit.audit_frame(land)
+             .filter("level = 'device'").collect()}
+    assert alone == {"split-backlog": 0, "one-stream-out-of-order": 1, "observer-out-of-order": 0,
+                     "both-out-of-order": 1}
+
+
+def test_order_reference_from_the_cli(spark, tmp_path, capsys):
+    """`tern audit --order-ref received.jsonl` (the fleet's observer copies): the reordering the
+    observer saw is in the summary and the problem list; the verdict stays on losses and QoS 2
+    duplicates."""
+    land, ref = _subscriber_cases(spark)
+    from ternlab.pipeline.generate import write_landing
+
+    write_landing(land, str(tmp_path / "landing"))
+    with open(tmp_path / "received.jsonl", "w") as f:
+        for r in ref.collect():
+            f.write(json.dumps(r.asDict()) + "\n")
+    assert cli.main(["audit", str(tmp_path / "landing"), "--out", str(tmp_path / "a"), "--quiet",
+                     "--order-ref", str(tmp_path / "received.jsonl")]) == 0
+    with open(tmp_path / "a" / "summary.json") as f:
+        s = json.load(f)
+    assert s["totals"]["reordered"] == 3
+    listed = {(r["device"], r["seq"]) for r in s["problems"]["reordered"]["listed"]}
+    assert listed == {("one-stream-out-of-order", 1), ("observer-out-of-order", 1), ("both-out-of-order", 1)}
+
+
 @pytest.mark.parametrize("per_qos, ok", [
     ({"0": {"lost": 5, "duplicated": 3}, "1": {"lost": 0, "duplicated": 4},
       "2": {"lost": 0, "duplicated": 0}}, True),

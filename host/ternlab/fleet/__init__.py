@@ -5,9 +5,9 @@
     assert result.ok, result.failures
 """
 
-from .runner import Callbacks, FaultRecord, Fleet, FleetResult
+from .runner import Callbacks, ExternalBroker, FaultRecord, Fleet, FleetResult
 from .scenario import FaultSpec, Scenario, ScenarioError, load_scenario, parse_scenario
 from .schedule import Fault, make_schedule
 
-__all__ = ["Callbacks", "FaultRecord", "Fleet", "FleetResult", "FaultSpec", "Scenario", "ScenarioError",
+__all__ = ["Callbacks", "ExternalBroker", "FaultRecord", "Fleet", "FleetResult", "FaultSpec", "Scenario", "ScenarioError",
            "load_scenario", "parse_scenario", "Fault", "make_schedule"]

@@ -36,6 +36,13 @@ def add_subcommands(sub) -> None:
     r.add_argument("--out", default=None, help="output directory (default: fleet-out/<name>-seed<N>)")
     r.add_argument("--quiet", action="store_true", help="no live progress, only faults and the summary")
     r.add_argument("--relay", action="store_true", help=RELAY_HELP)
+    r.add_argument("--broker", type=broker_arg, default=None, metavar="HOST:PORT",
+                   help="a broker the team runs (plain MQTT; TLS and credentials are not taken yet): the "
+                        "fleet starts no Mosquitto, and its broker faults go to --broker-fault-hook or are "
+                        "skipped (said in the fault log and the summary)")
+    r.add_argument("--broker-fault-hook", default=None, metavar="CMD",
+                   help="with --broker: shell command that restarts that broker (TERN_BROKER_FAULT=soft|hard, "
+                        "TERN_BROKER=HOST:PORT in its environment), returning once it is back")
     r.set_defaults(func=run)
     p.set_defaults(func=lambda args: (p.print_usage(sys.stderr), 2)[1])
 
@@ -53,9 +60,23 @@ def seed_arg(text: str) -> int:
     return v
 
 
-def replay_command(source: str, seed: int, boards: int, duration: float, relay: bool = False) -> str:
+def broker_arg(text: str) -> tuple[str, int]:
+    """argparse type of --broker: HOST:PORT (an IPv6 host in brackets)."""
+    import argparse
+
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port 1..65535, not {text!r}")
+    return host, int(port)
+
+
+def replay_command(source: str, seed: int, boards: int, duration: float, relay: bool = False,
+                   broker: tuple | None = None, hook: str | None = None) -> str:
+    extra = (" --relay" if relay else "") + (f" --broker {broker[0]}:{broker[1]}" if broker else "") + (
+        f" --broker-fault-hook {shlex.quote(hook)}" if hook else "")
     return "tern fleet run %s --seed %d --boards %d --duration %g%s" % (
-        shlex.quote(source), seed, boards, duration, " --relay" if relay else "")
+        shlex.quote(source), seed, boards, duration, extra)
 
 
 def run(args) -> int:
@@ -70,18 +91,24 @@ def run(args) -> int:
     except ScenarioError as e:
         err.write(f"tern fleet run: {e}" + "\n")
         return 2
+    if args.broker_fault_hook and not args.broker:
+        err.write("tern fleet run: --broker-fault-hook needs --broker (the fleet restarts its own broker itself)\n")
+        return 2
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
-    replay = replay_command(args.scenario, seed, scenario.boards, scenario.duration, args.relay)
+    replay = replay_command(args.scenario, seed, scenario.boards, scenario.duration, args.relay,
+                            args.broker, args.broker_fault_hook)
     out = Path(args.out or Path("fleet-out") / f"{scenario.name}-seed{seed}")
     console.print(f"fleet [bold]{scenario.name}[/]: {scenario.boards} boards ({scenario.profile}), "
                   f"{scenario.duration:g} s, seed={seed}, output in {out}")
-    from .runner import Fleet
+    from .runner import ExternalBroker, Fleet
     from .view import FleetView
 
     view = FleetView(console, live=not args.quiet)
     t0 = time.monotonic()
     try:
-        fleet = Fleet(scenario, seed=seed, out=out, replay=replay, callbacks=view, relay=args.relay)
+        external = ExternalBroker(*args.broker, hook=args.broker_fault_hook) if args.broker else None
+        fleet = Fleet(scenario, seed=seed, out=out, replay=replay, callbacks=view, relay=args.relay,
+                      broker=external)
         with view:
             result = fleet.run()
     except KeyboardInterrupt:

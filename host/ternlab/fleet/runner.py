@@ -42,13 +42,16 @@ a relay), ``broker/mosquitto.log``; with collectors ``landing/`` and ``collector
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..pipeline.verdict import verdict
 from ..telemetry import write_ledger
 from .observer import Observer
 from .scenario import Scenario
@@ -104,6 +107,38 @@ class FaultRecord:
         return {"t": round(self.t, 3), "index": self.fault.index, "kind": self.fault.kind,
                 "target": self.target, "status": self.status, "detail": self.detail,
                 "ts": round(self.ts, 3), "scheduled_t": self.fault.t, **self.fault.params}
+
+
+class ExternalBroker:
+    """A broker the fleet did not start (``tern fleet run --broker HOST:PORT``): its address, and what
+    stands for a restart. The fleet's broker faults run ``hook`` (a shell command, with
+    ``TERN_BROKER_FAULT`` = ``soft`` or ``hard`` and ``TERN_BROKER`` = ``HOST:PORT`` in its
+    environment; it returns once the broker is back); without a hook they are skipped, and the fault
+    log and the summary say so. Nothing else of the broker's is touched: no log, no stop."""
+
+    log_path = None
+
+    def __init__(self, host: str, port: int, hook: str | None = None, timeout: float = 120.0):
+        self.host, self.port, self.hook, self.timeout = host, port, hook, timeout
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def restart(self, hard: bool) -> str:
+        env = dict(os.environ, TERN_BROKER_FAULT="hard" if hard else "soft", TERN_BROKER=self.name)
+        r = subprocess.run(self.hook, shell=True, env=env, capture_output=True, text=True, timeout=self.timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"the broker fault hook {self.hook!r} failed (status {r.returncode}): "
+                               f"{(r.stderr or r.stdout).strip()[-300:]}")
+        return "the hook returned (status 0)"
+
+    def stop(self) -> None:
+        pass
 
 
 @dataclass
@@ -191,7 +226,8 @@ class Fleet:
     """
 
     def __init__(self, scenario: Scenario, seed: int, out, *, replay: str | None = None,
-                 callbacks: Callbacks | None = None, first_board: int = 0, relay: bool = False):
+                 callbacks: Callbacks | None = None, first_board: int = 0, relay: bool = False,
+                 broker: "ExternalBroker | None" = None):
         self.scenario = scenario
         self.seed = check_seed(seed)
         self.out = Path(out)
@@ -202,6 +238,7 @@ class Fleet:
         self.slots = [_Slot(i, n) for i, n in enumerate(self.board_names)]
         self.records: list[FaultRecord] = []
         self.broker = None
+        self.external = broker       # a broker the team runs: the fleet starts no Mosquitto
         self.observer = None
         self.observer_trouble = None  # why the observer's copies may be incomplete (Observer.stop)
         self.collectors: list[_CollectorSlot] = []
@@ -250,7 +287,7 @@ class Fleet:
         return "\n".join(head + [r.line() for r in self.records])
 
     def broker_log_text(self) -> str:
-        if self.broker is None or not self.broker.log_path.exists():
+        if self.broker is None or self.broker.log_path is None or not self.broker.log_path.exists():
             return ""
         return self.broker.log_path.read_text(errors="replace")
 
@@ -340,13 +377,22 @@ class Fleet:
         observer, has subscribed again: Mosquitto 2.0 forgets persistent sessions' shared subscriptions
         across a restart, so a reading that reached it before then would be routed to no collector, or
         not to the observer (see docs/demo.md)."""
+        mode = "hard" if f.params["hard"] else "soft"
+        if self.external is not None and not self.external.hook:
+            self._record(f, "skipped", "broker", f"a {mode} restart of {self.external.name}: the fleet did not start "
+                         "that broker and was given no --broker-fault-hook")
+            return
         running = [c for c in self.collectors if c.proc.alive and c.starting is None]
         marks = {id(c): len(c.proc.lines) for c in running}
         for s in self.slots:
             s.board.set_link(False)
-        self._record(f, "injected", "broker", "SIGKILL" if f.params["hard"] else "SIGTERM")
-        self.broker.restart(hard=f.params["hard"])
-        detail = f"back on port {self.broker.port}"
+        if self.external is not None:
+            self._record(f, "injected", "broker", f"{mode} restart by the hook: {self.external.hook}")
+            detail = self.external.restart(hard=f.params["hard"])
+        else:
+            self._record(f, "injected", "broker", "SIGKILL" if f.params["hard"] else "SIGTERM")
+            self.broker.restart(hard=f.params["hard"])
+            detail = f"back on port {self.broker.port}"
         t0 = time.monotonic()
         while time.monotonic() - t0 < 15 and not all(
                 any("subscribed again" in ln for ln in c.proc.lines[marks[id(c)]:]) or not c.proc.alive
@@ -441,7 +487,7 @@ class Fleet:
             # stop command they were sent), broker state and landed rows would leak into this one
             shutil.rmtree(self.out / old, ignore_errors=True)
         self.cb.on_phase("starting")
-        self.broker = Broker(self.out / "broker", persistence=self.scenario.persistence).start()
+        self.broker = self.external or Broker(self.out / "broker", persistence=self.scenario.persistence).start()
         topic = self.firmware.get("topic", "tern/{id}/telemetry").replace("{id}", "+")
         self.observer = Observer(f"fleet-observer-{self.seed}", self.broker.host, self.broker.port,
                                  self.out / "observer" / "copies.jsonl", self.out / "observer" / "observer.log")
@@ -608,7 +654,7 @@ class Fleet:
             if self.observer is not None:
                 self.observer_trouble = self.observer.stop() or self.observer_trouble
         finally:
-            if self.broker is not None:
+            if self.broker is not None and self.external is None:
                 self.broker.stop()
 
     # ------------------------------------------------------------ output and verdict
@@ -647,9 +693,14 @@ class Fleet:
                               "received": self.observer.received(s.name), "lost": len(mine),
                               "power_cuts": s.power_cuts, "network_cuts": s.network_cuts,
                               "recovered": t.recovered(), "torn_lines": t.torn}
-        if lost:
-            failures.append(f"{len(lost)} accepted QoS >= 1 readings never reached the broker's subscriber, "
-                            f"e.g. {[(r['device'], r['boot'], r['qos'], r['seq']) for r in lost[:5]]}")
+        def examples(rows):
+            return f"e.g. {[(r['device'], r['boot'], r['qos'], r['seq']) for r in rows[:5]]}"
+
+        # the observer's copies: what reached the broker's subscribers (its duplicates are the broker's
+        # and the devices' doing, counted in the summary; the landing is where exactly once is judged)
+        by_qos = Counter(r["qos"] for r in lost)
+        for why in verdict({q: {"lost": n} for q, n in by_qos.items()})["reasons"]:
+            failures.append(f"observer: {why} (accepted, never reached the broker's subscriber), {examples(lost)}")
         landing = None
         if self.landing is not None:
             unlanded = [r for r in ledger if r["qos"] and not self.landing.has(
@@ -664,9 +715,12 @@ class Fleet:
                                       for c in self.collectors}}
             for c in self.collectors:
                 failures += c.unexpected
-            if unlanded:
-                failures.append(f"{len(unlanded)} accepted QoS >= 1 readings never landed, e.g. "
-                                f"{[(r['device'], r['boot'], r['qos'], r['seq']) for r in unlanded[:5]]}")
+            lq = Counter(r["qos"] for r in unlanded)
+            for why in verdict({q: {"lost": lq.get(q, 0), "duplicated": ldups.get(q, 0)}
+                                for q in set(lq) | set(ldups)})["reasons"]:
+                twice = [{"device": k[0], "boot": k[1], "seq": k[2], "qos": k[3]}
+                         for k, n in self.landing.copies.items() if n > 1 and k[3] == 2]
+                failures.append(f"landing: {why}, {examples(unlanded if 'lost' in why else twice)}")
         dups = Counter()
         for key, n in seen.items():
             if n > 1:
@@ -689,7 +743,10 @@ class Fleet:
                    "relays": any(s.proxy is not None for s in self.slots),
                    # packets.jsonl times are time.monotonic(): this offset puts them on the wall clock
                    "wall_minus_monotonic": time.time() - time.monotonic(),
-                   "schedule": [f.as_dict() for f in self.schedule], "landing": landing}
+                   "schedule": [f.as_dict() for f in self.schedule], "landing": landing,
+                   "broker": (f"external {self.external.name}" if self.external is not None
+                              else f"own Mosquitto on {self.broker.host}:{self.broker.port}" if self.broker else None),
+                   "skipped_faults": [r.as_dict() for r in self.records if r.status == "skipped"]}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         return FleetResult(ok=not failures, seed=self.seed, failures=failures, replay=self.replay, out=self.out,
                            boards=boards, ledger_rows=len(ledger), lost=lost, duplicates=dups,

@@ -11,17 +11,21 @@ Definitions (one *message* is a distinct ``(device, boot, qos, seq)``; a *copy* 
   loss, but messages lost *after the last one received* in a boot (the tail) cannot be seen;
 - ``lost``       -- expected messages never received (``expected - unique`` when inferred);
 - ``unexpected`` -- (ledger mode) messages received that the ledger does not list;
-- ``reordered``  -- MQTT ordering, per ``(device, boot, qos)`` stream in arrival order (``recv_ts``, then
-  ``recv_idx``): the *final copy* of a message (its last arrival) is reordered when it arrives after the
-  final copy of a message with a higher ``seq``. Non-final copies (a duplicate of an earlier message
-  that is delivered again later) never count;
+- ``reordered``  -- MQTT ordering, per ``(device, boot, qos)`` stream *as one subscriber saw it*
+  (each collector's landing rows; and, given, an order reference such as the fleet's observer, a
+  subscription of its own), in arrival order (``recv_ts``, then ``recv_idx``): the *final copy* of a
+  message in that subscriber's stream (its last arrival there) is reordered when it arrives after
+  the final copy there of a message with a higher ``seq``. Non-final copies (a duplicate of an
+  earlier message that is delivered again later) never count, nor does a backlog that a shared
+  subscription split between its members (separate streams: MQTT orders per subscription);
 - ``latency_p50_ms`` / ``p95`` / ``p99`` -- ``recv_ts - sent_ts`` of each message's *first* arrival, in
   milliseconds (from KLL quantile sketches: exact for groups of up to about ``KLL_K`` messages,
   approximate beyond; messages without ``sent_ts`` are left out);
 - ``streams``    -- (device, boot, qos) streams with at least one message received (per device row: the
   boots seen at that QoS).
 
-Verdict: fails when any QoS >= 1 message is lost or any QoS 2 message is duplicated.
+Verdict (:func:`.verdict.verdict`, the one rule the fleet and the demo use too): fails when any
+QoS >= 1 message is lost or any QoS 2 message is duplicated.
 
 Which messages: ``<out>/problems`` (Parquet) lists every loss, duplicate and reordering by
 ``(device, boot, qos, seq)`` -- a run of consecutive lost seqs is one row ``seq..seq_to`` -- with the
@@ -48,6 +52,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from . import schema
+from .verdict import verdict  # noqa: F401  (audit.verdict: the rule, defined once there)
 from .spark import PipelineError, glob_count, glob_paths, join, path_exists, write_bytes
 
 KEY = ["device", "boot", "qos", "seq"]
@@ -148,39 +153,64 @@ def read_ledger(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
 
 # --- the job ---------------------------------------------------------------------------------------
 
-def messages(landing: DataFrame) -> DataFrame:
+def messages(landing: DataFrame, order_ref: DataFrame | None = None) -> DataFrame:
     """One row per distinct message received, with its ordering flag.
 
     Columns: device, boot, qos, seq, copies, sent_ts, first_recv_ts, final_recv_ts, latency_ms,
     reordered (bool), boot_max_seq (max seq received in the stream).
 
-    One shuffle (by stream) and one sort: the rows are grouped by ``(stream, -seq)``, so the sort the
-    aggregation needs is also the order the window needs, highest seq first. In that order a message's
-    final copy is reordered exactly when some message with a higher seq (a row before it) had its final
-    copy arrive earlier -- a running minimum of the final arrivals over the preceding rows. (Equivalent
-    to sorting by final arrival and looking for a higher seq before it, which costs a second sort.)
+    Order is judged per *subscriber stream* (MQTT orders messages per subscription, and each member of
+    a shared subscription is a stream of its own): the landing rows of one ``collector`` and, given,
+    ``order_ref`` (rows ``device, boot, qos, seq, recv_ts`` of a subscriber of its own, the fleet's
+    observer: the order reference for the whole stream). In a subscriber's stream of a (device, boot,
+    qos), a message is reordered when its final copy there arrives after the final copy there of a
+    higher seq; it counts once however many streams show it. A backlog the broker split between the
+    members of a shared subscription is not a reordering. ``order_ref`` rows never count as copies.
+
+    One shuffle (by stream); per subscriber the rows are grouped by ``(stream, subscriber, -seq)``,
+    so the sort the aggregation needs is also the order the window needs, highest seq first. In that
+    order a message's final copy is reordered exactly when some message with a higher seq (a row
+    before it) had its final copy arrive earlier -- a running minimum of the final arrivals over the
+    preceding rows (equivalent to sorting by final arrival and looking for a higher seq before it,
+    which costs a second sort). The per-subscriber rows are then summed per message.
     """
-    rows = landing.select(
-        *STREAM, (-F.col("seq")).alias("_nseq"), "sent_ts",
-        F.struct(F.col("recv_ts").alias("ts"),
-                 F.coalesce(F.col("recv_idx"), F.lit(-1)).alias("idx")).alias("arr"),
-    ).repartition(*STREAM)
-    msgs = rows.groupBy(*STREAM, "_nseq").agg(
-        F.count(F.lit(1)).alias("copies"),
-        F.min("sent_ts").alias("sent_ts"),
-        F.min("arr").alias("first"),
-        F.max("arr").alias("final"),
+    arr = F.struct(F.col("recv_ts").alias("ts"), F.coalesce(F.col("recv_idx"), F.lit(-1)).alias("idx"))
+    rows = landing.select(*STREAM, (-F.col("seq")).alias("_nseq"), "sent_ts",
+                          F.concat(F.lit("c:"), F.coalesce("collector", F.lit(""))).alias("_sub"),
+                          arr.alias("arr"), F.lit(1).alias("_copy"))
+    if order_ref is not None:
+        rows = rows.unionByName(order_ref.select(
+            *STREAM, (-F.col("seq")).alias("_nseq"), F.lit(None).cast("double").alias("sent_ts"),
+            F.lit("ref").alias("_sub"),
+            F.struct(F.col("recv_ts").cast("double").alias("ts"), F.lit(-1).cast("long").alias("idx"))
+            .alias("arr"),
+            F.lit(0).alias("_copy")))
+    rows = rows.repartition(*STREAM)
+    copy = F.col("_copy") == 1
+    per_sub = rows.groupBy(*STREAM, "_sub", "_nseq").agg(
+        F.sum("_copy").alias("copies"),
+        F.min(F.when(copy, F.col("sent_ts"))).alias("sent_ts"),
+        F.min(F.when(copy, F.col("arr"))).alias("first"),
+        F.max(F.when(copy, F.col("arr"))).alias("final"),
+        F.max("arr").alias("_sub_final"),
     )
-    w = Window.partitionBy(*STREAM).orderBy("_nseq")
+    w = Window.partitionBy(*STREAM, "_sub").orderBy("_nseq")
     # (ts, idx) of the earliest final arrival among messages with a higher seq; ties go to the lower seq
-    earliest_after = F.min("final").over(w.rowsBetween(Window.unboundedPreceding, -1))
-    top = F.min("_nseq").over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    earliest_after = F.min("_sub_final").over(w.rowsBetween(Window.unboundedPreceding, -1))
+    flagged = per_sub.select(
+        "*", F.coalesce(earliest_after < F.col("_sub_final"), F.lit(False)).cast("int").alias("_reo"))
+    msgs = (flagged.groupBy(*STREAM, "_nseq")
+            .agg(F.sum("copies").alias("copies"), F.min("sent_ts").alias("sent_ts"),
+                 F.min("first").alias("first"), F.max("final").alias("final"),
+                 F.max("_reo").alias("_reo"))
+            .filter(F.col("copies") > 0))
+    top = F.min("_nseq").over(Window.partitionBy(*STREAM))
     return msgs.select(
         *STREAM, (-F.col("_nseq")).alias("seq"), "copies", "sent_ts",
         F.col("first.ts").alias("first_recv_ts"),
         F.col("final.ts").alias("final_recv_ts"),
         ((F.col("first.ts") - F.col("sent_ts")) * 1000.0).alias("latency_ms"),
-        F.coalesce(earliest_after < F.col("final"), F.lit(False)).alias("reordered"),
+        (F.col("_reo") > 0).alias("reordered"),
         (-top).alias("boot_max_seq"),
     )
 
@@ -251,14 +281,15 @@ SUM_COLS = ["expected", "received", "unique", "unexpected", "reordered", "stream
 
 
 def audit_frame(landing: DataFrame, ledger: DataFrame | None = None,
-                sketch_k: int = KLL_K, msgs: DataFrame | None = None) -> DataFrame:
+                sketch_k: int = KLL_K, msgs: DataFrame | None = None,
+                order_ref: DataFrame | None = None) -> DataFrame:
     """The audit as one DataFrame with a ``level`` column: ``device`` rows (per device and QoS),
     ``qos`` rows (device null) and one ``total`` row (device and qos null).
 
     The messages are aggregated once, per (qos, device), into sums and a KLL sketch of the latency; the
     qos and total levels re-aggregate those few rows and merge their sketches (no rollup over the
     messages, which would feed every message to three aggregations)."""
-    m = messages(landing)
+    m = msgs if msgs is not None else messages(landing, order_ref)
     if ledger is None:
         is_last = F.col("seq") == F.col("boot_max_seq")
         rows = m.select(
@@ -330,26 +361,31 @@ def audit_frame(landing: DataFrame, ledger: DataFrame | None = None,
     )
 
 
-def verdict(per_qos: dict) -> dict:
-    """``{"ok": bool, "reasons": [...]}`` from per-QoS counts (keys are QoS levels as strings)."""
-    reasons = []
-    for q, row in sorted(per_qos.items()):
-        if int(q) >= 1 and row["lost"] > 0:
-            reasons.append(f"QoS {q}: {row['lost']} message(s) lost")
-        if int(q) == 2 and row["duplicated"] > 0:
-            reasons.append(f"QoS {q}: {row['duplicated']} message(s) duplicated")
-    return {"ok": not reasons, "reasons": reasons}
-
-
 def _plain(row) -> dict:
     d = row.asDict()
     d.pop("level", None)
     return d
 
 
+def read_order_ref(spark: SparkSession, path: str) -> DataFrame:
+    """An order reference: rows ``device, boot, qos, seq, recv_ts`` (JSON lines, e.g. the fleet's
+    ``received.jsonl``, or Parquet) of one subscriber of its own, in any order."""
+    if not path_exists(spark, path):
+        raise PipelineError(f"order reference not found: {path}")
+    from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, StructField, StructType
+
+    sch = StructType([StructField("device", StringType()), StructField("boot", IntegerType()),
+                      StructField("qos", IntegerType()), StructField("seq", LongType()),
+                      StructField("recv_ts", DoubleType())])
+    reader = spark.read.schema(sch)
+    df = reader.json(path, mode="FAILFAST") if ledger_format(spark, path) == "json" else reader.parquet(path)
+    return df.select(*STREAM, "seq", "recv_ts")
+
+
 def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = None,
-              ledger_fmt: str = "auto") -> dict:
-    """Audit ``landing`` (and ``ledger``), write ``<out>/devices`` (Parquet, one row per device and
+              ledger_fmt: str = "auto", order_ref: str | None = None) -> dict:
+    """Audit ``landing`` (and ``ledger``; ``order_ref``: a subscriber's own copies, see
+    :func:`messages`), write ``<out>/devices`` (Parquet, one row per device and
     QoS) and ``<out>/summary.json``; return the summary."""
     t0 = time.monotonic()
     land = read_landing(spark, landing)
@@ -361,7 +397,11 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
         # nothing received and nothing expected: a PASS would hide a collector writing elsewhere
         raise PipelineError(f"no landing rows under {landing}: nothing to audit (give --ledger to "
                             "count everything as lost)")
-    msgs = messages(land).cache()  # the audit and the problem list both read it
+    ref = None
+    if order_ref:
+        ref = read_order_ref(spark, order_ref)
+        check_rows(ref, "order reference", ("device", "boot", "seq", "qos", "recv_ts"))
+    msgs = messages(land, ref).cache()  # the audit and the problem list both read it
     result = audit_frame(land, led, msgs=msgs).cache()
     try:
         devices = (result.filter(F.col("level") == "device").select(*RESULT_COLS)
@@ -385,6 +425,8 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
         "ledger": ledger,
         "ledger_format": ledger_format(spark, ledger, ledger_fmt) if ledger else None,
         "expected_from": "ledger" if ledger else "inferred",
+        "order_ref": order_ref,
+        "order": "per subscriber stream (each collector" + (", and the order reference)" if order_ref else ")"),
         "note": None if ledger else TAIL_NOTE,
         "devices": n_devices,
         "quarantined": count_quarantine(spark, landing),

@@ -71,7 +71,7 @@ def _audit(spark, args) -> int:
     from .report import print_summary
 
     summary = run_audit(spark, args.landing, args.out, ledger=args.ledger,
-                        ledger_fmt=args.ledger_format)
+                        ledger_fmt=args.ledger_format, order_ref=args.order_ref)
     if not args.quiet:
         print_summary(summary, problems=args.problems)
     return EXIT_OK if summary["verdict"]["ok"] else EXIT_FAIL
@@ -116,13 +116,17 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--ledger", help="what devices published (Parquet or JSON lines); without it, "
                                     "expected is inferred from the highest seq received per boot")
     p.add_argument("--ledger-format", choices=("auto", "parquet", "json"), default="auto")
+    p.add_argument("--order-ref", help="copies seen by a subscriber of its own (JSON lines or Parquet: "
+                                       "device, boot, qos, seq, recv_ts; e.g. a fleet's received.jsonl): "
+                                       "its order is judged too (order is judged per subscriber stream)")
     p.add_argument("--quiet", action="store_true", help="no summary table on stdout")
     p.add_argument("--problems", action="store_true",
                    help="also list which (device, boot, seq) were lost, duplicated or reordered (the "
                         "first 200 of each kind; all of them are in OUT/problems)")
     _spark_options(p)
     p.set_defaults(func=_runner("audit", _audit), local_inputs=lambda a: [
-        ("landing path", a.landing), *([("ledger path", a.ledger)] if a.ledger else [])])
+        ("landing path", a.landing), *([("ledger path", a.ledger)] if a.ledger else []),
+        *([("order reference", a.order_ref)] if a.order_ref else [])])
 
     p = subparsers.add_parser(
         "rollup", help="per device and time window count/min/max/mean of each reading",

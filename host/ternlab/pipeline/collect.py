@@ -29,6 +29,15 @@ How it keeps "nothing lost":
   (PUBREC, then PUBCOMP on the PUBREL) and not landed again (``qos2_already_landed``). A PUBREL tells
   it the broker has the PUBREC (the entry is dropped), as does another message under that packet id.
   QoS 1 has no such release: a kill between a file's rename and its PUBACKs still gives duplicates.
+- QoS 2 exactly once, whatever the broker sends: a copy is also recognised by what it is -- the
+  reading's topic, device, boot and sequence number (:func:`.landing.reading_key`; topic and payload
+  for a malformed one) -- against a window of the newest ``--qos2-window`` QoS 2 messages landed or
+  held (rebuilt from this collector's newest landing files at start). A copy in the window is
+  acknowledged and not landed (``qos2_already_landed``), with or without DUP, under any packet id:
+  a broker restarted (hard or soft) may send a message again after our PUBREC or even after the
+  PUBCOMP (it saved its state before them), and a broker that lost its state gets the device's own
+  resend of a message it had already delivered. A resend that reaches *another* collector of the
+  group is not seen here (each collector knows its own window); the audit counts it.
 - ``--retire``: connect as ``--id`` (its persistent session), unsubscribe the shared subscription, land
   and acknowledge what the broker still holds for it until nothing comes for ``--drain-idle`` seconds
   and one UNSUBSCRIBE round trip confirms it, then end the session (MQTT 5: DISCONNECT with session
@@ -58,7 +67,9 @@ import sys
 import time
 
 from . import schema
-from .landing import LandingError, LandingWriter, qos2_key
+from collections import OrderedDict
+
+from .landing import LandingError, LandingWriter, qos2_key, reading_key
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -154,6 +165,9 @@ class Collector:
         # back from the newest landing file at start, carried in every file written, and emptied as
         # the broker releases them (PUBREL), reuses their packet id, or forgets the session.
         self.landed_q2: dict = {}
+        # What the newest QoS 2 messages landed or held are (reading_key / qos2_key), oldest first,
+        # at most --qos2-window of them: a copy found here is not landed again.
+        self.q2_seen: OrderedDict = OrderedDict()
         opts = {"manual_ack": True, "store": _release_store(self)}
         if args.version == 5:
             opts["session_expiry"] = args.session_expiry
@@ -227,6 +241,20 @@ class Collector:
                     return
                 # another message under that packet id: the broker had released the landed one
                 del self.landed_q2[pid]
+        try:
+            p = schema.parse_payload(raw)
+        except ValueError as e:
+            p, bad = None, e
+        orphan = self.orphan_keys and self.orphan_keys.get((m.topic, raw))
+        if m.qos == 2 and not orphan:
+            ident = qos2_key(m.topic, raw) if p is None else reading_key(m.topic, p["device"], p["boot"], p["seq"])
+            if ident in self.q2_seen:
+                # the same reading, landed (or held in this batch) already: a resend after a broker
+                # restart, or the device's own after the broker lost it. Answered, not landed.
+                self.stats["qos2_already_landed"] += 1
+                self.client.ack(m.ack_id)
+                return
+            self._seen(ident)
         self.idx += 1
         if self.orphan_keys:
             key = (m.topic, raw)
@@ -238,12 +266,10 @@ class Collector:
                     del self.orphan_keys[key]
                 else:
                     self.orphan_keys[key] = n - 1
-        try:
-            p = schema.parse_payload(raw)
-        except ValueError as e:
+        if p is None:
             q = b.quarantine
             q["payload_raw"].append(raw)
-            q["reason"].append(str(e))
+            q["reason"].append(str(bad))
             q["recv_ts"].append(now)
             q["topic"].append(m.topic)
             q["collector"].append(self.args.id)
@@ -270,6 +296,13 @@ class Collector:
         b.nbytes += len(raw)
         if b.first_at is None:
             b.first_at = time.monotonic()
+
+    def _seen(self, ident: bytes) -> None:
+        """Remember a QoS 2 message's identity; the oldest leaves once the window is full."""
+        seen = self.q2_seen
+        seen[ident] = None
+        if len(seen) > self.args.qos2_window:
+            seen.popitem(last=False)
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -359,6 +392,12 @@ class Collector:
             self.say(f"removed {stale} temporary file(s) left by an earlier run")
         try:
             self.landed_q2 = self.writer.last_record()
+        except LandingError as e:
+            self.say(f"error: {e}")
+            return EXIT_FAIL
+        try:
+            for ident in self.writer.recent_qos2(a.qos2_window):
+                self._seen(ident)
         except LandingError as e:
             self.say(f"error: {e}")
             return EXIT_FAIL

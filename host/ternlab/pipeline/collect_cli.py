@@ -80,6 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-idle", type=_positive(float), default=1.0,
                    help="--retire: the broker has nothing more once nothing came for this many "
                         "seconds (default 1.0; then one round trip confirms it)")
+    p.add_argument("--qos2-window", type=_positive(int), default=65536,
+                   help="QoS 2 messages (the newest landed) recognised by what they are when they come "
+                        "again, whatever their packet id or DUP flag (default 65536)")
     p.add_argument("--progress", type=float, default=10.0,
                    help="seconds between progress lines (default 10; 0: none)")
     # The broker flags of tern pub / tern sub (ternlab.brokeropts), with collect's own defaults: host

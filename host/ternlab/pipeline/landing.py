@@ -59,6 +59,14 @@ def qos2_key(topic: str, payload: bytes) -> bytes:
     return hashlib.blake2b(topic.encode() + b"\0" + bytes(payload), digest_size=8).digest()
 
 
+def reading_key(topic: str, device: str, boot: int, seq: int) -> bytes:
+    """8-byte checksum of what a reading is (its topic, device, boot and sequence number): a copy
+    with the same key is the same reading, whatever packet id or DUP flag it came with (a broker that
+    lost its state after delivering it, or a device that published it again because it never got the
+    PUBCOMP). The collector keeps a window of the QoS 2 keys it landed (see :mod:`.collect`)."""
+    return hashlib.blake2b(f"{topic}\0{device}\0{boot}\0{seq}".encode(), digest_size=8).digest()
+
+
 def encode_record(record: dict) -> bytes:
     return base64.b64encode(b"".join(_ENTRY.pack(pid, key) for pid, key in record.items()))
 
@@ -221,6 +229,45 @@ class LandingWriter:
                     raise LandingError(errno.EINVAL, f"landing file {path} has a damaged "
                                        f"{META_QOS2.decode()} record: {e}") from None
         return best
+
+    def recent_qos2(self, limit: int) -> list:
+        """Identity keys of the newest ``limit`` QoS 2 messages this collector landed, oldest first:
+        :func:`reading_key` of each QoS 2 landing row and :func:`qos2_key` of each quarantined row
+        (quarantine files keep the raw payload but no QoS: a malformed QoS 0/1 payload in the window
+        only matters if the same bytes come again at QoS 2). Newest files first, by name (the first
+        ``recv_idx``), until ``limit`` keys are found; only the identity columns are read."""
+        rx = re.compile(rf"^(part|q)-{re.escape(self.tag)}-(\d{{20}})\.parquet$")
+        names = []
+        for hour in self._hour_dirs():
+            for entry in os.scandir(hour):
+                m = rx.match(entry.name)
+                if m:
+                    names.append((int(m.group(2)), m.group(1), entry.path))
+        names.sort(reverse=True)
+        chunks: list = []
+        found = 0
+        for _, kind, path in names:
+            if found >= limit:
+                break
+            try:
+                meta = pq.read_metadata(path).metadata or {}
+                if meta.get(META_COLLECTOR, self.collector.encode()) != self.collector.encode():
+                    continue  # another collector whose id maps to the same file-name tag
+                if kind == "part":
+                    t = pq.read_table(path, columns=["topic", "device", "boot", "seq", "qos"])
+                    c = t.to_pydict()
+                    keys = [reading_key(tp, d, b, sq) for tp, d, b, sq, q in
+                            zip(c["topic"], c["device"], c["boot"], c["seq"], c["qos"]) if q == 2]
+                else:
+                    c = pq.read_table(path, columns=["topic", "payload_raw"]).to_pydict()
+                    keys = [qos2_key(tp, raw) for tp, raw in zip(c["topic"], c["payload_raw"])]
+            except (OSError, pa.ArrowException) as e:
+                raise LandingError(getattr(e, "errno", None) or errno.EIO,
+                                   f"cannot read landing file {path}: {e}") from None
+            chunks.append(keys)
+            found += len(keys)
+        out = [k for keys in reversed(chunks) for k in keys]
+        return out[-limit:] if limit else []
 
     # --- commit -------------------------------------------------------------------------------
 
