@@ -29,7 +29,7 @@ def bench(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("cpu")
     with Broker(d / "broker") as broker:
-        b = cpu_bench.Bench(broker, d / "board", with_umqtt=False)
+        b = cpu_bench.Bench(broker, d / "board", with_umqtt=False, with_mpy=False)
         yield b
         b.close()
 
