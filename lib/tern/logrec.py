@@ -10,6 +10,7 @@ for a real one. Integers are little-endian.
 """
 
 from binascii import crc32
+from struct import pack_into
 
 from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
 
@@ -100,13 +101,10 @@ def hcrc(h, i, seed):
 
 def make_header(h, t, flags, ln, rseq, pid, seed):
     """Fill the preallocated 16-byte header h (status bytes left erased)."""
-    h[0] = t
-    h[1] = flags
-    put16(h, 2, ln)
-    put32(h, 4, rseq)
-    put16(h, 8, pid)
+    # one pack_into, not a Python call per field: a third of an append's header work on a board
+    pack_into("<BBHIH", h, 0, t, flags, ln, rseq & 0xFFFFFFFF, pid)
     h[12] = h[13] = h[14] = h[15] = 0xFF
-    put16(h, 10, hcrc(h, 10, seed) & 0xFFFF)
+    pack_into("<H", h, 10, hcrc(h, 10, seed) & 0xFFFF)
 
 
 def apply_op(ents, ins, fl, r, i):

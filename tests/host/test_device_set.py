@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ternlab.boards.emulated import EmulatedBoard
-from ternlab.devset import device_files
+from ternlab.boards.deploy import mpy_version
+from ternlab.devset import build_mpy, device_files
 
 ROOT = Path(__file__).resolve().parents[2]
 MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
@@ -29,13 +30,28 @@ def test_the_device_set_is_every_module_but_the_host_codec_and_its_options_leave
     assert "logrec.py" not in {Path(r).name for _, r in device_files(flashstore=False, filestore=False)}
 
 
-def test_package_json_installs_the_device_set():
+def test_package_json_installs_the_device_set_as_bytecode_and_package_src_json_as_sources():
     pkg = json.loads((ROOT / "package.json").read_text())
-    assert pkg["urls"] == [[r, "lib/" + r] for _, r in device_files()]
-    assert all((ROOT / url).is_file() for _, url in pkg["urls"])  # relative: github:OWNER/REPO and a path alike
+    assert pkg["urls"] == [[r[:-3] + ".mpy", "mpy/" + r[:-3] + ".mpy"] for _, r in device_files()]
+    src = json.loads((ROOT / "package-src.json").read_text())
+    assert src["urls"] == [[r, "lib/" + r] for _, r in device_files()]
+    for p in (pkg, src):
+        assert all((ROOT / url).is_file() for _, url in p["urls"])  # relative: github:OWNER/REPO and a path alike
     from mpremote.mip import _rewrite_url
 
-    assert _rewrite_url("github:o/r/" + pkg["urls"][0][1]) == "https://raw.githubusercontent.com/o/r/HEAD/lib/tern/__init__.py"
+    assert _rewrite_url("github:o/r/" + pkg["urls"][0][1]) == "https://raw.githubusercontent.com/o/r/HEAD/mpy/tern/__init__.mpy"
+
+
+def test_the_committed_mpy_files_are_what_the_sources_compile_to_now(tmp_path):
+    # mip installs the committed mpy/ as it is: a source changed without `python tools/build_mpy.py`
+    # would put yesterday's library on the board
+    built = build_mpy(tmp_path)
+    committed = sorted(p.relative_to(ROOT / "mpy") for p in (ROOT / "mpy").rglob("*") if p.is_file())
+    assert committed == sorted(p.relative_to(tmp_path) for p in built), "mpy/ holds other files than the device set"
+    stale = [str(p.relative_to(tmp_path)) for p in built if p.read_bytes() != (ROOT / "mpy" / p.relative_to(tmp_path)).read_bytes()]
+    assert not stale, "mpy/ is stale for %s: run python tools/build_mpy.py and commit" % stale
+    for p in built:  # .mpy version 6, bytecode only (flags 0: no native code, so any v6 port reads it)
+        assert mpy_version(p) == (6, 0), p
 
 
 def test_the_firmware_manifest_freezes_the_device_set_with_micropythons_tool(tmp_path):
@@ -53,24 +69,66 @@ def test_the_firmware_manifest_freezes_the_device_set_with_micropythons_tool(tmp
     assert frozen == [r for _, r in device_files()] + ["hal.py", "tconfig.py", "telemetry.py"]
 
 
-def test_mip_install_from_a_path_onto_an_emulated_board_then_publish(tmp_path, broker):
+@pytest.mark.parametrize("package, ext", [("package.json", ".mpy"), ("package-src.json", ".py")])
+def test_mip_install_from_a_path_onto_an_emulated_board_then_publish(tmp_path, broker, package, ext):
     board = EmulatedBoard("unix-emulated", workdir=tmp_path / "board")
     try:
         assert board.eval("__import__('sys').path")[-1:] == ["/lib"] and not board.exists("lib/tern")
         board.disconnect()  # the port is mpremote's now
-        r = subprocess.run([MPREMOTE, "connect", board.port, "mip", "install", str(ROOT / "package.json")],
+        r = subprocess.run([MPREMOTE, "connect", board.port, "mip", "install", str(ROOT / package)],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
         on_board = board.listdir("lib/tern")
-        assert on_board == sorted(Path(r).name for _, r in device_files()) and "codec.py" not in on_board
+        assert on_board == sorted(Path(r).stem + ext for _, r in device_files()) and "codec" + ext not in on_board
         board.exec("from tern.client import Client\n"
                    "c = Client('mip-board', server=%r, port=%d)\n"
                    "c.connect()\n"
                    "c.wait_published(c.publish('mip/board', b'installed by mip', qos=1, retain=True))\n"
                    "c.disconnect()\n" % (broker.host, broker.port), timeout=30)
-        assert board.eval("__import__('tern.client').client.__file__") == "/lib/tern/client.py"
+        assert board.eval("__import__('tern.client').client.__file__") == "/lib/tern/client" + ext
     finally:
         board.close()
     got = subprocess.run([MOSQ_SUB, "-h", broker.host, "-p", str(broker.port), "-t", "mip/board", "-C", "1",
                           "-W", "10"], capture_output=True, text=True, timeout=30)
     assert got.stdout == "installed by mip\n", got.stderr
+
+
+# The heap of an ESP32 without PSRAM (qemu-m3-esp32: 110,000 bytes) must leave an app this much once
+# the mip-installed client has imported, connected and published.
+APP_ROOM = 40_000
+
+MIP_APP = """import gc, sys, emuboard
+sys.path.insert(0, '/lib')  # ahead of .frozen: this firmware has its own tern frozen in
+from tern.client import Client
+c = Client('mip-esp32', stream=emuboard.uart())
+c.connect()
+c.wait_published(c.publish('mip/esp32', b'mip on a 110,000-byte heap', qos=1, retain=True))
+gc.collect()
+print('FREE', gc.mem_free(), __import__('tern.session').session.__file__)
+c.disconnect()
+"""
+
+
+def test_mip_install_onto_the_qemu_esp32_board_imports_connects_and_publishes_with_room_to_spare(tmp_path, broker):
+    # the microcontroller's firmware (qemu port, Cortex-M3) with an ESP32's heap: package.json's
+    # bytecode, installed by mpremote as a user would, imports without compiling anything on the board
+    from ternlab.boards.qemu import QemuBoard
+
+    board = QemuBoard("qemu-m3-esp32", workdir=tmp_path / "board", link=broker.address)
+    try:
+        assert board.eval("__import__('gc').mem_free() + __import__('gc').mem_alloc()") <= 110_000
+        board.disconnect()
+        r = subprocess.run([MPREMOTE, "connect", board.port, "mip", "install", str(ROOT / "package.json")],
+                           capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert board.listdir("lib/tern") == sorted(Path(r).stem + ".mpy" for _, r in device_files())
+        out = board.exec(MIP_APP, timeout=60)
+        free, where = [ln.split()[1:] for ln in out.splitlines() if ln.startswith("FREE")][0]
+        print("qemu-m3-esp32, mip's .mpy after import + connect + publish: %s bytes free" % free)
+        assert where == "/lib/tern/session.mpy"
+        assert int(free) >= APP_ROOM, "only %s bytes of the heap left for the app" % free
+    finally:
+        board.close()
+    got = subprocess.run([MOSQ_SUB, "-h", broker.host, "-p", str(broker.port), "-t", "mip/esp32", "-C", "1",
+                          "-W", "10"], capture_output=True, text=True, timeout=30)
+    assert got.stdout == "mip on a 110,000-byte heap\n", got.stderr

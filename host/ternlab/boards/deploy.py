@@ -20,16 +20,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..devset import device_files
+from ..devset import MPY_OPT, device_files
 from ..paths import lib_dir, project_dir
 from .errors import BoardError
 
 SOURCE_ONLY = ("main.py", "boot.py")
-# How .mpy files for a board are compiled (here and by ternlab.telemetry.compile_mpy): -O3 leaves the
-# line numbers out of the bytecode, which a board loads onto its heap with the rest (about 1.9 KB of
-# the library's import + connect on a 32-bit board, docs/benchmarks.md). A traceback on the board
-# still names the module and the function; its line numbers read 1.
-MPY_OPT = "-O3"
 # board-side snippets: make folders, remove files (neither minds what is already so)
 _MKDIRS = "import os\nfor d in %r:\n try:\n  os.mkdir(d)\n except OSError:\n  pass\n"
 _REMOVE = "import os\nfor p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n"

@@ -79,7 +79,7 @@ class _Relay(PortRelay):
                 "-chardev", "socket,id=link,host=127.0.0.1,port=%d,server=on,wait=on" % self.link_port,
                 "-serial", "chardev:link",
                 "-chardev", "socket,id=dcd,host=127.0.0.1,port=%d,server=on,wait=on" % dcd_port,
-                "-serial", "chardev:dcd", "-kernel", str(b.elf)]
+                "-serial", "chardev:dcd", "-kernel", str(b.elf)] + b.qemu_args
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         with open(b.workdir / "qemu.log", "ab") as err:
@@ -467,11 +467,14 @@ class _Bridge(threading.Thread):
 
 class QemuBoard(EmulatedBoard):
     """A qemu-m3 board: QemuBoard(profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None,
-    power=True, cut_at=0, seed=1, link=None). link: (host, port) the link UART reaches (the broker,
-    or a chaos proxy); `link()` changes it. The firmware is built (or taken from the cache) first."""
+    power=True, cut_at=0, seed=1, link=None, qemu_args=()). link: (host, port) the link UART reaches
+    (the broker, or a chaos proxy); `link()` changes it. qemu_args: more options for qemu-system-arm at
+    each power-on, e.g. ("-icount", "shift=0"): the guest clock advances 1 ns per instruction executed,
+    so the MPS2 timers count instructions (tools/bench/cpu_bench.py). The firmware is built (or taken
+    from the cache) first."""
 
     def __init__(self, profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None, power=True, cut_at=0,
-                 seed=1, link=None):
+                 seed=1, link=None, qemu_args=()):
         from .. import firmware
         from .board import load_profile
 
@@ -483,6 +486,7 @@ class QemuBoard(EmulatedBoard):
         except firmware.BuildError as e:
             raise BoardError("%s: no firmware: %s" % (prof["name"], e)) from None
         self._link = tuple(link) if link else None
+        self.qemu_args = [str(a) for a in qemu_args]
         super().__init__(prof, workdir=workdir, board_id=board_id, echo=echo, power=power, cut_at=cut_at, seed=seed)
 
     def _supervisor(self):
