@@ -897,11 +897,13 @@ class FlashStore(Log):
         self._prog(addr + _RH + ln, self._crcb)
 
     def _gflush(self):
+        # clean only once programmed: a program that raised leaves the store
+        # dirty, so no packet that announces its records can leave (a retry
+        # programs the same bytes again, which NOR flash takes)
         if self._glen:
-            n = self._glen
+            self._prog(self._gaddr, self._gmv[0 : self._glen])
             self._glen = 0
             self.dirty = False
-            self._prog(self._gaddr, self._gmv[0:n])
 
     def _small(self, t, flags, rseq, pid):
         """Append a body-less record (OP, INID, INCLEAR)."""

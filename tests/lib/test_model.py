@@ -43,11 +43,7 @@ def test_model_flash_store_appended_acks():
     _budget("flash-acks", 150, 30, 6400)
 
 
-@_known
 def test_model_flash_store_group_commit():
-    # Open: FlashStore(append_acks=True, group_commit=True) still delivers QoS 2 twice after some
-    # power cuts on the write-ahead fix (seeds 7006, 7014 here; see FLASH_GC_MARK_LOST below).
-    # Strict: it fails the day these seeds pass, to become a plain budget.
     _budget("flash-gc", 100, 20, 7000)
 
 
@@ -113,17 +109,16 @@ def test_model_flash_appended_ack_never_fails_for_room():
     assert err is None, err
 
 
-# Found by the extended model on the group-commit fix (h-wal merged), not fixed on this branch:
-# flash-gc seed 33, shrunk. FlashStore(append_acks=True, group_commit=True): the PUBREL of a QoS 2
-# message leaves after its mark was committed, the broker releases the id, then a power cut at the
-# flash operation after; after the reboot the record is back without its mark, the PUBLISH is
-# resent and the broker delivers the message a second time.
+# Found by the extended model (flash-gc seed 33, shrunk; 7006, 7014, 7044, 7122 alike), fixed:
+# FlashStore(append_acks=True, group_commit=True) marked the group buffer clean before programming
+# it, so when the program of a QoS 2 mark failed (here: torn by a power cut inside a release), the
+# PUBREL queued before it still left (Session.feed flushes in its finally) and the mark was not on
+# flash: after the reboot the PUBLISH was resent and delivered twice.
 FLASH_GC_MARK_LOST = [
     ("sub", 1), ("cut", 17), ("hold",), ("sub", 3), ("connect",), ("sub", 0), ("unsub", 4), ("ack",), ("drop",),
     ("connect",), ("sub", 2), ("pub", 2, 40, 0), ("fill", 160), ("pub", 2, 160, 3), ("cut", 2)]
 
 
-@_known
 def test_model_flash_group_commit_keeps_a_mark_its_pubrel_announced():
     v, mp, _ = model.params(33)
     err = model.run("flash-gc", 33, FLASH_GC_MARK_LOST, v, mp)
