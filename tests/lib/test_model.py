@@ -125,18 +125,17 @@ def test_model_flash_group_commit_keeps_a_mark_its_pubrel_announced():
     assert err is None, err
 
 
-# Found by the extended model, not fixed on this branch: file seed 9040, shrunk. The broker forgot
-# the session; the CONNACK (session present 0) finds the disk full: FileStore.in_clear() raises
-# ENOSPC, the session keeps the clear for its next CONNACK in RAM only, and a power cut right after
-# the next CONNECT loses that: the next CONNACK says session present 1, the old session's inbound
-# QoS 2 ids are kept, and the broker's new messages under those ids are taken for repeats, never
-# delivered.
+# Found by the extended model (file seed 9040, shrunk), fixed. The broker forgot the session; the
+# CONNACK (session present 0) finds the disk full: FileStore.in_clear() raises ENOSPC, and the
+# session kept the clear for its next CONNACK in RAM only, so a power cut right after the next
+# CONNECT lost it: the next CONNACK said session present 1, the old session's inbound QoS 2 ids were
+# kept, and the broker's new messages under those ids were taken for repeats, never delivered. Now
+# the pending clear is made durable before the next CONNECT leaves (or connect_packet raises).
 FILE_ENOSPC_AT_CLEAR = [
     ("connect",), ("in", 2, False, 3), ("cutpkt", 1), ("pub", 2, 40, 1), ("forget",), ("full", 3), ("connect",),
     ("cutpkt", 1), ("connect",), ("connect",), ("in", 2, True, 6)]
 
 
-@_known
 def test_model_file_store_clears_inbound_ids_of_a_lost_session_on_a_full_disk():
     v, mp, _ = model.params(9040)
     err = model.run("file", 9040, FILE_ENOSPC_AT_CLEAR, v, mp)
