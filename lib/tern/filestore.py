@@ -834,12 +834,16 @@ class FileStore(Log):
         self._gc()
 
     def commit(self):
-        self._sync()
         e = self._lost
         if e is not None:
             self._lost = None
-            self.dirty = False
-            raise OSError(e.args[0] if e.args else 5, "records not yet durable were lost by a failed write")
+            if self._soff == self._off:
+                # nothing written since the loss: what is about to leave may
+                # announce what was lost (records written since mean the
+                # session went on, e.g. a publish that was told of the error)
+                self.dirty = False
+                raise OSError(e.args[0] if e.args else 5, "records not yet durable were lost by a failed write")
+        self._sync()
 
     def close(self):
         if self._f is not None:
