@@ -213,6 +213,8 @@ class FileStore(Log):
         self._cur = 0
         self._off = 0
         self.dirty = False
+        self._soff = 0  # end of what the last sync made durable in the current segment
+        self._lost = None  # group commit: the error that lost records not yet durable (see _fail)
         self._segs = []  # segment numbers, oldest first
         self._live = {}  # segment -> bytes of its live records
         self._sz = {}  # segment -> file size (the current one: _off)
@@ -483,7 +485,7 @@ class FileStore(Log):
         self._segs.append(seg)
         self._live[seg] = 0
         self._cur = seg
-        self._off = 0
+        self._off = self._soff = 0
         self._emit(T_SEG, 0, self._rseq, self._last, b"", b"")
         self._sync()
         self.fs.sync_dir(self.path)
@@ -520,7 +522,8 @@ class FileStore(Log):
                 self.fs.sync_file(self._f)
             except Exception as e:
                 self._fail(e)
-            self.dirty = False
+            self._soff = self._off
+            self.dirty = self._lost is not None
 
     def _fail(self, e):
         """A write or sync failed (a full filesystem, say): what the file holds
@@ -533,6 +536,13 @@ class FileStore(Log):
             self._bad = True
             f = self._f
             self._f = None
+            if self.group and self._soff < self._off:
+                # Under group commit this drops records written before the
+                # failed one and not yet synced: a mark, an inbound id, that a
+                # packet queued meanwhile announces (a PUBREL the session
+                # flushes in its finally). The store stays dirty and its next
+                # commit raises, so that none leaves.
+                self._lost = e
             self.dirty = False
             try:
                 f.close()
@@ -543,6 +553,8 @@ class FileStore(Log):
             except Exception:
                 pass
             self._bad = False
+            if self._lost is not None:
+                self.dirty = True
         if isinstance(e, OSError) and e.args and e.args[0] == ENOSPC:
             raise OSError(ENOSPC, "outbox full (filesystem)")
         raise e
@@ -856,6 +868,15 @@ class FileStore(Log):
         self._gc()
 
     def commit(self):
+        e = self._lost
+        if e is not None:
+            self._lost = None
+            if self._soff == self._off:
+                # nothing written since the loss: what is about to leave may
+                # announce what was lost (records written since mean the
+                # session went on, e.g. a publish that was told of the error)
+                self.dirty = False
+                raise OSError(e.args[0] if e.args else 5, "records not yet durable were lost by a failed write")
         self._sync()
 
     def close(self):

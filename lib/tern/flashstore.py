@@ -720,6 +720,14 @@ class FlashStore(Log):
                     self._gflush()
                     self._reclaim(o)
                     continue
+                if keep is None and not free and room >= size:
+                    # An ack with no spare sector and less room in the head
+                    # than the reclaim of the oldest needs (a cut tore a copy
+                    # into the room kept for it, flash-acks seed 6353): it
+                    # frees, so it goes in rather than fail and wedge the outbox.
+                    a = self._head * self.bs + self._off
+                    self._off += size
+                    return a
             self._gflush()
             self._switch()
         raise OSError(ENOSPC, "flash outbox full")
@@ -984,11 +992,13 @@ class FlashStore(Log):
         self._prog(addr + _RH + ln, self._crcb)
 
     def _gflush(self):
+        # clean only once programmed: a program that raised leaves the store
+        # dirty, so no packet that announces its records can leave (a retry
+        # programs the same bytes again, which NOR flash takes)
         if self._glen:
-            n = self._glen
+            self._prog(self._gaddr, self._gmv[0 : self._glen])
             self._glen = 0
             self.dirty = False
-            self._prog(self._gaddr, self._gmv[0:n])
 
     def _small(self, t, flags, pid):
         """Append a body-less record (OP, INID, INCLEAR). Its sequence is taken

@@ -401,6 +401,12 @@ class Session:
         # that reconnected) what it has read stays, for the handlers under way.
         self.rx_len = self._rpos if self._rpos > 0 else 0
         self._txn = 0
+        if self._stale:
+            # A clear a CONNACK could not make durable (ENOSPC) is made so
+            # before the next CONNECT leaves, or that raises: the flag is RAM
+            # only, and after a power cut a session present 1 would keep the
+            # old session's ids against the new one's messages.
+            self._clear_in()
         self.state = _CONNECTING
         self._ping_sent = -1
         self.reauthing = False
@@ -410,6 +416,12 @@ class Session:
             _CONNECT, version=self.version, clean=c, keepalive=ka, client_id=self.client_id,
             props=self.connect_props, username=u, password=pw, will_topic=wt, will_payload=wp, will_qos=wq,
             will_retain=wr, will_props=wprops), now)
+
+    def _clear_in(self):
+        self.store.in_clear()
+        self.store.commit()  # now, not at the next packet: the broker's new session exists already
+        self._stale = False
+        self._in2 = 0
 
     def _pump(self, now):
         """Send what the window allows, oldest first: a PUBREL for a QoS 2
@@ -950,13 +962,10 @@ class Session:
                 # PUBREC was seen is published again, since the broker no longer
                 # holds it (at least once rather than lost); inbound QoS 2 ids
                 # and the broker's copies of our subscriptions are gone.
-                self._stale = True  # until the clear is durable: a failure (ENOSPC) clears at the next CONNACK,
-                # whose session present 1 would otherwise keep the old session's ids against the new one's
+                self._stale = True  # until the clear is durable: after a failure (ENOSPC) it is retried
+                # before the next CONNECT (see connect_packet)
             if self._stale:
-                self.store.in_clear()
-                self.store.commit()  # now, not at the next packet: the broker's new session exists already
-                self._stale = False
-                self._in2 = 0
+                self._clear_in()
             # Replay the ring in its original order (and without a session on
             # the broker, forget the PUBRECs seen) before the application
             # hears of the connection: what it publishes from EV_CONNACK then

@@ -400,6 +400,47 @@ def test_write_failing_half_way_on_a_full_filesystem():
         posix_write_failing_half_way()
 
 
+def test_group_commit_failed_write_keeps_the_store_dirty():
+    """Group commit: a failed write makes the store drop what was not yet
+    durable (a mark staged before it, whose PUBREL the session has queued).
+    The store must stay dirty and its next commit raise, so that the packet
+    announcing it never leaves (model file-lfs-gc seed 33: QoS 2 twice)."""
+    vol = LfsVolume(tmppath("grpfail"), blocks=16)
+    try:
+        d, fs = vol.mount()
+        st = FileStore(d, fs=fs, group_commit=True, verbose=False).open()
+        for pid in range(1, 4):
+            st.append(PUBLISH, pid, b"\x34\x4e", body(pid))
+        st.commit()
+        st.mark(2)  # staged: its PUBREL would be queued behind it
+        fillers = fill_filesystem(vol, fs)
+        e = raises(OSError, st.append, PUBLISH, 4, b"\x34\x4e", bytes(3000))
+        assert e.args[0] == ENOSPC, repr(e)
+        assert st.dirty  # Session._out commits before any byte leaves: either that makes
+        lost = False  # the mark durable, or it raises (the mark is gone, the PUBREL not sent)
+        try:
+            st.commit()
+        except OSError:
+            lost = True
+        assert not st.dirty and st.marked(2) == (not lost)
+        if not MICROPYTHON:
+            assert lost  # littlefs-python fails the write part-way (the store's _fail path)
+        for f in fillers:
+            fs.remove(f) if fs is not None else os.remove(f)
+        st2 = FileStore(d, fs=fs).open()
+        assert st2.marked(2) == (not lost)  # what the store said is what is durable
+        st2.close()
+        st.mark(2)
+        st.commit()
+        st.close()
+        st = FileStore(d, fs=fs).open()
+        assert st.pending() == [1, 2, 3] and st.marked(2)
+        st.close()
+        vol.unmount()
+    finally:
+        vol.cleanup()
+
+
 def posix_write_failing_half_way():
     """POSIX (CPython; the MicroPython unix port has no setrlimit): a file-size
     limit makes the kernel take part of a record and refuse the rest (EFBIG),

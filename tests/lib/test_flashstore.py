@@ -4,7 +4,7 @@ boot, bad partitions, bit flips, group commit, RAM and allocation."""
 from binascii import crc32
 
 from check import MICROPYTHON, Rng, allocated, raises, read_all
-from norflash import NorFlash
+from norflash import NorFlash, PowerCut
 from storekit import tmppath, rm
 from tern.store import PUBLISH, SUBSCRIBE
 from tern.flashstore import FlashStore, FlashCorrupt
@@ -264,6 +264,48 @@ def test_group_commit_one_program_for_many_appends():
     st.release(2)  # a release makes staged appends durable first
     st2 = FlashStore(dev).open()
     assert st2.pending() == [1, 3, 4, 5, 6] and read_all(st2, 6) == b"\x32\x01x"
+
+
+def test_group_commit_stays_dirty_when_its_program_fails():
+    """The write-ahead rule: a packet leaves only when `dirty` is False, so a
+    group buffer whose program failed must still say dirty (and a retry must
+    make it durable): a mark lost that way let its PUBREL leave (model seed 33)."""
+
+    class Failing(NorFlash):
+        fail = 0
+
+        def writeblocks(self, block, buf, off=0):
+            if self.fail:
+                self.fail -= 1
+                raise OSError(5, "EIO")
+            return NorFlash.writeblocks(self, block, buf, off)
+
+    dev = Failing(None, blocks=4)
+    st = FlashStore(dev, append_acks=True, group_commit=True).open()
+    st.append(PUBLISH, 1, b"\x34\x4e", payload(1))
+    st.commit()
+    st.mark(1)
+    assert st.dirty
+    dev.fail = 1
+    try:
+        st.commit()
+        raise AssertionError("the failed program went unnoticed")
+    except OSError:
+        pass
+    assert st.dirty  # nothing announcing the mark may leave yet
+    assert not FlashStore(dev, append_acks=True).open().marked(1)
+    st.commit()  # the retry programs the same bytes
+    assert not st.dirty
+    assert FlashStore(dev, append_acks=True).open().marked(1)
+    # a power cut tearing it: still dirty (the session's next packet raises instead of leaving)
+    st.unmark(1)
+    dev.cut_at = dev.ops + 1
+    try:
+        st.commit()
+        raise AssertionError("no power cut")
+    except PowerCut:
+        pass
+    assert st.dirty
 
 
 def test_ram_per_pending_message():
