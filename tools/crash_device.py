@@ -363,7 +363,7 @@ def boot(kind, image, cid, port, topic, start, cut, seed, wseed, max_pending=256
         out("ACC %d" % i)
         c.loop(0)
     if not port:
-        out("END pending=%d" % len(c.session.pending()))
+        out("END pending=%d ops=%d" % (len(c.session.pending()), _ops(kind, medium)[0]))
         st.close()
         return
     c.wait_all(60)
@@ -375,15 +375,19 @@ def boot(kind, image, cid, port, topic, start, cut, seed, wseed, max_pending=256
             break
         c.loop(50)
     c.wait_all(30)
-    if medium is None:
-        ops = erases = 0
-    elif kind == "posix":
-        ops, erases = medium.n, 0
-    else:
-        ops, erases = medium.ops, sum(medium.erase_counts)
+    ops, erases = _ops(kind, medium)
     out("END pending=%d ops=%d erases=%d" % (len(c.session.pending()), ops, erases))
     c.disconnect()
     st.close()
+
+
+def _ops(kind, medium):
+    """Operations and erases the medium has seen (what a cut point counts)."""
+    if medium is None:
+        return 0, 0
+    if kind == "posix":
+        return medium.n, 0
+    return medium.ops, sum(medium.erase_counts)
 
 
 def main(argv):
