@@ -1,5 +1,9 @@
 """`make interop`: Tern against brokers other than Mosquitto, each feature beside a baseline peer.
 
+Over 600 lines because the matrix is one table of features run against every broker and peer, and
+each feature's Tern side and peer side are read best beside each other; the strict broker's cells
+(its log read per cell) joined them. Moving interop tooling under tools/ is issue 28's.
+
 Brokers (each started here on 127.0.0.1 only, in a scratch folder): Mosquitto (Debian), RabbitMQ with
 its MQTT plugin and ejabberd's mod_mqtt (Debian), aedes (npm, under build/interop/node_modules) and
 amqtt (PyPI, in .venv-interop). For every broker and protocol version each feature runs with Tern's

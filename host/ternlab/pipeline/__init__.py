@@ -6,7 +6,8 @@ Modules:
 - ``collect``  -- the collector of ``tern collect``: a shared subscription landed as Parquet, acked after fsync;
 - ``collect_cli`` -- ``tern collect``'s options (the broker flags of ``tern pub``/``sub``) and the command;
 - ``spark``    -- the Java check and the SparkSession builder, plus small Hadoop-filesystem helpers;
-- ``audit``    -- delivery audit (expected / lost / duplicated / reordered / latency) and its verdict;
+- ``audit``    -- delivery audit (expected / lost / duplicated / reordered / latency);
+- ``verdict``  -- the one pass rule of a delivery (used by the audit, the fleet and the demo);
 - ``rollup``   -- per device and time window statistics of each reading, batch or Structured Streaming;
 - ``report``   -- an HTML page (``templates/``) with inline plots and the rich terminal summary;
 - ``generate`` -- a seeded synthetic landing set (and ledger) with known injected faults;
