@@ -351,9 +351,10 @@ def test_no_dialing_while_the_wifi_link_is_down_and_nothing_lost(tmp_path, broke
 # -------------------------------------------------------------- faults: the main test
 
 
-def run_under_faults(tmp_path, n_readings, n_cuts, n_net_cuts, seed, profile="unix-emulated"):
+def run_under_faults(tmp_path, n_readings, n_cuts, n_net_cuts, seed, profile="unix-emulated", cut_ops=(30, 250)):
     """The app publishes readings at QoS 0/1/2 through a chaos proxy while the power fails at seeded
     random flash operations (torn writes included), the network is cut, and the broker restarts once.
+    cut_ops: the range of the flash operation (from power-on) each cut is drawn from.
     Returns the ledger, what the watcher received, the device log and the faults injected."""
     rng = random.Random(seed)
     broker = Broker(tmp_path / "broker", persistence=True).start()
@@ -368,7 +369,7 @@ def run_under_faults(tmp_path, n_readings, n_cuts, n_net_cuts, seed, profile="un
 
     def boot():
         # each boot but the last dies at a random flash operation (counted from power-on)
-        cut = rng.randint(30, 250) if len(faults_of("power cut")) < n_cuts else 0
+        cut = rng.randint(*cut_ops) if len(faults_of("power cut")) < n_cuts else 0
         if cut:
             faults.append(("power cut", len(dev.tlog.ledger), cut))
         b = dev.board
