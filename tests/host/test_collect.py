@@ -9,7 +9,7 @@ import pytest
 
 from devices.collecting import (CollectorProc, free_bytes_limit, on_tmpfs, parquet_files,
                                 publish_all, read_rows, unshare_works)
-from ternlab.broker import Broker
+from ternlab.brokers.mosquitto import Broker
 from ternlab.pipeline import schema
 from ternlab.pipeline.landing import LANDING_ARROW, QUARANTINE_ARROW
 

@@ -99,7 +99,7 @@ def test_qos2_pubrec_lost_with_the_connection_is_answered_not_landed_again(broke
     so the broker has not released the messages from that one on and sends them again (DUP set) on
     the new connection. The live process still knows it sent those PUBRECs (the session's inbound
     QoS 2 ids): each resend is answered, none lands twice, and nothing stays at the broker."""
-    from ternlab.chaos import B2C, C2B
+    from ternlab.brokers.chaos import B2C, C2B
 
     land = tmp_path / "landing"
     chaos.cut_at_packet("PUBREC", 5, C2B, connections=1)
@@ -165,8 +165,8 @@ def test_qos2_lands_once_across_a_broker_restart_between_publish_and_pubcomp(tmp
     the publisher, whose session went with it, publishes all 40 again (as a device must: they were
     never completed for it) -- new packet ids, no DUP. Either way each message is recognised by what
     it is (topic and reading) and lands exactly once. The landing set is read back with pyarrow."""
-    from ternlab.broker import Broker
-    from ternlab.chaos import C2B, ChaosProxy
+    from ternlab.brokers.mosquitto import Broker
+    from ternlab.brokers.chaos import C2B, ChaosProxy
 
     msgs = [("tern/dev-r/telemetry", schema.make_payload("dev-r", 1, s, 2, 1700000000.0 + s, {"v": s}), 2)
             for s in range(40)]

@@ -100,7 +100,7 @@ def test_an_observer_that_died_is_said_not_taken_for_losses(broker, tmp_path):
 def test_after_a_broker_restart_the_observer_subscribes_again_when_told(tmp_path):
     """Its subscription is shared (served after the collectors'), and Mosquitto forgets a persistent
     session's shared subscriptions across a restart: without subscribe_again() nothing more arrives."""
-    from ternlab.broker import Broker
+    from ternlab.brokers.mosquitto import Broker
 
     broker = Broker(tmp_path / "broker", persistence=True).start()
     obs = Observer("obs-5", broker.host, broker.port, tmp_path / "copies.jsonl", tmp_path / "obs.log")

@@ -95,10 +95,10 @@ def cycles(g):
 def test_the_checker_sees_a_cycle_and_a_package_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     g = graph()
-    assert "ternlab.secrets" in g["ternlab.mqtt_argv"]  # from .secrets import add_secret
-    assert "ternlab.mqtt_conn" in g["ternlab.mqtt_sub"]  # from . import mqtt_conn
-    assert "ternlab.secrets" in g["ternlab.pipeline.collect_cli"]  # from ..secrets import add_secret
-    assert "tern.codec" in g["ternlab.trace"]
+    assert "ternlab.mqttcli.redact" in g["ternlab.mqttcli.argv"]  # from .secrets import add_secret
+    assert "ternlab.mqttcli.connect" in g["ternlab.mqttcli.sub"]  # from . import connect
+    assert "ternlab.mqttcli.redact" in g["ternlab.pipeline.collect_cli"]  # from ..secrets import add_secret
+    assert "tern.codec" in g["ternlab.mqttcli.trace"]
 
 
 def test_no_import_cycle():

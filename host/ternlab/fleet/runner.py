@@ -476,8 +476,8 @@ class Fleet:
     def _start(self) -> None:
         from ..boards import load_profile
         from ..boards.emulated import EmulatedBoard
-        from ..broker import Broker
-        from ..chaos import ChaosProxy
+        from ..brokers.mosquitto import Broker
+        from ..brokers.chaos import ChaosProxy
         from ..telemetry import TelemetryLog, compile_mpy, install
         from .custody import SocketCustody, available as custody_available
 
