@@ -5,8 +5,7 @@ mid-batch -- only a separate process can be killed like that, and only the real 
 user runs) proves anything. Each collector keeps its client id across restarts, so the broker holds
 its unacknowledged messages while it is down and sends them again when it is back.
 
-`LandingIndex` reads the landing set incrementally with pyarrow: landing files appear atomically (a
-temp name, then a rename), so a visible ``part-*.parquet`` is complete and is read once.
+What they landed is read back by the judge of delivery (``pipeline.judge.LandingIndex``).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 _WAITING = re.compile(r"waiting (\d+)$")
@@ -158,46 +156,3 @@ class CollectorProc:
 
 def _num(v: str):
     return float(v) if "." in v else int(v)
-
-
-class LandingIndex:
-    """What the collectors have landed so far: every copy's (device, boot, seq, qos) and collector.
-
-    refresh() reads only files it has not read before (landing files are immutable once visible)."""
-
-    COLUMNS = ["device", "boot", "seq", "qos", "collector"]
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self.copies: Counter = Counter()       # (device, boot, seq, qos) -> copies landed
-        self.by_collector: Counter = Counter()
-        self.by_device: Counter = Counter()    # distinct messages per device
-        self.rows = 0
-        self._read: set[str] = set()
-
-    def refresh(self) -> int:
-        """Read new landing files; returns how many rows they held."""
-        import pyarrow.parquet as pq
-
-        new = 0
-        for path in sorted(self.root.glob("date=*/hour=*/part-*.parquet")):
-            key = str(path)
-            if key in self._read:
-                continue
-            t = pq.read_table(path, columns=self.COLUMNS).to_pydict()
-            self._read.add(key)
-            for d, b, s, q, c in zip(t["device"], t["boot"], t["seq"], t["qos"], t["collector"]):
-                k = (d, b, s, q)
-                if k not in self.copies:
-                    self.by_device[d] += 1
-                self.copies[k] += 1
-                self.by_collector[c] += 1
-            new += len(t["device"])
-        self.rows += new
-        return new
-
-    def has(self, key) -> bool:
-        return key in self.copies
-
-    def files(self) -> int:
-        return len(self._read)
