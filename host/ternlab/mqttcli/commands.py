@@ -29,7 +29,7 @@ ternlab.mqttcli (each one job, none importing this module or ternlab.cli):
 - properties    -- -D MQTT 5 properties;
 - connect       -- flags -> Client keyword arguments, connecting, why it ended;
 - outbox_dir    -- --outbox DIR;
-- trace         -- the -d packet trace, on tern.wire / tern.codec;
+- packet_trace  -- the -d packet trace, on tern.wire / tern.codec;
 - output_format -- the -F output format;
 - pub, sub      -- the commands themselves;
 - errors        -- exit statuses, reason code names, one-line errors;

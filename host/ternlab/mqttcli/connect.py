@@ -20,7 +20,7 @@ from .errors import (CLIError, UsageError, broke_protocol, os_reason, protocol_e
 from .properties import collect_properties
 from .outbox_dir import claim_outbox, kept
 from .redact import redact
-from .trace import hook_trace
+from .packet_trace import hook_trace
 
 # Receive and transmit buffers. A board keeps these small; a host tool must
 # handle whatever a broker forwards, so the defaults are generous (an MQTT 5
