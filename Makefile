@@ -59,7 +59,7 @@ bench-sweep: bench
 # (tools/interop/setup.sh). Not part of `make test`.
 interop: setup
 	sh tools/interop/setup.sh
-	$(PY) -m ternlab.interop --write docs/interop.md
+	$(PY) tools/interop/matrix.py --write docs/interop.md
 
 clean:
 	rm -rf $(VENV) .venv-interop .pytest_cache build *.egg-info

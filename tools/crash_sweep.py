@@ -602,7 +602,7 @@ def main(argv):
         ap.error("--sample must be positive")
     import signal
 
-    from ternlab.broker import Broker
+    from ternlab.brokers.mosquitto import Broker
 
     # kill (SIGTERM) stops the sweep the way Ctrl-C does: the broker and the temporary files go too
     signal.signal(signal.SIGTERM, _interrupt)

@@ -28,7 +28,7 @@ CUTS_PER_STORE = 3
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
     """One Mosquitto and a fresh medium per store, shared by this module's runs."""
-    from ternlab.broker import Broker
+    from ternlab.brokers.mosquitto import Broker
 
     work = str(tmp_path_factory.mktemp("crash"))
     b = Broker(os.path.join(work, "broker"), max_queued_messages=1000).start()

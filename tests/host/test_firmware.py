@@ -15,8 +15,8 @@ import pytest
 
 from ternlab.boards import load_profile
 from ternlab.boards.emulated import EmulatedBoard
-from ternlab.broker import Broker, free_port
-from ternlab.chaos import ChaosProxy
+from ternlab.brokers.mosquitto import Broker, free_port
+from ternlab.brokers.chaos import ChaosProxy
 from ternlab.pipeline.schema import parse_payload
 from ternlab.telemetry import TelemetryLog, compile_mpy, install
 from tern.client import Client

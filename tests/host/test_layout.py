@@ -95,10 +95,10 @@ def cycles(g):
 def test_the_checker_sees_a_cycle_and_a_package_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     g = graph()
-    assert "ternlab.secrets" in g["ternlab.mqtt_argv"]  # from .secrets import add_secret
-    assert "ternlab.mqtt_conn" in g["ternlab.mqtt_sub"]  # from . import mqtt_conn
-    assert "ternlab.secrets" in g["ternlab.pipeline.collect_cli"]  # from ..secrets import add_secret
-    assert "tern.codec" in g["ternlab.trace"]
+    assert "ternlab.mqttcli.redact" in g["ternlab.mqttcli.argv"]  # from .secrets import add_secret
+    assert "ternlab.mqttcli.connect" in g["ternlab.mqttcli.sub"]  # from . import connect
+    assert "ternlab.mqttcli.redact" in g["ternlab.pipeline.collect_cli"]  # from ..secrets import add_secret
+    assert "tern.codec" in g["ternlab.mqttcli.packet_trace"]
 
 
 def test_no_import_cycle():
@@ -127,6 +127,19 @@ def test_no_long_module_without_a_reason():
             long.append("%s (%d lines)" % (key, len(lines)))
     assert long == [], "split them, or say at the top why not (%r...)" % REASON
     assert pending == PENDING_SPLIT
+
+
+def test_host_modules_live_in_rooms_named_for_their_command():
+    """host/ternlab keeps about a dozen top-level modules; the rest sit in packages named for what they
+    serve (mqttcli: tern pub/sub, brokers: the far end of a connection, boards, fleet, pipeline), and
+    no module takes the name of a standard library module it would shadow."""
+    import sys
+
+    top = sorted(p.stem for p in TREES["ternlab"].glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 12, top
+    shadows = sorted(p.relative_to(TREES["ternlab"]).as_posix() for p in TREES["ternlab"].rglob("*.py")
+                     if p.stem in sys.stdlib_module_names)
+    assert shadows == [], shadows
 
 
 def test_the_pipeline_package_lists_its_modules():

@@ -28,8 +28,8 @@ from rawmqtt import Raw
 from tern.codec import Packet
 from tern.client import Client
 from tern.wire import PUBCOMP, PUBLISH, PUBREC, PUBREL
-from ternlab.broker import Broker
-from ternlab.chaos import B2C, C2B, ChaosProxy
+from ternlab.brokers.mosquitto import Broker
+from ternlab.brokers.chaos import B2C, C2B, ChaosProxy
 from ternlab.pytest_plugin import attach
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -68,7 +68,7 @@ def pytest_pyfunc_call(pyfuncitem):
 def scripted_addr(request):
     """A scripted broker playing SCRIPTS[test name] of the test's module;
     the test errors if the client strayed from the script or stopped short."""
-    from ternlab.scripted import ScriptedBroker
+    from ternlab.brokers.scripted import ScriptedBroker
 
     script, version = request.module.SCRIPTS[request.function.__name__]
     b = ScriptedBroker(script, version).start()
@@ -87,8 +87,8 @@ def tls_broker(tmp_path_factory):
     DER bytes as cadata too, so one test body serves both runtimes. One broker per module."""
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import Encoding
-    from ternlab import certs
-    from ternlab.broker import Broker
+    from ternlab.brokers import certs
+    from ternlab.brokers.mosquitto import Broker
 
     d = tmp_path_factory.mktemp("tls")
     b = Broker(d / "broker", tls=True).start()

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "host"), str(ROOT / "lib"), str(Path(__file__).resolve().parent)]
 
 from ternlab.boards.qemu import QemuBoard  # noqa: E402
-from ternlab.broker import Broker  # noqa: E402
+from ternlab.brokers.mosquitto import Broker  # noqa: E402
 from tern.client import Client  # noqa: E402
 
 ICOUNT = ("-icount", "shift=0")

@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT / "host"), str(ROOT / "lib"), str(Path(__file__).resolv
 from ternlab.boards import load_profile  # noqa: E402
 from ternlab.boards.emulated import EmulatedBoard  # noqa: E402
 from ternlab.boards.qemu import QemuBoard  # noqa: E402
-from ternlab.broker import Broker  # noqa: E402
+from ternlab.brokers.mosquitto import Broker  # noqa: E402
 from ternlab.telemetry import compile_mpy, romfs_image  # noqa: E402
 from tern.client import Client  # noqa: E402
 

@@ -51,7 +51,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..pipeline.verdict import verdict
+from ..pipeline.judge import KEY, message_key, tally, verdict
 from ..telemetry import write_ledger
 from .observer import Observer
 from .scenario import Scenario
@@ -278,7 +278,7 @@ class Fleet:
         """(QoS >= 1 ledger rows in the landing set, QoS >= 1 ledger rows) right now."""
         if self.landing is None:
             return 0, 0
-        want = [(r["device"], r["boot"], r["seq"], r["qos"]) for s in self.slots if s.tlog
+        want = [message_key(r) for s in self.slots if s.tlog
                 for r in s.tlog.ledger if r["qos"]]
         return sum(1 for k in want if self.landing.has(k)), len(want)
 
@@ -476,8 +476,8 @@ class Fleet:
     def _start(self) -> None:
         from ..boards import load_profile
         from ..boards.emulated import EmulatedBoard
-        from ..broker import Broker
-        from ..chaos import ChaosProxy
+        from ..brokers.mosquitto import Broker
+        from ..brokers.chaos import ChaosProxy
         from ..telemetry import TelemetryLog, compile_mpy, install
         from .custody import SocketCustody, available as custody_available
 
@@ -519,7 +519,8 @@ class Fleet:
         spec = self.scenario.collectors
         if not spec.count:
             return
-        from .collectors import CollectorProc, LandingIndex
+        from ..pipeline.judge import LandingIndex
+        from .collectors import CollectorProc
 
         self.landing = LandingIndex(self.out / "landing")
         for i in range(spec.count):
@@ -587,7 +588,7 @@ class Fleet:
         self.observer.refresh()
         for s in self.slots:
             for r in s.tlog.ledger:
-                key = (r["device"], r["boot"], r["seq"], r["qos"])
+                key = message_key(r)
                 if r["qos"] and not (self.observer.has(key) and (self.landing is None or self.landing.has(key))):
                     return False
         return True
@@ -663,7 +664,6 @@ class Fleet:
         ledger = []
         boards = {}
         seen = Counter(k[:4] for k in (self.observer.copies() if self.observer else []))
-        lost = []
         for s in self.slots:
             t = s.tlog
             if t is None:
@@ -687,8 +687,7 @@ class Fleet:
             for (boot, q), seqs in sorted(streams.items()):
                 if seqs != list(range(len(seqs))):
                     failures.append(f"{s.name}: boot {boot} QoS {q}: sequence numbers are not 0..n-1: {seqs[:12]}")
-            mine = [r for r in t.ledger if r["qos"] and (r["device"], r["boot"], r["seq"], r["qos"]) not in seen]
-            lost += mine
+            mine, _ = tally(t.ledger, seen)
             boards[s.name] = {"boots": len(boots), "published": len(t.ledger), "acked": len(t.acked),
                               "received": self.observer.received(s.name), "lost": len(mine),
                               "power_cuts": s.power_cuts, "network_cuts": s.network_cuts,
@@ -698,40 +697,31 @@ class Fleet:
 
         # the observer's copies: what reached the broker's subscribers (its duplicates are the broker's
         # and the devices' doing, counted in the summary; the landing is where exactly once is judged)
-        by_qos = Counter(r["qos"] for r in lost)
-        for why in verdict({q: {"lost": n} for q, n in by_qos.items()})["reasons"]:
+        lost, per_qos = tally(ledger, seen)
+        for why in verdict({q: {"lost": c["lost"]} for q, c in per_qos.items()})["reasons"]:
             failures.append(f"observer: {why} (accepted, never reached the broker's subscriber), {examples(lost)}")
+        dups = Counter({q: c["duplicated"] for q, c in per_qos.items() if c["duplicated"]})
         landing = None
         if self.landing is not None:
-            unlanded = [r for r in ledger if r["qos"] and not self.landing.has(
-                (r["device"], r["boot"], r["seq"], r["qos"]))]
-            ldups = Counter()
-            for key, n in self.landing.copies.items():
-                if n > 1:
-                    ldups[key[3]] += n - 1
+            unlanded, landed = tally(ledger, self.landing.copies)
+            ldups = {q: c["duplicated"] for q, c in landed.items() if c["duplicated"]}
             landing = {"rows": self.landing.rows, "unique": len(self.landing.copies), "files": self.landing.files(),
                        "lost": len(unlanded), "duplicates": {str(q): n for q, n in sorted(ldups.items())},
                        "collectors": {c.proc.id: dict(c.proc.stats(), landed=self.landing.by_collector[c.proc.id])
                                       for c in self.collectors}}
             for c in self.collectors:
                 failures += c.unexpected
-            lq = Counter(r["qos"] for r in unlanded)
-            for why in verdict({q: {"lost": lq.get(q, 0), "duplicated": ldups.get(q, 0)}
-                                for q in set(lq) | set(ldups)})["reasons"]:
-                twice = [{"device": k[0], "boot": k[1], "seq": k[2], "qos": k[3]}
-                         for k, n in self.landing.copies.items() if n > 1 and k[3] == 2]
+            for why in verdict(landed)["reasons"]:
+                twice = [dict(zip(KEY, k))
+                         for k, n in self.landing.copies.items() if n > 1 and k[2] == 2]
                 failures.append(f"landing: {why}, {examples(unlanded if 'lost' in why else twice)}")
-        dups = Counter()
-        for key, n in seen.items():
-            if n > 1:
-                dups[key[3]] += n - 1
         self.out.mkdir(parents=True, exist_ok=True)
         write_ledger(ledger, self.out / "ledger.jsonl")
         with open(self.out / "faults.jsonl", "w") as f:
             for r in self.records:
                 f.write(json.dumps(r.as_dict()) + "\n")
         with open(self.out / "received.jsonl", "w") as f:
-            for d, b, sq, q, topic, ts in (self.observer.copies() if self.observer else []):
+            for d, b, q, sq, topic, ts in (self.observer.copies() if self.observer else []):
                 f.write(json.dumps({"device": d, "boot": b, "seq": sq, "qos": q, "topic": topic, "recv_ts": ts}) + "\n")
         for s in self.slots:
             if s.proxy is not None:

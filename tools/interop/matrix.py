@@ -2,8 +2,7 @@
 
 Over 600 lines because the matrix is one table of features run against every broker and peer, and
 each feature's Tern side and peer side are read best beside each other; the strict broker's cells
-(its log read per cell) joined them. Moving interop tooling under tools/ is issue 28's.
-
+(its log read per cell) joined them.
 Brokers (each started here on 127.0.0.1 only, in a scratch folder): Mosquitto (Debian), RabbitMQ with
 its MQTT plugin and ejabberd's mod_mqtt (Debian), aedes (npm, under build/interop/node_modules) and
 amqtt (PyPI, in .venv-interop). For every broker and protocol version each feature runs with Tern's
@@ -13,7 +12,7 @@ that fails for Tern and for the peer is the broker's limit, not Tern's; one that
 a Tern failure, unless Tern closed the connection over a protocol violation the peer let pass.
 MicroPython runs the library's round trip as a feature of its own.
 
-`python -m ternlab.interop --write docs/interop.md` (what `make interop` runs; `--only NAME` for one
+`python tools/interop/matrix.py --write docs/interop.md` (what `make interop` runs; `--only NAME` for one
 broker). Importing this module needs nothing beyond the main venv: brokers, node and amqtt are looked
 for when run() starts them. It is not part of `make test`.
 """
@@ -31,8 +30,8 @@ import time
 import uuid
 from pathlib import Path
 
-from ternlab.broker import free_port
-from ternlab.interop_brokers import BROKERS, BUILD, HERE, ROOT, _Erlang
+from ternlab.brokers.mosquitto import free_port
+from brokers import BROKERS  # tools/interop/brokers.py: this script's folder is first on sys.path, BUILD, HERE, ROOT, _Erlang
 
 T = 5.0  # seconds: the bound on every wait of a feature
 
@@ -589,7 +588,7 @@ def _vname(v):
 
 
 def render(results, seconds) -> str:
-    lines = ["<!-- written by `make interop` (python -m ternlab.interop --write docs/interop.md) -->",
+    lines = ["<!-- written by `make interop` (python tools/interop/matrix.py --write docs/interop.md) -->",
              "## Matrix (generated)", "",
              "Run on %s in %.0f s. Each cell: Tern's result against the peer's (paho-mqtt; MQTT.js for the second "
              "round trip; mosquitto_pub/sub for the command line). `broker limit`: the peer fails too. "
@@ -628,7 +627,7 @@ def write(doc: Path, text: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ternlab.interop", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python tools/interop/matrix.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", type=Path, help="the document whose generated matrix to replace")
     ap.add_argument("--only", action="append", help="broker name (repeatable)")
     ap.add_argument("--feature", action="append", help="run only the features whose name contains this (repeatable)")

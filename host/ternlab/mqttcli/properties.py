@@ -4,8 +4,8 @@ against the library's own rules before anything is sent."""
 from tern import props as P
 from tern.wire import CONNECT, DISCONNECT, PUBLISH, SUBSCRIBE
 
-from .brokeropts import arg_bytes
-from .mqtt_errors import UsageError
+from .flags import arg_bytes
+from .errors import UsageError
 
 
 # MQTT 5 properties by mosquitto's names: identifier and the -D commands that may carry it.

@@ -4,7 +4,7 @@ and MQTT version while it holds messages."""
 
 import os
 
-from .mqtt_errors import CLIError, os_reason
+from .errors import CLIError, os_reason
 
 _OWNER = "tern-cli"  # meta key of the outbox: "<MQTT version> <client id>" of its session
 

@@ -1,6 +1,6 @@
 """`tern pub`: publish one message (-m, -f, -s, -n, with --repeat), or one per
 line of stdin (-l), then disconnect once every QoS 1/2 message is
-acknowledged. Flags are registered in ternlab.mqtt_cli."""
+acknowledged. Flags are registered in ternlab.mqttcli.commands."""
 
 import errno
 import os
@@ -11,10 +11,10 @@ import time
 from tern.topic import validate_name
 from tern.wire import MQTTError
 
-from .brokeropts import arg_bytes
-from .mqtt_conn import failure, open_client, say_err, settings
-from .mqtt_errors import EXIT_FAIL, EXIT_OK, CLIError, UsageError, os_reason, reason_text
-from .outbox import hold_outbox, release_outbox
+from .flags import arg_bytes
+from .connect import failure, open_client, say_err, settings
+from .errors import EXIT_FAIL, EXIT_OK, CLIError, UsageError, os_reason, reason_text
+from .outbox_dir import hold_outbox, release_outbox
 
 
 def _stdin_bytes():

@@ -1,7 +1,7 @@
 """`tern sub`: subscribe and print each message (plain, -v or -F), acknowledging
 a QoS 1/2 message only after it is printed; -C, -W, -E, -R, --retained-only
 end the run as mosquitto_sub. SIGTERM ends it as Ctrl-C does. Flags are
-registered in ternlab.mqtt_cli."""
+registered in ternlab.mqttcli.commands."""
 
 import os
 import sys
@@ -11,12 +11,12 @@ from tern import props as P
 from tern.client import ConnectError
 from tern.topic import validate_filter
 
-from . import mqtt_conn
-from .fmt import compile_format, render
-from .mqtt_conn import debug_printer, failure, lost, open_client, say_err, settings
-from .mqtt_errors import (EXIT_OK, EXIT_TIMEOUT, BrokeProtocol, CLIError, UsageError, broke_protocol, reason_text,
+from . import connect
+from .output_format import compile_format, render
+from .connect import debug_printer, failure, lost, open_client, say_err, settings
+from .errors import (EXIT_OK, EXIT_TIMEOUT, BrokeProtocol, CLIError, UsageError, broke_protocol, reason_text,
                           refusal, refused_code)
-from .outbox import hold_outbox, release_outbox
+from .outbox_dir import hold_outbox, release_outbox
 
 
 def run_sub(args):
@@ -171,7 +171,7 @@ def _sub(args, say):
                     # MQTT 3.1.x: the client discards what it cannot hold and acknowledges it
                     state["dropped"] = client.session.stats_dropped
                     say("a message over the receive limit of %d bytes was dropped (%d so far)"
-                        % (mqtt_conn.RX_SIZE, state["dropped"]))
+                        % (connect.RX_SIZE, state["dropped"]))
         except ConnectError as e:  # a reconnect the broker refused for good
             raise CLIError("connection refused by the broker: %s" % refusal(e, args.version),
                            refused_code(e))

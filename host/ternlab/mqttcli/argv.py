@@ -2,9 +2,9 @@
 arguments the way mosquitto does, and registers passwords as secrets before
 argparse can quote them."""
 
-from .brokeropts import PASSWORD_FLAGS, url_password
-from .mqtt_props import SEP
-from .secrets import add_secret
+from .flags import PASSWORD_FLAGS, url_password
+from .properties import SEP
+from .redact import add_secret
 
 
 # Options that take a value, for the argv pre-pass below.
@@ -24,7 +24,7 @@ def prepare_argv(argv):
     later). An option's value is taken as it is even when it starts with '-'
     (`-m -5`, `-P -secret`): it is written `-m=-5` for argparse. Clusters of
     short flags (`-rq1`, `-dv`) are split. Password values are registered
-    with ternlab.secrets.add_secret so no error message can show them.
+    with ternlab.mqttcli.redact.add_secret so no error message can show them.
     """
     out = []
     i = 0

@@ -1,4 +1,4 @@
-"""The brokers of `make interop` (ternlab.interop): each started as a child process group of ours on
+"""The brokers of `make interop` (tools/interop/matrix.py): each started as a child process group of ours on
 127.0.0.1, in a scratch folder, and stopped by its group id. Mosquitto, RabbitMQ with its MQTT plugin
 and ejabberd's mod_mqtt come from Debian, aedes from npm (under build/interop/node_modules), amqtt from
 PyPI (in .venv-interop); nothing is looked for until a broker starts.
@@ -17,7 +17,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from ternlab.broker import free_port, wait_port
+from ternlab.brokers.mosquitto import free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "interop"  # node_modules of aedes and MQTT.js

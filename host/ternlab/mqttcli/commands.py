@@ -19,30 +19,31 @@ what is not there.
 Credentials: the password is handed to the client and nowhere else; the debug
 trace (-d) never decodes a CONNECT packet, and error messages are built from
 host, port and reason codes only (never from the -L URL). The password of -P or
-of a -L URL is registered with ternlab.secrets.add_secret before argparse runs.
+of a -L URL is registered with ternlab.mqttcli.redact.add_secret before argparse runs.
 
-This module registers the two commands and their flags; the work is done by
-(each one job, none importing this module or ternlab.cli):
+This module registers the two commands and their flags; the work is done by the other modules of
+ternlab.mqttcli (each one job, none importing this module or ternlab.cli):
 
-- ternlab.mqtt_argv   -- the argv pre-pass (mosquitto's -D words, `-m -5`, `-rq1`);
-- ternlab.brokeropts  -- the broker flags shared with `tern collect`, -L URLs, TLS;
-- ternlab.mqtt_props  -- -D MQTT 5 properties;
-- ternlab.mqtt_conn   -- flags -> Client keyword arguments, connecting, why it ended;
-- ternlab.outbox      -- --outbox DIR;
-- ternlab.trace       -- the -d packet trace, on tern.wire / tern.codec;
-- ternlab.fmt         -- the -F output format;
-- ternlab.mqtt_pub, ternlab.mqtt_sub -- the commands themselves;
-- ternlab.mqtt_errors -- exit statuses, reason code names, one-line errors.
+- argv          -- the argv pre-pass (mosquitto's -D words, `-m -5`, `-rq1`);
+- flags         -- the broker flags shared with `tern collect`, -L URLs, TLS;
+- properties    -- -D MQTT 5 properties;
+- connect       -- flags -> Client keyword arguments, connecting, why it ended;
+- outbox_dir    -- --outbox DIR;
+- packet_trace  -- the -d packet trace, on tern.wire / tern.codec;
+- output_format -- the -F output format;
+- pub, sub      -- the commands themselves;
+- errors        -- exit statuses, reason code names, one-line errors;
+- redact        -- the passwords no output may show.
 """
 
 import argparse
 
-from .brokeropts import (add_broker_options, add_login_options, add_tls_options, expiry_arg, int_range, qos_arg,
+from .flags import (add_broker_options, add_login_options, add_tls_options, expiry_arg, int_range, qos_arg,
                          seconds_arg)
-from .mqtt_argv import prepare_argv  # noqa: F401  (ternlab.cli runs it before argparse)
-from .mqtt_errors import EXIT_USAGE  # noqa: F401  (ternlab.cli: a bad argument's exit status)
-from .mqtt_pub import run_pub
-from .mqtt_sub import run_sub
+from .argv import prepare_argv  # noqa: F401  (ternlab.cli runs it before argparse)
+from .errors import EXIT_USAGE  # noqa: F401  (ternlab.cli: a bad argument's exit status)
+from .pub import run_pub
+from .sub import run_sub
 
 # What differs from mosquitto_pub/sub on purpose: the end of --help, and the README.
 DIFFERENCES = {

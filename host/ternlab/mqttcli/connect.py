@@ -14,13 +14,13 @@ from tern.client import Client, ConnectError
 from tern.topic import validate_name
 from tern.wire import MQTTError
 
-from .brokeropts import default_port, login, mqtt_binary, mqtt_string, parse_url, tls_context
-from .mqtt_errors import (CLIError, UsageError, broke_protocol, os_reason, protocol_error, reason_text, refusal,
+from .flags import default_port, login, mqtt_binary, mqtt_string, parse_url, tls_context
+from .errors import (CLIError, UsageError, broke_protocol, os_reason, protocol_error, reason_text, refusal,
                           refused_code)
-from .mqtt_props import collect_properties
-from .outbox import claim_outbox, kept
-from .secrets import redact
-from .trace import hook_trace
+from .properties import collect_properties
+from .outbox_dir import claim_outbox, kept
+from .redact import redact
+from .packet_trace import hook_trace
 
 # Receive and transmit buffers. A board keeps these small; a host tool must
 # handle whatever a broker forwards, so the defaults are generous (an MQTT 5

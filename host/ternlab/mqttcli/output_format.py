@@ -9,8 +9,8 @@ import time
 
 from tern import props as P
 
-from .brokeropts import arg_bytes
-from .mqtt_errors import UsageError
+from .flags import arg_bytes
+from .errors import UsageError
 
 # -F %j: a byte of the payload (or of binary properties) that is not UTF-8 becomes the JSON escape of a
 # lone surrogate, \udc80..\udcff (Python's surrogateescape): valid JSON text that text never produces, so

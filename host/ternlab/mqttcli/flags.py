@@ -26,8 +26,8 @@ import ssl
 
 from tern.wire import utf8
 
-from .mqtt_errors import CLIError, UsageError, os_reason
-from .secrets import add_secret
+from .errors import CLIError, UsageError, os_reason
+from .redact import add_secret
 
 
 def int_range(what, lo, hi):

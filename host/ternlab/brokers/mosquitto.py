@@ -3,7 +3,7 @@ bound to 127.0.0.1 only, stopped, killed or restarted on demand.
 
 The generated config covers what the tests need: persistence, the per-client
 limits (max_inflight_messages, max_queued_messages, message_size_limit), a TLS
-listener with certificates the harness makes (see ternlab.certs), a password
+listener with certificates the harness makes (see ternlab.brokers.certs), a password
 file, and extra listeners (`Listener`, e.g. a second plain port or WebSockets).
 """
 
@@ -101,7 +101,7 @@ class Listener:
         has no WebSockets support and refuses to start with one).
     tls: serve TLS with the broker's generated server certificate.
     require_certificate: with tls, clients must present a certificate signed
-        by the broker's CA (make one with ternlab.certs.make_cert(broker.ca, ...)).
+        by the broker's CA (make one with ternlab.brokers.certs.make_cert(broker.ca, ...)).
     options: further lines for this listener block, verbatim.
 
     Mosquitto has no per-listener (or global) setting that restricts the MQTT
@@ -220,7 +220,7 @@ class Broker:
         self.conf_path = self.workdir / "mosquitto.conf"
         self.log_path = self.workdir / "mosquitto.log"
         self.passwd_path = self.workdir / "passwd"
-        self.ca = None  # ternlab.certs.CA once TLS material exists
+        self.ca = None  # ternlab.brokers.certs.CA once TLS material exists
         self.server_cert = None
 
     @property
