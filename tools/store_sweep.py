@@ -74,9 +74,13 @@ def _root():
 
 
 ROOT = _root()
-for p in ("/tests/lib", "/lib", "/boards/emulated"):
+for p in ("/tests/lib", "/lib"):
     if ROOT + p not in sys.path:
         sys.path.insert(0, ROOT + p)
+if sys.implementation.name != "micropython":  # MicroPython has it on MICROPYPATH (set below from device_path)
+    from ternlab.paths import use_device
+
+    use_device("norflash")
 
 TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full",
            "session-edge", "group-flash", "group-flash-acks", "group-posix", "group-lfs", "flash-wrap",
@@ -243,7 +247,9 @@ def main(argv):
     for name in only:
         if name == "lfs":
             exe = os.path.join(os.path.dirname(sys.executable), "micropython")
-            env = dict(os.environ, MICROPYPATH=":".join(ROOT + p for p in ("/tests/lib", "/lib", "/boards/emulated")))
+            from ternlab.paths import device_path
+
+            env = dict(os.environ, MICROPYPATH=":".join([ROOT + "/tests/lib", ROOT + "/lib"] + device_path("norflash")))
             cmd = [exe, "-X", "heapsize=16m", __file__, "--inner", "lfs", "--seed", str(seed)] + (["--quick"] if quick else [])
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             sys.stdout.write(proc.stdout)

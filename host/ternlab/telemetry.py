@@ -1,6 +1,6 @@
 """The telemetry firmware's console, read on the host: events, the ledger, counts.
 
-The firmware (firmware/telemetry.py, firmware/hal.py) prints one line per event: ``PREFIX`` and a
+The telemetry app (device/app/telemetry.py, device/app/hal.py) prints one line per event: ``PREFIX`` and a
 JSON object with an ``ev`` key. This module is the host's only knowledge of that format, so the
 harness, the fleet runner and the tests import it rather than the firmware's internals.
 
@@ -22,10 +22,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .paths import lib_dir, project_dir
+from .paths import device_dir, lib_dir
 from .pipeline.schema import LEDGER_FIELDS, parse_payload
 
-PREFIX = "TERN "  # firmware/hal.py PREFIX
+PREFIX = "TERN "  # device/app/hal.py PREFIX
 
 
 def parse_line(line: str) -> tuple[list[dict], int]:
@@ -124,7 +124,7 @@ def write_ledger(rows, path: str | Path) -> Path:
 
 # --------------------------------------------------------------- putting the app on a board
 
-FIRMWARE_DIR = project_dir("firmware")
+FIRMWARE_DIR = device_dir("app")
 LIB_DIR = lib_dir()
 APP_MODULES = ("hal", "tconfig", "telemetry")
 

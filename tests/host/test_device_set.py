@@ -1,5 +1,5 @@
 """Tern's device set (issue 16): lib/tern/manifest.py names what goes on a board, and the three ways
-there agree with it: freezing (firmware/manifest.py through MicroPython's own manifest tool),
+there agree with it: freezing (device/app/manifest.py through MicroPython's own manifest tool),
 `mpremote mip install` (package.json at the repository's top, onto an emulated board, which then
 publishes to Mosquitto) and `tern deploy` (tests/host/test_boards_cli.py). The host codec never goes."""
 
@@ -14,6 +14,7 @@ import pytest
 from ternlab.boards.emulated import EmulatedBoard
 from ternlab.boards.deploy import mpy_version
 from ternlab.devset import build_mpy, device_files
+from ternlab.paths import device_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
@@ -63,7 +64,7 @@ def test_the_firmware_manifest_freezes_the_device_set_with_micropythons_tool(tmp
     (port / "boards").mkdir(parents=True)
     (port / "boards" / "manifest.py").write_text("")  # the port's own manifest, empty here
     r = subprocess.run([sys.executable, tmp_path / "micropython-1.28.0/tools/manifestfile.py", "--freeze", "--port",
-                        port, ROOT / "firmware/manifest.py"], capture_output=True, text=True, timeout=60)
+                        port, device_dir("app") / "manifest.py"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     frozen = [ln.split("target_path='")[1].split("'")[0] for ln in r.stdout.splitlines() if "target_path='" in ln]
     assert frozen == [r for _, r in device_files()] + ["hal.py", "tconfig.py", "telemetry.py"]

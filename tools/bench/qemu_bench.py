@@ -205,7 +205,7 @@ def render(h, mods, loaded, apps, smallest, times, a):
         f"Command: `python tools/bench/qemu_bench.py --readings {a.readings} --boots {a.boots}"
         f" --messages {a.messages} --step {a.step} --write docs/benchmarks.md` — {today}, this 2-core machine (shared):"
         " MicroPython v1.28.0's qemu port (32-bit Arm Cortex-M3, MPS2-AN385) under qemu-system-arm 7.2,"
-        " built by `make firmware` with `tern` and the app frozen in (`firmware/manifest.py`); Mosquitto on"
+        " built by `make firmware` with `tern` and the app frozen in (`device/app/manifest.py`); Mosquitto on"
         " loopback reached over the board's link UART (ternlab.boards.qemu).",
         "",
         "Heap after `import` + `connect()` (bytes; `gc.mem_alloc()` after `gc.collect()`, before the import"

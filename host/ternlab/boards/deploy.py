@@ -1,4 +1,4 @@
-"""`tern deploy`: compile the library and the firmware with mpy-cross and copy them to a board.
+"""`tern deploy`: compile the library and the telemetry app with mpy-cross and copy them to a board.
 
 With --romfs the compiled modules go into one ROMFS image instead (deploy_romfs), where their
 bytecode runs in place and costs the heap only its objects, as frozen code does.
@@ -6,7 +6,7 @@ bytecode runs in place and costs the heap only its objects, as frozen code does.
 What goes where on the board's filesystem:
   lib/tern/*.py          -> /lib/tern/*.mpy   (compiled for the profile's architecture; the device
                                                set of lib/tern/manifest.py: not the host codec)
-  firmware/*.py          -> /*.mpy            (except manifest.py; main.py and boot.py stay
+  device/app/*.py        -> /*.mpy            (except manifest.py; main.py and boot.py stay
                                                source: the board runs them by those names)
   --config FILE          -> /config.json
 The other form of a module (X.py next to a new X.mpy, or the reverse) is removed, since
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from ..devset import MPY_OPT, device_files
-from ..paths import lib_dir, project_dir
+from ..paths import device_dir, lib_dir
 from .errors import BoardError
 
 SOURCE_ONLY = ("main.py", "boot.py")
@@ -30,14 +30,14 @@ _MKDIRS = "import os\nfor d in %r:\n try:\n  os.mkdir(d)\n except OSError:\n  pa
 _REMOVE = "import os\nfor p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n"
 
 
-def plan(root=None, config=None, files=(), app=None):
-    """[(local path, remote path without extension change, compile?)]. root: a checkout (its lib/
-    and firmware/), by default the library this interpreter imports and the harness's firmware.
+def plan(config=None, files=(), app=None):
+    """[(local path, remote path without extension change, compile?)]: the device set of the library
+    this interpreter imports and the telemetry app (device/app), or your app.
     app: a user's app folder instead of the firmware: its .py files compiled (main.py and boot.py
     kept source), its other files copied as they are, subfolders included.
     files: extra files copied as they are, each "LOCAL" (to the board's top folder under its own
     name) or "LOCAL:REMOTE" -- the broker's CA for TLS, for instance."""
-    lib, fw = (Path(root) / "lib", Path(root) / "firmware") if root else (lib_dir(), project_dir("firmware"))
+    lib, fw = lib_dir(), device_dir("app")
     items = [(p, "lib/" + remote, True) for p, remote in device_files(lib / "tern" / "manifest.py")]
     if app is None:
         items += [(p, p.name, p.name not in SOURCE_ONLY) for p in sorted(fw.glob("*.py")) if p.name != "manifest.py"]
@@ -66,7 +66,7 @@ def plan(root=None, config=None, files=(), app=None):
     return items
 
 
-def install(board, app=None, config=None, files=(), source=False, romfs=False, root=None, say=print):
+def install(board, app=None, config=None, files=(), source=False, romfs=False, say=print):
     """What `tern deploy` does to a board: config (a file, or a dict written as config.json) checked
     first by the firmware's rules (config_check: a config the board would not run is refused before
     anything is copied), then the device set and the app (or the telemetry firmware) compiled and
@@ -86,7 +86,7 @@ def install(board, app=None, config=None, files=(), source=False, romfs=False, r
                 raise BoardError("config file %s does not exist" % config)
             for note in check(config, board.profile):
                 say("  note: config.json %s" % note)
-        items = plan(root=root, config=config, files=files, app=app)
+        items = plan(config=config, files=files, app=app)
         arch = board.profile["arch"]
         if romfs:
             if source:

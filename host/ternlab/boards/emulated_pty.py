@@ -5,7 +5,7 @@ mpremote, pyserial or a terminal opens, exactly like a board's USB serial
 device; it stays the same across resets and power cycles. Behind it, a
 relay thread (the "supervisor", `Supervisor` here) runs the device process --
 the unix port, started through the `emuboard` boot shim (device side:
-boards/emulated/emuboard.py) -- on a second pty that is its controlling
+device/emulated/unix/emuboard.py) -- on a second pty that is its controlling
 terminal. The relay:
 
 - copies bytes both ways, turning the unix port's bare "\\n" into the "\\r\\n"
@@ -49,9 +49,9 @@ import time
 import tty
 from pathlib import Path
 
-from .board import BOARDS_DIR, BoardError, device_profile
+from ..paths import device_path
+from .board import BoardError, device_profile
 
-SHIM_DIR = BOARDS_DIR / "emulated"  # the device side: the emuboard boot shim and norflash
 _BOOT = "import gc;gc.collect();b=gc.mem_alloc();import emuboard;emuboard.boot(globals(),b);del emuboard,b"
 _SENT = b"\x00TERN:"
 _RAW_BANNER = b"raw REPL; CTRL-B to exit"
@@ -184,7 +184,7 @@ class Supervisor(PortRelay):
         m_in, s_in = os.openpty()
         tty.setraw(s_in)  # no ISIG: Ctrl-C becomes SIGINT in _read_host, only when it is safe
         env = dict(os.environ)
-        env["MICROPYPATH"] = str(SHIM_DIR)
+        env["MICROPYPATH"] = os.pathsep.join(device_path("unix-board"))  # emuboard, network, norflash
         env["TERN_EMU_CONFIG"] = str(b.workdir / "board.json")
         heap = b.profile["heap_bytes"] + cfg["reserve"]
         argv = [micropython_path(), "-X", "heapsize=%d" % heap, "-i", "-c", _BOOT]
