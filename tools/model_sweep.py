@@ -26,6 +26,10 @@ import sys
 import time
 
 MICROPYTHON = sys.implementation.name == "micropython"
+if not MICROPYTHON:  # MicroPython has norflash on its MICROPYPATH (set from device_path when launched here)
+    from ternlab.paths import use_device
+
+    use_device("norflash")
 
 
 def _root():
@@ -37,10 +41,6 @@ ROOT = _root()
 for _p in ("/tests/lib", "/lib"):
     if ROOT + _p not in sys.path:
         sys.path.insert(0, ROOT + _p)
-if sys.implementation.name != "micropython":  # MicroPython has it on MICROPYPATH (set below from device_path)
-    from ternlab.paths import use_device
-
-    use_device("norflash")
 
 import model  # noqa: E402
 

@@ -65,6 +65,10 @@ except ImportError:  # pragma: no cover
     import uos as os
 
 MICROPYTHON = sys.implementation.name == "micropython"
+if not MICROPYTHON:  # MicroPython has norflash on its MICROPYPATH (set from device_path when launched here)
+    from ternlab.paths import use_device
+
+    use_device("norflash")
 
 
 def _root():
@@ -77,10 +81,6 @@ ROOT = _root()
 for p in ("/tests/lib", "/lib"):
     if ROOT + p not in sys.path:
         sys.path.insert(0, ROOT + p)
-if sys.implementation.name != "micropython":  # MicroPython has it on MICROPYPATH (set below from device_path)
-    from ternlab.paths import use_device
-
-    use_device("norflash")
 
 TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full",
            "session-edge", "group-flash", "group-flash-acks", "group-posix", "group-lfs", "flash-wrap",

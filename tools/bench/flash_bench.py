@@ -31,7 +31,7 @@ def _root():
 ROOT = _root()
 if ROOT + "/lib" not in sys.path:
     sys.path.insert(0, ROOT + "/lib")
-if sys.implementation.name != "micropython":  # MicroPython has it on MICROPYPATH (set below from device_path)
+if not MICROPYTHON:  # MicroPython has norflash on its MICROPYPATH (set from device_path when launched here)
     from ternlab.paths import use_device
 
     use_device("norflash")
