@@ -16,8 +16,8 @@ the cache has none for the same content. Steps:
    needs one).
 
 Images are cached under build/firmware (or $TERN_FIRMWARE_CACHE) by a hash of everything that goes
-into them: the source, the patches, the C module, the manifest, every file under lib/, device/app/
-and device/emulated/qemu/, this recipe and the heap size. A lock file makes concurrent builds (pytest workers,
+into them: the source, the patches, the C module, the manifests, the files they freeze
+(ternlab.devset.board_files), device/emulated/qemu/, this recipe and the heap size. A lock file makes concurrent builds (pytest workers,
 make) wait for each other instead of racing.
 """
 
@@ -31,7 +31,8 @@ from pathlib import Path
 
 from .boards.board import load_profile
 from .paths import CHECKOUT as ROOT  # the build needs a checkout: ../shared beside it
-from .paths import device_dir
+from .devset import board_files
+from .paths import device_dir, lib_dir
 
 VERSION = "1.28.0"
 TAG = "v1.28.0"
@@ -40,8 +41,7 @@ TARBALL = ROOT.parent / "shared" / "third_party" / f"micropython-{VERSION}-subse
 PATCHES = device_dir("qemu-firmware") / "patches"
 CMODULES = device_dir("qemu-firmware") / "cmodules"
 DEVICE = device_dir("qemu-board")
-APP = device_dir("app")
-MANIFEST = APP / "manifest.py"
+MANIFEST = device_dir("app") / "manifest.py"
 TOOLS = ("arm-none-eabi-gcc", "qemu-system-arm", "make", "git")
 
 
@@ -77,7 +77,8 @@ def source_key() -> str:
 
 
 def image_key(heap_bytes: int) -> str:
-    return _hash(list(_files(Path(__file__), PATCHES, CMODULES, DEVICE, MANIFEST, ROOT / "lib", APP)),
+    frozen = [src for src, _ in board_files()] + [lib_dir() / "tern" / "manifest.py"]  # what the manifest freezes
+    return _hash(list(_files(Path(__file__), PATCHES, CMODULES, DEVICE, MANIFEST, *frozen)),
                  "%s heap=%d" % (source_key(), heap_bytes))
 
 

@@ -2,7 +2,7 @@
 
 Each test boots an EmulatedBoard (the MicroPython unix port with emulated NOR flash, the outbox a
 FlashStore on the profile's raw partition) running device/app/main.py, reads its console through
-ternlab.telemetry, and checks what a subscriber on the broker really received.
+ternlab.app_events, and checks what a subscriber on the broker really received.
 """
 
 import json
@@ -18,7 +18,8 @@ from ternlab.boards.emulated import EmulatedBoard
 from ternlab.broker import Broker, free_port
 from ternlab.chaos import ChaosProxy
 from ternlab.pipeline.schema import parse_payload
-from ternlab.telemetry import TelemetryLog, compile_mpy, install
+from ternlab.app_events import TelemetryLog
+from ternlab.devset import compile_mpy, install_app as install
 from tern.client import Client
 
 _MPY = []

@@ -32,7 +32,7 @@ from ternlab.boards import load_profile  # noqa: E402
 from ternlab.boards.emulated import EmulatedBoard  # noqa: E402
 from ternlab.boards.qemu import QemuBoard  # noqa: E402
 from ternlab.broker import Broker  # noqa: E402
-from ternlab.telemetry import compile_mpy, romfs_image  # noqa: E402
+from ternlab.devset import app_romfs, compile_mpy  # noqa: E402
 from tern.client import Client  # noqa: E402
 
 import firmware_bench  # noqa: E402
@@ -122,7 +122,7 @@ def heap_row(board, src, v):
 def heaps(broker, mpy, workdir):
     board = QemuBoard("qemu-m3-esp32", workdir=workdir / "heap", board_id="bench-heap", link=broker.address)
     try:
-        board.write_romfs(romfs_image(mpy))
+        board.write_romfs(app_romfs(mpy))
         for p in sorted((mpy / "tern").glob("*.mpy")):
             if not board.exists("lib/tern"):
                 board.mkdir("lib")
