@@ -68,7 +68,7 @@ def plan(config=None, files=(), app=None):
 def install(board, app=None, config=None, files=(), source=False, romfs=False, say=print):
     """What `tern deploy` does to a board: config (a file, or a dict written as config.json) checked
     first by the firmware's rules (config_check: a config the board would not run is refused before
-    anything is copied), then the device set and the app (or the telemetry firmware) compiled and
+    anything is copied), then the device set and the telemetry app (or your app) compiled and
     copied, or put in the ROMFS partition (romfs=True). Returns [(remote, bytes)]; the board runs
     them from its next boot."""
     import json

@@ -76,7 +76,25 @@ def micropython_path():
     return found
 
 
-class PortRelay(threading.Thread):
+class StepLoop(threading.Thread):
+    """A thread that runs _step() while `running`, and never dies of an error in one (logged):
+    a board whose relay died would hang. The relays of both board kinds and the qemu board's link
+    bridge are this loop."""
+
+    what = "relay"
+    pause = 0.05
+
+    def run(self):
+        while self.running:
+            try:
+                self._step()
+            except Exception as e:
+                if self.running:
+                    self.log.event("%s error: %s: %s" % (self.what, e.__class__.__name__, e))
+                    time.sleep(self.pause)
+
+
+class PortRelay(StepLoop):
     """What a board's relay thread is, whatever runs the device (the unix port here, QEMU for the
     qemu-m3 board): the port pty, the wake-up pipe, the state EmulatedBoard reads and waits on, the
     backlog for a reader that is not there, freezing the device process, and a loop of _step()
@@ -121,14 +139,97 @@ class PortRelay(threading.Thread):
         if self.running:
             os.write(self.wake_w, b"x")
 
-    def run(self):
-        while self.running:
+    # -- the relay loop, one for both kinds of board --------------------------------
+    def _device_fd(self):
+        """The fd the device's output comes from (None while it is off); the caller holds the lock."""
+        raise NotImplementedError
+
+    def _deadlines(self):
+        """Monotonic times the loop must wake up by, besides a random power cut's (None: none)."""
+        return ()
+
+    def _timers(self):
+        """What is due after a pass of the loop, besides a random power cut."""
+
+    def _exited(self):
+        """The device process has ended (the lock is held)."""
+        raise NotImplementedError
+
+    def _device_bytes(self, data):
+        """What the device printed."""
+        raise NotImplementedError
+
+    def _device_closed(self):
+        """The device's output reached its end."""
+
+    def _read_device(self, fd):
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            if e.errno != errno.EIO:  # EIO: a pty whose other side is closed
+                raise
+            data = b""
+        if data:
+            self._device_bytes(data)
+        else:
+            self._device_closed()
+
+    def _step(self):
+        with self.lock:
+            dev = self._device_fd()
+        rl = [self.m_out, self.wake_r] + ([dev] if dev is not None else [])
+        wl = [self.m_out] if self.backlog else []
+        timeout = 0.2
+        now = time.monotonic()
+        for t in (self.cut_deadline,) + tuple(self._deadlines()):
+            if t is not None:
+                timeout = max(0.0, min(timeout, t - now))
+        try:
+            r, _, _ = select.select(rl, wl, [], timeout)
+        except (OSError, ValueError):
+            time.sleep(0.05)  # an fd closed under us: stop() is under way
+            return
+        if self.wake_r in r:
+            os.read(self.wake_r, 4096)
+        if dev is not None and dev in r:
+            self._read_device(dev)
+        if self.m_out in r:
+            self._read_host()
+        if self.backlog:
+            self._flush()
+        if self.cut_deadline is not None and time.monotonic() >= self.cut_deadline:
+            self.cut_deadline = None
+            self.kill("random-cut")
+        self._timers()
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is not None:
+                self._exited()
+
+    # -- stopping ------------------------------------------------------------------
+    def _power_off(self):
+        """Kill the device process for good and wait for it."""
+        self.kill("off")
+        p = self.proc
+        if p is not None:
             try:
-                self._step()
-            except Exception as e:  # never let the relay die silently: the board would hang
-                if self.running:
-                    self.log.event("relay error: %s: %s" % (e.__class__.__name__, e))
-                    time.sleep(0.05)
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _close(self, *device_fds):
+        """End the loop, then close the port, the wake-up pipe and these fds of the device's."""
+        self.running = False
+        self._wake()
+        self.join(timeout=5)
+        for fd in (self.m_out, self.s_out, self.wake_r, self.wake_w) + device_fds:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
 
     def _flush(self):
         try:
@@ -250,33 +351,14 @@ class Supervisor(PortRelay):
                 if not self.kill("watchdog"):
                     self.wdt_ms = None
 
-    # -- relay -------------------------------------------------------------------
-    def _step(self):
-        with self.lock:
-            m_in = self.m_in
-        rl = [self.m_out, self.wake_r] + ([m_in] if m_in is not None else [])
-        wl = [self.m_out] if self.backlog else []
-        timeout = 0.2
-        now = time.monotonic()
-        for t in (self.cut_deadline, self.wdt_deadline, self.wake_at):
-            if t is not None:
-                timeout = max(0.0, min(timeout, t - now))
-        try:
-            r, w, _ = select.select(rl, wl, [], timeout)
-        except (OSError, ValueError):
-            time.sleep(0.05)  # an fd closed under us: stop() is under way
-            return
-        if self.wake_r in r:
-            os.read(self.wake_r, 4096)
-        if m_in is not None and m_in in r:
-            self._read_device(m_in)
-        if self.m_out in r:
-            self._read_host()
-        if self.backlog:
-            self._flush()
-        if self.cut_deadline is not None and time.monotonic() >= self.cut_deadline:
-            self.cut_deadline = None
-            self.kill("random-cut")
+    # -- relay (the loop is PortRelay._step) -----------------------------------------
+    def _device_fd(self):
+        return self.m_in
+
+    def _deadlines(self):
+        return (self.wdt_deadline, self.wake_at)
+
+    def _timers(self):
         if self.wdt_deadline is not None and time.monotonic() >= self.wdt_deadline:
             self._bite()
         if self.wake_at is not None and time.monotonic() >= self.wake_at:
@@ -285,29 +367,19 @@ class Supervisor(PortRelay):
                     self.wake_at = None
                     self.log.event("wake from deep sleep")
                     self.spawn("friendly", *self.b._next_boot(), cause="deepsleep")
-        with self.lock:
-            if self.proc is not None and self.m_in is not None and self.proc.poll() is not None:
-                self._drain_and_handle_exit()
 
-    def _read_device(self, fd):
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError as e:
-            if e.errno != errno.EIO:
-                raise
-            data = b""
-        if not data:  # the device's side closed: the process is ending
-            with self.lock:
-                if self.proc is not None:
-                    try:
-                        self.proc.wait(timeout=2)
-                    except subprocess.TimeoutExpired:
-                        return
-                    self._drain_and_handle_exit()
-            return
-        self._device_bytes(data)
+    def _exited(self):
+        if self.m_in is not None:
+            self._drain_and_handle_exit()
+
+    def _device_closed(self):  # the device's side of the pty closed: the process is ending
+        with self.lock:
+            if self.proc is not None:
+                try:
+                    self.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    return
+                self._drain_and_handle_exit()
 
     def _device_bytes(self, data):
         self.acc += data
@@ -551,24 +623,7 @@ class Supervisor(PortRelay):
     def stop(self):
         if not self.running:
             return  # stopped already: its fds are closed (and may be someone else's now)
-        self.running = False
-        self.kill("off")
-        p = self.proc
-        if p is not None:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        self._wake()
-        self.join(timeout=5)
-        for fd in (self.m_out, self.s_out, self.wake_r, self.wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        if self.m_in is not None:
-            try:
-                os.close(self.m_in)
-            except OSError:
-                pass
-            self.m_in = None
+        self.running = False  # no respawn, no exit handling: the relay ends with the process
+        self._power_off()
+        self._close(self.m_in)
+        self.m_in = None
