@@ -177,7 +177,7 @@ def qemu_profiles():
 
 def add_subcommands(sub):
     p = sub.add_parser("firmware", help="build the qemu-m3 board's firmware (Tern frozen into MicroPython)",
-                       description="Firmware images for the emulated Cortex-M3 board (see docs/firmware.md).")
+                       description="Firmware images for the emulated Cortex-M3 board (see docs/app.md).")
     fsub = p.add_subparsers(title="firmware commands", metavar="ACTION", dest="firmware_action")
     b = fsub.add_parser("build", help="build (or take from the cache) the firmware of qemu-m3 profiles")
     b.add_argument("--board", default="qemu-m3", metavar="NAME",
