@@ -26,10 +26,10 @@ import sys
 import time
 
 MICROPYTHON = sys.implementation.name == "micropython"
-if not MICROPYTHON:  # MicroPython has norflash on its MICROPYPATH (set from device_path when launched here)
+if not MICROPYTHON:  # MicroPython has norflash and cutfs on its MICROPYPATH (set from device_path when launched here)
     from ternlab.paths import use_device
 
-    use_device("norflash")
+    use_device("testing")
 
 
 def _root():
@@ -172,7 +172,7 @@ def main(argv):
 def _micropypath():
     from ternlab.paths import device_path
 
-    return ":".join([".frozen", ROOT + "/tests/lib", ROOT + "/lib"] + device_path("norflash"))
+    return ":".join([".frozen", ROOT + "/tests/lib", ROOT + "/lib"] + device_path("testing"))
 
 
 def write(path, rigs, a, b, steps, mp_seeds):

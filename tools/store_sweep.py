@@ -65,10 +65,10 @@ except ImportError:  # pragma: no cover
     import uos as os
 
 MICROPYTHON = sys.implementation.name == "micropython"
-if not MICROPYTHON:  # MicroPython has norflash on its MICROPYPATH (set from device_path when launched here)
+if not MICROPYTHON:  # MicroPython has norflash and cutfs on its MICROPYPATH (set from device_path when launched here)
     from ternlab.paths import use_device
 
-    use_device("norflash")
+    use_device("testing")
 
 
 def _root():
@@ -249,7 +249,7 @@ def main(argv):
             exe = os.path.join(os.path.dirname(sys.executable), "micropython")
             from ternlab.paths import device_path
 
-            env = dict(os.environ, MICROPYPATH=":".join([ROOT + "/tests/lib", ROOT + "/lib"] + device_path("norflash")))
+            env = dict(os.environ, MICROPYPATH=":".join([ROOT + "/tests/lib", ROOT + "/lib"] + device_path("testing")))
             cmd = [exe, "-X", "heapsize=16m", __file__, "--inner", "lfs", "--seed", str(seed)] + (["--quick"] if quick else [])
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             sys.stdout.write(proc.stdout)

@@ -49,7 +49,7 @@ DEVICE_PARTS = {
     "unix-board": "emulated/unix",      # the unix-port board's device side: emuboard.py, network.py
     "qemu-board": "emulated/qemu",      # the qemu-m3 board's frozen modules: _boot.py, emuboard.py
     "qemu-firmware": "qemu-firmware",   # the qemu port's C module (qboard) and patches
-    "testing": "testing",               # device-side test workloads: crash_device.py, ledger_publisher.py
+    "testing": "testing",               # device-side test helpers: crash_device.py, ledger_publisher.py, cutfs.py
     "qemu-testing": "testing/qemu",     # test helpers copied onto the qemu-m3 board (its norflash.py)
 }
 # What a part needs beside itself to import: the unix board's emuboard imports norflash.
