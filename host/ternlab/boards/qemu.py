@@ -37,10 +37,9 @@ import time
 
 from .board import BoardError, device_profile
 from .emulated import EmulatedBoard
-from .emulated_pty import PortRelay, StepLoop
+from .relay import BACKLOG, PortRelay, StepLoop
 
 _UP = b"\x00TERN:UP\x00"
-_BACKLOG = 64 * 1024
 EXIT_POWER_CUT = 80  # device/qemu-firmware/cmodules/qboard/qboard.c
 
 
@@ -141,8 +140,8 @@ class _Relay(PortRelay):
         if data:
             self.log.feed(data)
             self.backlog += data
-            if len(self.backlog) > _BACKLOG:
-                del self.backlog[: len(self.backlog) - _BACKLOG]
+            if len(self.backlog) > BACKLOG:
+                del self.backlog[: len(self.backlog) - BACKLOG]
 
     def _read_host(self):
         try:
