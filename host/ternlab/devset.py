@@ -50,6 +50,8 @@ def _entries(manifest, options):
         if path.startswith("$("):
             return
         inc = (here / path).resolve()
+        if inc.name == "tern":  # the library: the one this interpreter imports (lib/tern here, or tern-mqtt)
+            inc = lib_dir() / "tern"
         out.extend(_entries(inc / "manifest.py" if inc.is_dir() else inc, opts))
 
     def unsupported(*a, **kw):
