@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from ternlab.paths import use_device
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 DEFAULT_HEAP = "1m"
-# Library tests import the library, their helpers and the emulated board's flash model.
-MP_PATH = [HERE, ROOT / "lib", ROOT / "boards" / "emulated"]
-for _p in MP_PATH[1:]:
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+# Library tests import the library, their helpers, the emulated board's flash model (norflash) and
+# the power-cut file shim (cutfs), both put on the path by ternlab.paths (it knows where device code is).
+MP_PATH = [HERE, ROOT / "lib"] + [Path(d) for d in use_device("testing")]
+if str(ROOT / "lib") not in sys.path:
+    sys.path.insert(0, str(ROOT / "lib"))
 
 
 def micropython_exe():

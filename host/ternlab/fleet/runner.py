@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..pipeline.judge import KEY, message_key, tally, verdict
-from ..telemetry import write_ledger
+from ..app_events import write_ledger
 from .observer import Observer
 from .scenario import Scenario
 from .schedule import Fault, check_seed, collector_id, make_schedule
@@ -478,7 +478,8 @@ class Fleet:
         from ..boards.emulated import EmulatedBoard
         from ..brokers.mosquitto import Broker
         from ..brokers.chaos import ChaosProxy
-        from ..telemetry import TelemetryLog, compile_mpy, install
+        from ..app_events import TelemetryLog
+        from ..devset import compile_mpy, install_app as install
         from .custody import SocketCustody, available as custody_available
 
         self.out.mkdir(parents=True, exist_ok=True)

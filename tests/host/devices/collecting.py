@@ -13,8 +13,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from ternlab.fleet.collectors import CollectorProc
 
+from ternlab.paths import device_dir
+
 ROOT = Path(__file__).resolve().parents[3]
-DEVICE = Path(__file__).with_name("telemetry_device.py")
+DEVICE = device_dir("testing") / "ledger_publisher.py"
 MICROPYTHON = Path(sys.executable).with_name("micropython")
 
 

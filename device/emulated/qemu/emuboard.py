@@ -1,6 +1,6 @@
 """The qemu-m3 board's device side, frozen into its firmware (MicroPython's qemu port, an Arm
 Cortex-M3 on qemu-system-arm's MPS2-AN385). The same API as the unix-port board's emuboard
-(boards/emulated/emuboard.py), so firmware/hal.py and the tests drive either unchanged.
+(device/emulated/unix/emuboard.py), so device/app/hal.py and the tests drive either unchanged.
 
 The firmware runs `_boot.py` (which calls boot()) before boot.py and main.py. boot() reads the
 host's board.json (ARM semihosting: the host's board directory is QEMU's working directory),

@@ -15,7 +15,7 @@ Power cut: CUT > 0 makes the CUT-th flash (or file) operation of this boot a
 torn one. The device then prints `CUT ...` and blocks until the host kills
 it, so no line of code runs after the cut: no exception unwinds through the
 library, nothing more reaches the broker. Flash: the emulated NOR flash tears
-the operation (boards/emulated/norflash.py). POSIX: the operation is a file
+the operation (device/emulated/norflash.py). POSIX: the operation is a file
 write, a sync or a remove made by FileStore; at the cut every file keeps what
 was synced plus a seeded prefix of what was written after, and a file created
 since the last directory sync may vanish (a power cut, not only a crash).
@@ -175,11 +175,12 @@ def cut_posix(cut, seed):
     import os
     from tern.filestore import OsFs
 
-    class CutFile:
+    from cutfs import ShimFile, keep_synced
+
+    class CutFile(ShimFile):
         def __init__(self, fs, path, mode):
+            ShimFile.__init__(self, path, mode)
             self.fs = fs
-            self.path = path
-            self.f = open(path, mode)
             if "w" in mode or "a" in mode:
                 fs.synced[path] = 0
 
@@ -189,27 +190,6 @@ def cut_posix(cut, seed):
 
         def flush(self):
             self.f.flush()
-
-        def read(self, n=-1):
-            return self.f.read(n) if n >= 0 else self.f.read()
-
-        def readinto(self, b):
-            return self.f.readinto(b)
-
-        def seek(self, pos):
-            return self.f.seek(pos)
-
-        def fileno(self):
-            return self.f.fileno()
-
-        def close(self):
-            self.f.close()
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            self.f.close()
 
     class CutPosix(OsFs):
         def __init__(self):
@@ -233,18 +213,7 @@ def cut_posix(cut, seed):
             if f is not None and data is not None and len(data):
                 f.f.write(data[: self.rand(len(data))])  # a torn write: a prefix of it
                 f.f.flush()
-            for path in self.synced:
-                try:
-                    size = os.stat(path)[6]
-                except OSError:
-                    continue
-                keep = self.synced[path]
-                if size > keep:
-                    keep += self.rand(size - keep + 1)
-                    with open(path, "rb") as g:
-                        kept = g.read(keep)
-                    with open(path, "wb") as g:
-                        g.write(kept)
+            keep_synced(self.synced, self.rand)
             for path in self.fresh:
                 if self.rand(2):
                     try:

@@ -7,7 +7,7 @@ readings. The boot counter lives in the outbox store's meta and is incremented (
 first publish of a boot, so (d, b, s, q) names a reading for ever: the pipeline can tell a lost
 reading from a reboot.
 
-Console (one line per event, prefix hal.PREFIX, a JSON object; parsed by ternlab.telemetry):
+Console (one line per event, prefix hal.PREFIX, a JSON object; parsed by ternlab.app_events):
   boot       d, b, recovered (messages the store gave back), store, profile
   published  p (packet id, 0 for QoS 0), topic, m (the payload) -- printed only after publish()
              returned, i.e. once the message is durable in the outbox: the host's ledger

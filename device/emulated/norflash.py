@@ -102,9 +102,34 @@ def read_wear(path):
 
 
 class NorFlash:
+    """The NOR rules, counters, wear file and torn writes, on a RAM mirror of the image. The rules
+    are written once, here: a subclass keeping the image elsewhere (emuboard's Flash: the file only)
+    replaces the storage primitives alone (_read, _check_program, _store_program, _store_erase,
+    _chunk, _put)."""
+
     def __init__(self, path=None, blocks=64, block_size=4096, cut_at=0, seed=1, fresh=False):
         if blocks < 1 or block_size < 64 or block_size & (block_size - 1):
             raise ValueError("bad flash geometry")
+        self._setup(path, blocks, block_size, cut_at, seed)
+        self.mem = bytearray(self.size)
+        self._mv = memoryview(self.mem)
+        self._blank = bytearray(block_size)
+        for i in range(block_size):
+            self._blank[i] = 0xFF
+        if path is None:
+            for b in range(blocks):
+                self.mem[b * block_size : (b + 1) * block_size] = self._blank
+            return
+        if fresh or not _exists(path):
+            self._create()
+        self._f = open(path, "r+b")
+        if self._f.readinto(self.mem) != self.size:
+            self._f.close()
+            raise ValueError("%s: image is not %d bytes" % (path, self.size))
+        self._load_wear()
+
+    def _setup(self, path, blocks, block_size, cut_at, seed):
+        """The state every flash has, whatever holds its bytes."""
         self.path = path
         self.blocks = blocks
         self.block_size = block_size
@@ -119,28 +144,12 @@ class NorFlash:
             self._rand()
         self.reads = 0
         self.bytes_read = 0
-        self.mem = bytearray(self.size)
-        self._mv = memoryview(self.mem)
-        self._blank = bytearray(block_size)
-        for i in range(block_size):
-            self._blank[i] = 0xFF
         self._wbuf = bytearray(16)
         self.erase_counts = array("I", [0] * blocks)
         self.programs = 0
         self.bytes_programmed = 0
         self._f = None
         self._wf = None
-        if path is None:
-            for b in range(blocks):
-                self.mem[b * block_size : (b + 1) * block_size] = self._blank
-            return
-        if fresh or not _exists(path):
-            self._create()
-        self._f = open(path, "r+b")
-        if self._f.readinto(self.mem) != self.size:
-            self._f.close()
-            raise ValueError("%s: image is not %d bytes" % (path, self.size))
-        self._load_wear()
 
     # -- image and counter files ------------------------------------------
     def _create(self):
@@ -258,17 +267,42 @@ class NorFlash:
         self.ops += 1
         return self.cut_at and self.ops >= self.cut_at
 
-    # -- block protocol -----------------------------------------------------
-    def readblocks(self, block, buf, offset=0):
-        self._alive()
-        n = len(buf)
-        pos = self._pos(block, offset, n)
+    # -- storage primitives of the RAM mirror ---------------------------------
+    def _read(self, pos, buf, n):
         if n <= 16:
             mem = self.mem
             for i in range(n):
                 buf[i] = mem[pos + i]
         else:
             buf[0:n] = self._mv[pos : pos + n]
+
+    def _check_program(self, pos, buf, n):
+        mem = self.mem
+        if n <= 256:  # small programs (records, status bytes): no allocation
+            for i in range(n):
+                b = buf[i]
+                if mem[pos + i] & b != b:
+                    self._violation(pos + i, mem[pos + i], b)
+            return
+        new = int.from_bytes(buf, "big")
+        if int.from_bytes(self._mv[pos : pos + n], "big") & new != new:
+            for i in range(n):
+                if mem[pos + i] & buf[i] != buf[i]:
+                    self._violation(pos + i, mem[pos + i], buf[i])
+
+    def _store_program(self, pos, buf, n):
+        self.mem[pos : pos + n] = buf
+        self._persist_program(pos, buf, n)
+
+    def _store_erase(self, block, pos):
+        self.mem[pos : pos + self.block_size] = self._blank
+        self._persist_block(block)
+
+    # -- block protocol: the NOR rules --------------------------------------
+    def readblocks(self, block, buf, offset=0):
+        self._alive()
+        n = len(buf)
+        self._read(self._pos(block, offset, n), buf, n)
         self.reads += 1
         self.bytes_read += n
         return 0
@@ -277,28 +311,12 @@ class NorFlash:
         self._alive()
         n = len(buf)
         pos = self._pos(block, offset, n)
-        mem = self.mem
-        if n <= 256:  # small programs (records, status bytes): no allocation
-            for i in range(n):
-                b = buf[i]
-                if mem[pos + i] & b != b:
-                    self._violation(pos + i, mem[pos + i], b)
-            if self._tick():
-                self._torn_program(pos, buf, n)
-            mem[pos : pos + n] = buf  # buf clears only set bits (checked): old AND buf is buf itself
-        else:
-            old = int.from_bytes(self._mv[pos : pos + n], "big")
-            new = int.from_bytes(buf, "big")
-            if old & new != new:
-                for i in range(n):
-                    if mem[pos + i] & buf[i] != buf[i]:
-                        self._violation(pos + i, mem[pos + i], buf[i])
-            if self._tick():
-                self._torn_program(pos, buf, n)
-            mem[pos : pos + n] = buf
+        self._check_program(pos, buf, n)  # a program can only clear bits
+        if self._tick():
+            self._torn_program(pos, buf, n)  # ends in _die(): PowerCut, or the process is killed
         self.programs += 1
         self.bytes_programmed += n
-        self._persist_program(pos, buf, n)
+        self._store_program(pos, buf, n)  # buf clears only set bits (checked): old AND buf is buf itself
         return 0
 
     def ioctl(self, op, arg=0):
@@ -323,9 +341,8 @@ class NorFlash:
         pos = self._pos(block, 0, self.block_size)
         if self._tick():
             self._torn_erase(block, pos)
-        self.mem[pos : pos + self.block_size] = self._blank
         self.erase_counts[block] += 1
-        self._persist_block(block)
+        self._store_erase(block, pos)
         return 0
 
     # -- power cuts ---------------------------------------------------------

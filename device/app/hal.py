@@ -4,7 +4,7 @@ store, the clock, the network, the watchdog, sensors, reset and sleep.
 Everything else in the firmware is board-neutral. The emulated board (module `emuboard`, the
 MicroPython unix port with an emulated NOR flash) and real boards (esp32, rp2) differ only here.
 Console lines for the host start with PREFIX and carry one JSON object; the host's parser is
-`ternlab.telemetry` and uses the same prefix.
+`ternlab.app_events` and uses the same prefix.
 """
 
 import sys

@@ -5,9 +5,9 @@ Tern client at one QoS on a persistent session, riding out broker or network tro
 ledger: one ``LEDGER {...}`` line per message once publish() has accepted it (device, boot, seq, qos,
 topic, sent_ts), then ``DONE {...}`` when the broker has acknowledged everything.
 
-    micropython telemetry_device.py HOST PORT DEVICE N [QOS] [INTERVAL_MS] [BOOT]
+    micropython ledger_publisher.py HOST PORT DEVICE N [QOS] [INTERVAL_MS] [BOOT]
 
-The real telemetry firmware (firmware/main.py) replaces this script once it lands.
+(tests/host/devices/collecting.py starts it; the telemetry app, device/app, is the real device.)
 """
 
 import sys
