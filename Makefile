@@ -34,8 +34,11 @@ demo: setup
 firmware: setup
 	$(VENV)/bin/tern firmware build --board qemu-m3
 
+# one pytest worker per core, at most 4 (pytest-xdist), each test file on one worker so that its fixtures are
+# made once; PYTEST_WORKERS=0 runs the suite in this process (what -x, --pdb and -s want)
+PYTEST_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
 test: setup firmware
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 size: setup
 	$(PY) tools/size_report.py --write docs/benchmarks.md
