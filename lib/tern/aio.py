@@ -1,6 +1,10 @@
 """The asyncio client: the same Session as the blocking `tern.client.Client`,
 driven by asyncio streams. One file for MicroPython's asyncio and CPython's.
 
+Over 600 lines because its methods are the asyncio client's public API and the tasks that move
+bytes between the streams and the session, on the same waiters: split, every asyncio board would
+load a second module.
+
     c = Client("dev1", "broker.local")
     await c.connect()
     await c.subscribe("cmd/#", 1)
@@ -306,7 +310,7 @@ class Client(_Driver):
                     await self._qspace.wait()
                     if gen != self._gen:
                         return
-                room = s.rx_space()
+                room = len(s.rx) - s.rx_len  # what the driver may write at rx[rx_len:]
                 if MICROPYTHON:
                     rl = s.rx_len
                     n = await r.readinto(s.rxmv[rl:] if rl else s.rxmv)

@@ -1,5 +1,9 @@
 """The blocking (or polled) client: a socket, a clock and a Session.
 
+Over 600 lines because it holds the blocking client and the driver base it shares with tern.aio
+(_Driver): a module of its own for the base would add a module to the heap of every board, most of
+which load only the blocking client.
+
 It only moves bytes and time between the socket and the session; the protocol
 lives in the session. The transport is a TCP socket, or any byte stream given
 as `stream=` (a UART to a cellular or LoRa modem in transparent mode, say).
@@ -467,10 +471,10 @@ class Client(_Driver):
             elif not self._poll.poll(ms):
                 return False
         while True:
-            room = s.rx_space()
+            rl = s.rx_len
+            room = len(s.rx) - rl  # what the driver may write at rx[rx_len:]
             if room <= 0:
                 break
-            rl = s.rx_len
             n = _read_into(sock, s.rxmv[rl:] if rl else s.rxmv, room)
             if n < 0:
                 break

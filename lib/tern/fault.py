@@ -1,37 +1,43 @@
-"""The session's rare fault paths, imported on first use: an acknowledgement of the wrong type
-from the server, an inbound packet larger than the receive buffer, and inbound QoS 2 messages
+"""The session's rare fault paths, imported on first use: a packet its connection's state does not
+read (a PUBLISH before CONNACK, a second CONNACK), an acknowledgement of the wrong type from the server, an inbound packet larger than the receive buffer, and inbound QoS 2 messages
 over the cap of ids awaiting PUBREL (Session._admit says why). Functions of the session (`s`),
 called from where they were its methods.
 """
 
 from .wire import const, MQTTError, fail
+from . import pkt
 
+_CONNACK = const(2)
 _PUBLISH = const(3)
 _PUBACK = const(4)
 _PUBCOMP = const(7)
 _V5 = const(5)
 _PROTOCOL_ERROR = const(0x82)
-_EV_PUBLISHED = const(2)  # the session's event
-_QOS2 = const(2)  # and ring flags
+_QOS2 = const(2)  # the session's ring flags
 _CTRL = const(8)
 
 
-def wrong_ack(s, t, pid, i, f, now):
+def unexpected(s, t, pos, end, now):
+    # A packet of type t that the session's state does not read (Session._READS).
+    if t != _CONNACK:
+        s.violation(_PROTOCOL_ERROR, "packet type %d before CONNACK" % t, now)
+    p = pkt.decode(s.rxmv[pos:end], s.version, len(s.rx))
+    s.violation(_PROTOCOL_ERROR, "unexpected %s (reason 0x%02X)" % ("CONNACK", p.reason), now)
+
+
+def wrong_ack(s, t, pid, f, now):
     # An acknowledgement of the wrong type for what pid is (a PUBACK for
     # QoS 2, a PUBREC for QoS 1, a PUBCOMP before PUBREC, a SUBACK for an
     # UNSUBSCRIBE ...): a protocol violation, so the connection ends. A
-    # PUBLISH is given back failed (EV_PUBLISHED 0x82) rather than kept:
-    # sent again after the reconnect, it would meet the same answer every
-    # time (a broker that acknowledges QoS 2 as QoS 1 does so for good).
+    # PUBLISH was given back failed (EV_PUBLISHED 0x82, by the session) rather
+    # than kept: sent again after the reconnect, it would meet the same answer
+    # every time (a broker that acknowledges QoS 2 as QoS 1 does so for good).
     n = ("PUBACK", "PUBREC", "PUBREL", "PUBCOMP", "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK")
     if f & _CTRL:
         what = n[s.store.kind(pid) - _PUBACK]
     else:
-        s._free(i)
-        s._inflight -= 1
-        s._event(_EV_PUBLISHED, pid, _PROTOCOL_ERROR)
         what = "QoS %d message" % (2 if f & _QOS2 else 1)
-    s._violation(_PROTOCOL_ERROR, "protocol violation: the broker answered %s %d with %s%s%s" % (
+    s.violation(_PROTOCOL_ERROR, "protocol violation: the broker answered %s %d with %s%s%s" % (
         what, pid, n[t - _PUBACK],
         " (it does not do QoS 2: publish at QoS 1 to this broker)" if t == _PUBACK and f & _QOS2 else
         " before PUBREC" if t == _PUBCOMP and f & _QOS2 else "",
@@ -45,7 +51,7 @@ def oversize(s, pos, end, size):
     # broker sends the message again after every reconnect and the client
     # would never get past it. So a PUBLISH is discarded as it streams in
     # and acknowledged (stats_dropped counts it). True once its packet id
-    # is read (bytes to skip in s._skip); False: more bytes needed first.
+    # is read (bytes to skip in s.skip); False: more bytes needed first.
     rx = s.rx
     b = rx[pos]
     if s.version != _V5 and b >> 4 == _PUBLISH:
@@ -64,8 +70,8 @@ def oversize(s, pos, end, size):
             pid = rx[h - 2] << 8 | rx[h - 1] if q else 0
             if q and not pid:
                 fail("packet id 0")
-            s._skip = size
-            s._skipid = q << 16 | pid
+            s.skip = size
+            s.skip_id = q << 16 | pid
             return True
     raise MQTTError(0x95, "packet of %d bytes over the receive buffer's %d" % (size, len(rx)))
 
@@ -75,9 +81,9 @@ def over_cap(s, n, now):
     # broker broke the protocol (0x93); on a resumed one the message is
     # deferred (not delivered, not acknowledged). False: not taken.
     if not s.session_present:
-        s._violation(0x93, "Receive Maximum exceeded: %d QoS 2 messages await PUBREL" % n, now)
+        s.violation(0x93, "Receive Maximum exceeded: %d QoS 2 messages await PUBREL" % n, now)
     s.stats_deferred += 1
-    s._deferred += 1
+    s.deferred += 1
     return False
 
 
@@ -85,6 +91,6 @@ def redeliver(s, now):
     # The ids taken are all released and messages were deferred: reconnect
     # (DISCONNECT, normal: no will; the driver reconnects) so that the broker
     # sends them again.
-    n = s._deferred
+    n = s.deferred
     s.disconnect(now)
     raise OSError("%d QoS 2 messages over Receive Maximum left for the broker to resend: reconnecting" % n)

@@ -1,5 +1,9 @@
 """FileStore: the session store as append-only segment files in a directory.
 
+Over 600 lines because, as in flashstore.py, the append path, segment reclaim and the recovery
+scan share one index and write buffer and the scan runs at every open (a module of its own costs a
+board one more module on the heap).
+
 Runs on any filesystem: LittleFS on boards (through os/vfs), POSIX on hosts,
 or any object with open/listdir/remove/mkdir passed as `fs` (e.g. a
 littlefs-python filesystem on a host). An `fs` that also has sync_file and

@@ -1,5 +1,9 @@
 """FlashStore: the session store as a circular log on a raw flash partition.
 
+Over 600 lines because the append path, the reclaim of old sectors and the recovery scan work on
+the same window buffer, sector tables and index, and the scan runs at every open: a module of its
+own would put one more module and class on a board's heap for code every boot loads anyway.
+
 The block device speaks MicroPython's extended block protocol (esp32.Partition,
 rp2.Flash, boards/emulated/norflash.py): readblocks(b, buf, off),
 writeblocks(b, buf, off) programs only (bits 1 -> 0), ioctl(6, b) erases.
@@ -477,27 +481,12 @@ class FlashStore(Log):
             off += 8
         return -1
 
-    def _erased(self, s):
-        """Whether every byte of sector s reads erased. Stops at the first that does not: a sector
-        being reused is known from its header's first byte, where _written_end's whole scan cost a
-        board about 2.3 million instructions a sector switch (docs/benchmarks.md)."""
-        base = s * self.bs
-        off = 0
-        while off < self.bs:
-            k = self.bs - off
-            if k > _WIN:
-                k = _WIN
-            i = self._at(base + off, k)
-            w = self._win
-            for j in range(i, i + k):
-                if w[j] != 0xFF:
-                    return False
-            off += k
-        return True
-
-    def _written_end(self, s, off):
+    def _written_end(self, s, off, first=False):
         """Where the bytes of sector s that are not erased end, from off on
-        (off itself when all are erased)."""
+        (off itself when all are erased). first: stop at the first that is not
+        (a sector being reused is known from its header's first byte, where the
+        whole scan cost a board about 2.3 million instructions a sector switch:
+        docs/benchmarks.md)."""
         base = s * self.bs
         end = off
         while off < self.bs:
@@ -506,9 +495,11 @@ class FlashStore(Log):
                 k = _WIN
             i = self._at(base + off, k)
             w = self._win
-            for j in range(k):
-                if w[i + j] != 0xFF:
-                    end = off + j + 1
+            for j in range(i, i + k):
+                if w[j] != 0xFF:
+                    end = off + j - i + 1
+                    if first:
+                        return end
             off += k
         return end
 
@@ -763,7 +754,7 @@ class FlashStore(Log):
                 break
         if s < 0:
             raise OSError(ENOSPC, "flash outbox full")
-        if not self._blank[s] and not self._erased(s):
+        if not self._blank[s] and self._written_end(s, 0, True):
             self._erase(s)
         old = self._head
         sh = self._sh

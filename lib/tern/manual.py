@@ -13,7 +13,7 @@ _PUBREC = const(5)
 def ack(s, ack_id, now):
     # Session.ack: mark the message done, then send the acknowledgements at
     # the head of the queue that are ready (arrival order is kept).
-    q = s._inq
+    q = s.inq
     pid = ack_id & 0xFFFF
     t = _PUBACK if ack_id >> 16 == 1 else _PUBREC
     for e in q:
@@ -26,13 +26,13 @@ def ack(s, ack_id, now):
             continue
         if t == _PUBREC and not s.store.in_has(pid):
             s.store.in_add(pid)  # (durable before its PUBREC leaves: Session._out)
-        s._ack(t, pid, r, now)
+        s.send_ack(t, pid, r, now)
 
 
 def lost(s):
     # The connection is gone: the queue was for it (the broker sends those
     # messages again). QoS 2 messages the app never acknowledged: counted, not recorded.
-    for e in s._inq:
-        if e[1] == _PUBREC and s._in2 and not s.store.in_has(e[0]):
-            s._in2 -= 1
-    s._inq = []
+    for e in s.inq:
+        if e[1] == _PUBREC and s.in2 and not s.store.in_has(e[0]):
+            s.in2 -= 1
+    s.inq = []

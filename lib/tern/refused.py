@@ -54,9 +54,9 @@ def set_version(s, v):
     (identifier rejected)."""
     s.version = v
     s.connect_props = None
-    for x in s._subs:
+    for x in s.subs:
         x.opts &= 3
-    if v == 3 and not s.client_id and s._conn[0]:
+    if v == 3 and not s.client_id and s.conn[0]:
         import random
 
         s.client_id = "tern_%08x" % random.getrandbits(32)

@@ -4,6 +4,12 @@ handlers, events to `on_event(kind, a, b)`, and tells when it next needs the
 clock. No sockets, no clocks, no files: drivers own those, which is what lets
 the same engine run on a board, on a host and under fault injection.
 
+Over 600 lines because the steady path (send ring, window, receive buffer, dispatch) is one class
+whose methods read the same fields for every message: split by job, each part would reach into the
+others' fields or cost a call per message on the device. What a connected client never runs is out
+(tern.handshake, v5, fault, manual, refused, through the interface in Session's docstring); a
+third of the lines are comments and docstrings.
+
 Write-ahead: a QoS 1/2 PUBLISH, SUBSCRIBE or UNSUBSCRIBE goes into the store
 before its first byte is sent and leaves it on its acknowledgement. The send
 order lives in a ring of packet identifiers (3 bytes per pending message);
@@ -32,7 +38,6 @@ except ImportError:  # CPython: the driver's clock does not wrap, a plain a - b 
 
 # Packet types and property identifiers as private constants: folded into the
 # bytecode, so they cost no module globals on a board.
-_CONNECT = const(1)
 _CONNACK = const(2)
 _PUBLISH = const(3)
 _PUBACK = const(4)
@@ -49,25 +54,29 @@ _AUTH = const(15)
 _V5 = const(5)
 _PROTOCOL_ERROR = const(0x82)
 _P_SUB_ID = const(0x0B)
-_P_AUTH_METHOD = const(0x15)
 _P_SESSION_EXPIRY = const(0x11)
-_P_ASSIGNED_ID = const(0x12)
-_P_SERVER_KEEPALIVE = const(0x13)
 _P_RECEIVE_MAX = const(0x21)
 _P_ALIAS_MAX = const(0x22)
 _P_ALIAS = const(0x23)
-_P_MAX_QOS = const(0x24)
-_P_RETAIN_OK = const(0x25)
 _P_USER = const(0x26)
 _P_MAX_PACKET = const(0x27)
-_P_WILDCARD_OK = const(0x28)
-_P_SUB_ID_OK = const(0x29)
-_P_SHARED_OK = const(0x2A)
 
-# Connection states (CONNECTING is private: no driver needs to tell it apart).
+# The connection's states (CONNECTING is private: no driver needs to tell it apart) ...
 DISCONNECTED = const(0)
 _CONNECTING = const(1)
 CONNECTED = const(2)
+# ... the events that move it (go()) ...
+_E_CONNECT = const(0)  # connect_packet(): CONNECT sent
+_E_ACCEPT = const(1)  # a CONNACK accepting it (tern.handshake)
+_E_REFUSE = const(2)  # a CONNACK refusing it (tern.handshake)
+_E_LOST = const(3)  # connection_lost(): the transport is gone, a DISCONNECT, a protocol violation
+_NO = const(255)  # an event that cannot happen in that state
+# ... and the inbound packet types each reads (bit t: packet type t), any other being a protocol
+# violation (tern.fault.unexpected); DISCONNECTED reads what a feed under way still holds. The
+# table of states and events is Session.go's (written there: a constant in its bytecode, not a
+# module global on a board's heap).
+_READS_CONNECTING = const(1 << _CONNACK | 1 << _AUTH)
+_READS_OTHERS = const(0xFFFF ^ 1 << _CONNACK)
 
 # Events for on_event(kind, a, b).
 EV_CONNACK = const(1)  # a = session present, b = CONNACK Packet
@@ -131,6 +140,14 @@ class Session:
     messages over the receive buffer, MQTT 3.1.x: discarded and acknowledged),
     stats_deferred (inbound QoS 2 messages over receive_max on a resumed
     session, left for the broker to resend: see _admit).
+
+    The helper modules (tern.handshake, tern.v5, tern.fault, tern.manual,
+    tern.refused: paths a plain connected client never runs, loaded on first
+    use) are functions of the session and use this interface of it, and
+    nothing that starts with an underscore: go(event) (the state table), violation(), send_packet(), send_ack(), out(), emit(); the records conn (what CONNECT carries), subs (the
+    subscriptions), in_aliases (inbound topic aliases), inq (manual
+    acknowledgements); the counters in2 (inbound QoS 2 ids held) and deferred; stale;
+    skip and skip_id (an oversize PUBLISH being discarded); tx and last_tx.
     """
 
     def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
@@ -162,7 +179,7 @@ class Session:
         # in CONNACK), keepalive last: a CONNACK's Server Keep Alive replaces
         # self.keepalive for that connection only; its properties are connect_props as
         # given plus what the session announces (MQTT 5).
-        self._conn = (clean, username, password, will_topic, will_payload, will_qos, will_retain, will_props, keepalive)
+        self.conn = (clean, username, password, will_topic, will_payload, will_qos, will_retain, will_props, keepalive)
         props = dict(connect_props) if connect_props else {}
         if version == _V5:
             if session_expiry:
@@ -176,9 +193,9 @@ class Session:
         self.topic_alias_max = topic_alias_max
         self.receive_max = receive_max
         self._in_cap = 4 * receive_max if receive_max > 32 else 128  # see _admit
-        self._in2 = 0  # inbound QoS 2 ids recorded on this session and not yet released
-        self._deferred = 0  # inbound QoS 2 messages over receive_max on this connection (not taken)
-        self._stale = False  # inbound QoS 2 ids of a broker session that is gone, not yet cleared (see CONNACK)
+        self.in2 = 0  # inbound QoS 2 ids recorded on this session and not yet released
+        self.deferred = 0  # inbound QoS 2 messages over receive_max on this connection (not taken)
+        self.stale = False  # inbound QoS 2 ids of a broker session that is gone, not yet cleared (tern.handshake)
         self.auth = auth  # enhanced authentication hook: auth(reason, props) -> props
         self.outbound_aliases = outbound_aliases
         self._oalias = None  # topic bytes -> encoded property block with its alias (this connection)
@@ -195,6 +212,7 @@ class Session:
         self.on_message = None  # default handler
         self.on_event = None
         self.state = DISCONNECTED
+        self._reads = _READS_OTHERS  # the packet types this state reads (see go)
         # array and Message are imported here, where they are used once: two
         # globals fewer keep the module's dict a size smaller on a board.
         from array import array
@@ -204,8 +222,8 @@ class Session:
         self.rx_len = 0
         self._rpos = -1  # where feed_n reads next; -1: no feed under way
         self.rxmv = memoryview(self.rx)  # rx as a view: drivers read into rxmv[rx_len:] (see feed_n)
-        self._tx = bytearray(tx_size)
-        self._txmv = memoryview(self._tx)  # a slice store into a view allocates nothing on MicroPython
+        self.tx = bytearray(tx_size)
+        self._txmv = memoryview(self.tx)  # a slice store into a view allocates nothing on MicroPython
         self._txn = 0  # bytes of packets queued at the start of _tx while a feed is under way (see flush)
         self._msg = Message()
         self._depth = 0  # message handlers under way: >0 while a handler's blocking call reads on
@@ -216,15 +234,15 @@ class Session:
         self._inflight = 0
         self._unsent = 0
         self._uctl = 0  # of which SUBSCRIBE or UNSUBSCRIBE
-        self._subs = []
+        self.subs = []
         self._gone = []  # filters unsubscribed while offline: UNSUBSCRIBE when the broker kept the session
         self._late = False  # False: nothing waits for _send_late (it ran to its end since)
         self._next_sid = 1
-        self._aliases = None
+        self.in_aliases = None
         # With manual_ack, the queue of acknowledgements in arrival order:
         # [pid, ack type, reason code to send, or -1 until the app's ack()].
-        self._inq = [] if manual_ack else None
-        self._last_tx = 0
+        self.inq = [] if manual_ack else None
+        self.last_tx = 0
         self._ping_sent = -1
         self.server = {}  # the last CONNACK's properties (MQTT 5)
         self.max_qos = 2
@@ -236,8 +254,8 @@ class Session:
         self.stats_resent = 0
         self.stats_dropped = 0
         self.stats_deferred = 0
-        self._skip = 0  # bytes of an oversize inbound PUBLISH still to discard
-        self._skipid = 0  # its QoS << 16 | packet id
+        self.skip = 0  # bytes of an oversize inbound PUBLISH still to discard
+        self.skip_id = 0  # its QoS << 16 | packet id
         # Rebuild the send ring from what the store recovered (after a reboot).
         # The ring holds max_pending entries, or what the store holds when
         # that is more (max_pending lowered between boots): refusing to start
@@ -260,8 +278,8 @@ class Session:
         f = _EVER
         if st.kind(pid) != _PUBLISH:
             return f | _CTRL
-        st.read(pid, 0, self._tx)
-        if (self._tx[0] >> 1) & 3 == 2:
+        st.read(pid, 0, self.tx)
+        if (self.tx[0] >> 1) & 3 == 2:
             f |= _QOS2
         if st.marked(pid):
             f |= _MARKED
@@ -339,9 +357,9 @@ class Session:
         n = self._txn
         if n:
             self._txn = 0
-            self._out(self._tx, 0, n)
+            self.out(self.tx, 0, n)
 
-    def _out(self, buf, off, n):
+    def out(self, buf, off, n):
         # The write-ahead rule, for every packet in one place: whatever the
         # store holds uncommitted (group commit: the mark a PUBREL announces,
         # the inbound id a PUBREC does, its release a PUBCOMP does, the record
@@ -352,7 +370,7 @@ class Session:
             st.commit()
         self.send(buf, off, n)
 
-    def _ack(self, ptype, pid, reason, now):
+    def send_ack(self, ptype, pid, reason, now):
         # A PUBREL (our QoS 2 flow) waits with the rest of what the read
         # released; the acknowledgement of an inbound message leaves at once:
         # the broker may be holding its next messages until it comes (a full
@@ -364,30 +382,30 @@ class Session:
             self._pump(now)
         q = ptype == _PUBREL and self._rpos >= 0
         k = self._txn
-        if not q or k + 5 > len(self._tx):
+        if not q or k + 5 > len(self.tx):
             self.flush()
             k = 0
-        k += pkt.ack_into(self._tx, ptype, pid, reason, self.version, k)
+        k += pkt.ack_into(self.tx, ptype, pid, reason, self.version, k)
         if q:
             self._txn = k
         else:
-            self._out(self._tx, 0, k)
-        self._last_tx = now
+            self.out(self.tx, 0, k)
+        self.last_tx = now
 
-    def _packet(self, p, now):
+    def send_packet(self, p, now):
         b = pkt.encode(p, self.version)
         mx = self.server.get(_P_MAX_PACKET, 268435460)
         if len(b) > mx:
             raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (len(b), mx))
         self.flush()
-        self._out(b, 0, len(b))
-        self._last_tx = now
+        self.out(b, 0, len(b))
+        self.last_tx = now
 
-    def _violation(self, code, msg, now):
+    def violation(self, code, msg, now):
         """The server broke the protocol: tell it why (MQTT 5) and stop."""
         if self.state != DISCONNECTED and self.version == _V5 and self.send:
             try:
-                self._packet(Packet(_DISCONNECT, reason=code), now)
+                self.send_packet(Packet(_DISCONNECT, reason=code), now)
             except Exception:
                 pass
         self.connection_lost()
@@ -401,27 +419,11 @@ class Session:
         # that reconnected) what it has read stays, for the handlers under way.
         self.rx_len = self._rpos if self._rpos > 0 else 0
         self._txn = 0
-        if self._stale:
-            # A clear a CONNACK could not make durable (ENOSPC) is made so
-            # before the next CONNECT leaves, or that raises: the flag is RAM
-            # only, and after a power cut a session present 1 would keep the
-            # old session's ids against the new one's messages.
-            self._clear_in()
-        self.state = _CONNECTING
         self._ping_sent = -1
         self.reauthing = False
-        c, u, pw, wt, wp, wq, wr, wprops, ka = self._conn
-        self.keepalive = ka
-        self._packet(Packet(
-            _CONNECT, version=self.version, clean=c, keepalive=ka, client_id=self.client_id,
-            props=self.connect_props, username=u, password=pw, will_topic=wt, will_payload=wp, will_qos=wq,
-            will_retain=wr, will_props=wprops), now)
+        import tern.handshake  # (it releases itself once the CONNACK is read)
 
-    def _clear_in(self):
-        self.store.in_clear()
-        self.store.commit()  # now, not at the next packet: the broker's new session exists already
-        self._stale = False
-        self._in2 = 0
+        tern.handshake.connect(self, now)  # CONNECTING, and the CONNECT sent
 
     def _pump(self, now):
         """Send what the window allows, oldest first: a PUBREL for a QoS 2
@@ -435,7 +437,7 @@ class Session:
     def _send_ring(self, now):
         limit = self._limit
         st = self.store
-        tx = self._tx
+        tx = self.tx
         flags = self._rflags
         ring = self._ring
         cap = self._cap
@@ -465,8 +467,10 @@ class Session:
                 else:
                     return
                 if f & _MARKED:
-                    self._ack(_PUBREL, pid, 0, now)
-                elif f & _OLD and self._unaliased(pid, f & _EVER, now):
+                    self.send_ack(_PUBREL, pid, 0, now)
+                elif f & _OLD and __import__("tern.v5").v5.unaliased(self, pid, f & _EVER, now):
+                    # (tern.v5.unaliased sent it; __import__, not a method: one function object
+                    # fewer on a board's heap)
                     pass
                 else:
                     size = st.size(pid)
@@ -485,10 +489,10 @@ class Session:
                             tx[at] |= 8  # DUP
                         off += n
                         if not q:
-                            self._out(tx, 0, n)
+                            self.out(tx, 0, n)
                     if q:
                         self._txn = k + size
-                    self._last_tx = now
+                    self.last_tx = now
                 flags[i] = (f | _SENT | _EVER) & ~_OLD
                 self._unsent -= 1
                 if not self._unsent:
@@ -496,11 +500,6 @@ class Session:
             i += 1
             if i == cap:
                 i = 0
-
-    def _unaliased(self, pid, dup, now):
-        import tern.v5  # (not `from .v5 import`: see _on_publish)
-
-        return tern.v5.unaliased(self, pid, dup, now)
 
     # ---------------------------------------------------------------- publish
 
@@ -548,7 +547,7 @@ class Session:
             self._P.client_publish(props, payload, qos, topic, self.server.get(_P_ALIAS_MAX, 0))
             pblock = self._P.encode(props, _PUBLISH)
         plen = len(payload)
-        tx = self._tx
+        tx = self.tx
         hlen = 2 + len(topic) + 2 + 5 + (len(pblock) if pblock else 1)
         if hlen > len(tx):
             raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(tx))
@@ -599,16 +598,16 @@ class Session:
                 n += plen
                 plen = 0
             try:
-                self._out(tx, 0, n)
+                self.out(tx, 0, n)
                 if plen:
-                    self._out(payload, 0, plen)
+                    self.out(payload, 0, plen)
             except OSError as e:
                 # Part of the packet may have left: the connection cannot carry
                 # another. Not accepted (QoS 0 is not kept), so the caller hears.
                 self.connection_lost()
-                self._event(EV_LOST, 0, e)
+                self.emit(EV_LOST, 0, e)
                 raise
-            self._last_tx = now
+            self.last_tx = now
             return 0
         if self._n >= self._cap:
             return WOULD_BLOCK
@@ -639,7 +638,7 @@ class Session:
                 # would say "not accepted", and a caller that publishes it
                 # again would send the message twice.
                 self.connection_lost()
-                self._event(EV_LOST, 0, e)
+                self.emit(EV_LOST, 0, e)
         return pid
 
     def outbox_full(self):
@@ -685,7 +684,7 @@ class Session:
             # Every subscription gets an identifier (see _on_publish): the
             # next one no current subscription holds.
             sub_id = self._next_sid
-            while any(s.sid == sub_id for s in self._subs):
+            while any(s.sid == sub_id for s in self.subs):
                 sub_id += 1
             self._next_sid = sub_id + 1
             auto = True
@@ -702,7 +701,7 @@ class Session:
         # pid: its SUBSCRIBE while pending (0 otherwise); late: not sent yet.
         s = Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
                    auto=auto, user_props=user_props, late=True)
-        self._subs.append(s)
+        self.subs.append(s)
         self._send_late(now)
         return s.pid
 
@@ -713,9 +712,9 @@ class Session:
         flt = _filter(flt)
         if user_props != 0:
             self._fits(_UNSUBSCRIBE, flt, user_props, None)
-        for s in self._subs:
+        for s in self.subs:
             if s.filter == flt:
-                self._subs.remove(s)
+                self.subs.remove(s)
                 break
         if flt in self._gone:
             self._gone.remove(flt)
@@ -741,7 +740,7 @@ class Session:
         if self.state != CONNECTED:
             return
         cap = self._cap
-        for s in self._subs:
+        for s in self.subs:
             if s.late:
                 if self._n >= cap:
                     return
@@ -792,7 +791,7 @@ class Session:
             # Made offline, before this CONNACK said the maximum: sent, it would
             # only get the connection closed, at every reconnect [MQTT-3.1.2-24].
             # Given back as a refusing SUBACK/UNSUBACK would be, not stored.
-            self._event(EV_SUBACK if t == _SUBSCRIBE else EV_UNSUBACK, pid, [0x95])
+            self.emit(EV_SUBACK if t == _SUBSCRIBE else EV_UNSUBACK, pid, [0x95])
             return -1
         try:
             self.store.append(t, pid, b, b"")
@@ -811,10 +810,10 @@ class Session:
         n = len(data)
         off = 0
         while off < n:
-            room = self.rx_space()
+            room = len(self.rx) - self.rx_len
             if room <= 0:
                 # frame_size already bounded the packet; a full buffer with no frame is impossible
-                self._violation(0x95, "receive buffer overflow", now)
+                self.violation(0x95, "receive buffer overflow", now)
             k = n - off if n - off < room else room
             self.rx[self.rx_len : self.rx_len + k] = data[off : off + k]
             off += k
@@ -845,15 +844,15 @@ class Session:
             while True:
                 pos = self._rpos
                 end = self.rx_len
-                k = self._skip
+                k = self.skip
                 if k:  # an oversize PUBLISH (see _oversize), discarded as it arrives
                     if end - pos < k:
                         k = end - pos
                     self._rpos = pos + k
-                    self._skip -= k
-                    if self._skip:
+                    self.skip -= k
+                    if self.skip:
                         break
-                    k = self._skipid
+                    k = self.skip_id
                     self.stats_dropped += 1
                     if k >> 16 == 2 and not self.store.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 1, now):
                         continue  # (kept as for any QoS 2 message, until PUBREL; else not acknowledged)
@@ -876,7 +875,7 @@ class Session:
                 self._handle(pos, pos + size, now)
             self._pump(now)  # what the acknowledgements read let out of the window (see _on_ack)
         except MQTTError as e:
-            self._violation(e.code, e.args[0], now)  # the unread rest is dropped
+            self.violation(e.code, e.args[0], now)  # the unread rest is dropped
         finally:
             pos = self._rpos
             end = self.rx_len
@@ -890,16 +889,14 @@ class Session:
                 self.flush()
                 self._pump(now)  # (only after an exception has something to do: sent as it is, not queued)
 
-    def rx_space(self):
-        """How many bytes the driver may write at rx[rx_len:]."""
-        return len(self.rx) - self.rx_len
-
     def _handle(self, pos, end, now):
         rx = self.rx
         b0 = rx[pos]
         t = b0 >> 4
-        if self.state == _CONNECTING and t != _CONNACK and t != _AUTH:
-            self._violation(_PROTOCOL_ERROR, "packet type %d before CONNACK" % t, now)
+        if not self._reads >> t & 1:
+            from .fault import unexpected
+
+            unexpected(self, t, pos, end, now)
         if t == _PUBLISH:
             self._on_publish(pos, end, now)
             return
@@ -916,174 +913,162 @@ class Session:
                 return
         if t == _PINGRESP and body == 2 and b0 == 0xD0:
             return
-        if t == _CONNACK and body == 4 and rx[pos + 3] == 1 and self.version == _V5 and self.state == _CONNECTING:
-            # An MQTT 3.1.1 broker refuses an MQTT 5 CONNECT with its own
-            # CONNACK, code 0x01 (unacceptable protocol version, 3.1.1
-            # section 3.1.2.2): not a valid MQTT 5 CONNACK, but what to tell
-            # the application (ConnectError: the broker does not support MQTT 5).
-            self.state = DISCONNECTED
-            self._event(EV_CONNACK, False, Packet(_CONNACK, reason=1))
-            return
-        p = pkt.decode(self.rxmv[pos:end], self.version, len(rx))
-        if t == _CONNACK:
-            if self.state != _CONNECTING:
-                self._violation(_PROTOCOL_ERROR, "unexpected %s (reason 0x%02X)" % ("CONNACK", p.reason), now)
-            if p.reason:
-                self.state = DISCONNECTED
-                self._event(EV_CONNACK, False, p)
-                return
-            sp = p.session_present
-            if sp and self._conn[0]:  # [MQTT-3.2.2-1] (3.1.1), [MQTT-3.2.2-2] and -4 (5.0)
-                self._violation(_PROTOCOL_ERROR, "session present after a clean start", now)
-            props = p.props or {}
-            m = self.version == _V5 and self.connect_props and self.connect_props.get(_P_AUTH_METHOD)
-            if m and props.get(_P_AUTH_METHOD) != m:  # [MQTT-4.12.0-5]
-                self._violation(_PROTOCOL_ERROR, "CONNACK without the CONNECT's authentication method", now)
-            self.state = CONNECTED
-            self.session_present = sp
-            self.server = props
-            g = props.get
-            self.max_qos = g(_P_MAX_QOS, 2)
-            self.retain_ok = g(_P_RETAIN_OK, 1) == 1
-            self.sid_ok = g(_P_SUB_ID_OK, 1) == 1
-            self.wildcard_ok = g(_P_WILDCARD_OK, 1) == 1
-            self.shared_ok = g(_P_SHARED_OK, 1) == 1
-            self.client_id = g(_P_ASSIGNED_ID, self.client_id)
-            self.keepalive = g(_P_SERVER_KEEPALIVE, self.keepalive)
-            self._limit = min(self.window, g(_P_RECEIVE_MAX, 65535))
-            # Topic aliases, both ways, start afresh on every connection.
-            self._aliases = self._oalias = None
-            c = g(_P_ALIAS_MAX, 0)
-            self._oalias_cap = c if c < self.outbound_aliases else self.outbound_aliases
-            lost = not sp and self._n > 0
-            if not sp:
-                # The broker has no session for us (clean start, expiry, or it
-                # forgot): accepted messages still go out; a QoS 2 message whose
-                # PUBREC was seen is published again, since the broker no longer
-                # holds it (at least once rather than lost); inbound QoS 2 ids
-                # and the broker's copies of our subscriptions are gone.
-                self._stale = True  # until the clear is durable: after a failure (ENOSPC) it is retried
-                # before the next CONNECT (see connect_packet)
-            if self._stale:
-                self._clear_in()
-            # Replay the ring in its original order (and without a session on
-            # the broker, forget the PUBRECs seen) before the application
-            # hears of the connection: what it publishes from EV_CONNACK then
-            # goes after the resends, once.
-            self._inflight = 0
-            self._unsent = self._uctl = 0
-            # A packet stored before this CONNACK said what the server takes
-            # (offline, or for another server) that breaks its Maximum Packet
-            # Size, Maximum QoS or Retain Available would only get the
-            # connection closed, again after every reconnect, with everything
-            # behind it waiting: a PUBLISH is given back refused (EV_PUBLISHED
-            # 0x95, 0x9B, 0x9A), as a PUBACK refusing it would, a SUBSCRIBE or
-            # UNSUBSCRIBE over the maximum [MQTT-3.1.2-24] as its SUBACK or
-            # UNSUBACK would (EV_SUBACK / EV_UNSUBACK [0x95]; the subscription
-            # stays registered, as after a refusing SUBACK). Its Topic Alias
-            # Maximum and Receive Maximum cannot refuse one: an MQTT 5 PUBLISH
-            # from before this connection goes without its Topic Alias (_OLD),
-            # and the window is capped by the Receive Maximum (_limit).
-            mx = g(_P_MAX_PACKET, 0)
-            chk = mx or self.max_qos < 2 or not self.retain_ok
-            old = _OLD if self.version == _V5 else 0
-            refused = []  # pid << 12 | packet type << 8 | reason
-            st = self.store
-            # Without a session on the broker every registered subscription
-            # goes again (below): a SUBSCRIBE still pending for one of them is
-            # resent as it is, any other stored SUBSCRIBE or UNSUBSCRIBE (of a
-            # filter replaced or dropped since, or from before a reboot) is
-            # superseded and released, so none piles up when a broker closes
-            # the connection instead of answering.
-            keep = [s.pid for s in self._subs if s.pid] if not sp else None
-            i = self._head
-            for _ in range(self._n):
-                pid = self._ring[i]
-                if pid:
-                    f = self._rflags[i] & ~_SENT
-                    if f & _GONE:  # given back at an earlier CONNACK that failed (ENOSPC) before its release
-                        if f & _TOLD:
-                            self._free(i)
-                            i = (i + 1) % len(self._rflags)
-                            continue
-                        f = self._stored_flags(pid)  # not told: looked at again
-                    if f & _MARKED and not sp:
-                        st.unmark(pid)
-                        f &= ~_MARKED
-                    r = 0
-                    k = _PUBLISH
-                    if f & _CTRL:
-                        k = st.kind(pid)
-                        if keep is not None and pid not in keep:
-                            if k != _UNSUBSCRIBE:
-                                self._free(i)  # (nobody waits for a superseded SUBSCRIBE)
+        if t == _CONNACK or t == _AUTH:
+            # The packets of connecting and authenticating: tern.handshake
+            # reads them and releases itself after (a connected client does not
+            # keep its code).
+            import tern.handshake
+
+            p = tern.handshake.read(self, pos, end, now)
+            if p:
+                # A CONNACK accepted the connection (tern.handshake took its
+                # properties): what it allows on this connection (messages in
+                # flight, outbound topic aliases; aliases both ways start
+                # afresh), the send ring replayed, then the application told.
+                self._limit = p.limit
+                self._oalias_cap = p.aliases
+                self.in_aliases = self._oalias = None
+                sp = self.session_present
+                # Without a session on the broker (clean start, expiry, or it
+                # forgot; tern.handshake cleared the inbound QoS 2 ids):
+                # accepted messages still go out; a QoS 2 message whose PUBREC
+                # was seen is published again, since the broker no longer
+                # holds it (at least once rather than lost); the broker's
+                # copies of our subscriptions are gone.
+                lost = not sp and self._n > 0
+                # Replay the ring in its original order (and without a session on
+                # the broker, forget the PUBRECs seen) before the application
+                # hears of the connection: what it publishes from EV_CONNACK then
+                # goes after the resends, once.
+                self._inflight = 0
+                self._unsent = self._uctl = 0
+                # A packet stored before this CONNACK said what the server takes
+                # (offline, or for another server) that breaks its Maximum Packet
+                # Size, Maximum QoS or Retain Available would only get the
+                # connection closed, again after every reconnect, with everything
+                # behind it waiting: a PUBLISH is given back refused (EV_PUBLISHED
+                # 0x95, 0x9B, 0x9A), as a PUBACK refusing it would, a SUBSCRIBE or
+                # UNSUBSCRIBE over the maximum [MQTT-3.1.2-24] as its SUBACK or
+                # UNSUBACK would (EV_SUBACK / EV_UNSUBACK [0x95]; the subscription
+                # stays registered, as after a refusing SUBACK). Its Topic Alias
+                # Maximum and Receive Maximum cannot refuse one: an MQTT 5 PUBLISH
+                # from before this connection goes without its Topic Alias (_OLD),
+                # and the window is capped by the Receive Maximum (_limit).
+                mx = self.server.get(_P_MAX_PACKET, 0)
+                chk = mx or self.max_qos < 2 or not self.retain_ok
+                old = _OLD if self.version == _V5 else 0
+                refused = []  # pid << 12 | packet type << 8 | reason
+                st = self.store
+                # Without a session on the broker every registered subscription
+                # goes again (below): a SUBSCRIBE still pending for one of them is
+                # resent as it is, any other stored SUBSCRIBE or UNSUBSCRIBE (of a
+                # filter replaced or dropped since, or from before a reboot) is
+                # superseded and released, so none piles up when a broker closes
+                # the connection instead of answering.
+                keep = [s.pid for s in self.subs if s.pid] if not sp else None
+                i = self._head
+                for _ in range(self._n):
+                    pid = self._ring[i]
+                    if pid:
+                        f = self._rflags[i] & ~_SENT
+                        if f & _GONE:  # given back at an earlier CONNACK that failed (ENOSPC) before its release
+                            if f & _TOLD:
+                                self._free(i)
                                 i = (i + 1) % len(self._rflags)
                                 continue
-                            r = 0x11  # "no subscription existed", to whoever waits
-                        elif mx and st.size(pid) > mx:
-                            r = 0x95
-                    elif chk and not f & _MARKED:
-                        st.read(pid, 0, self._tx)
-                        b = self._tx[0]
-                        r = 0x95 if mx and st.size(pid) > mx else 0x9B if (b >> 1) & 3 > self.max_qos else (
-                            0x9A if b & 1 and not self.retain_ok else 0)
-                    if r:
-                        # Released only once the application was told (below): a power cut
-                        # in between tells it again after the reboot, rather than never.
-                        # Parked meanwhile as a control packet in flight: nothing sends it.
-                        self._rflags[i] = _SENT | _CTRL | _GONE
-                        refused.append(pid << 12 | k << 8 | r)
-                    else:
-                        if not f & (_MARKED | _CTRL):
-                            f |= old
-                        self._rflags[i] = f
-                        self._unsent += 1
+                            f = self._stored_flags(pid)  # not told: looked at again
+                        if f & _MARKED and not sp:
+                            st.unmark(pid)
+                            f &= ~_MARKED
+                        r = 0
+                        k = _PUBLISH
                         if f & _CTRL:
-                            self._uctl += 1
-                i = (i + 1) % len(self._rflags)
-            resent = self._unsent
-            # Subscriptions go (again) to a broker without our session, and,
-            # to one that kept it, those made or dropped while offline: one
-            # SUBSCRIBE each, as each may carry its own identifier.
-            if not sp:
-                for s in self._subs:
-                    s.late = not s.pid
-                self._gone = []
-            for r in refused:
-                k = r >> 8 & 15
-                pid = r >> 12
-                if k == _PUBLISH:
-                    self._event(EV_PUBLISHED, pid, r & 255)
-                else:
-                    for s in self._subs:
-                        if s.pid == pid:
-                            s.pid = 0  # answered: not resent, subscribed again after a session is lost
-                    self._event(EV_SUBACK if k == _SUBSCRIBE else EV_UNSUBACK, pid, [r & 255])
-                i = self._find(pid)
-                if i >= 0:
-                    self._rflags[i] |= _TOLD
-            for r in refused:  # (all told first: a release that fails, ENOSPC, leaves only told ones parked)
-                i = self._find(r >> 12)
-                if i >= 0:
-                    self._free(i)
-            self._send_late(now)
-            self._pump(now)
-            if self.state == CONNECTED:  # not when a resend found the connection dead
-                self._event(EV_CONNACK, sp, p)
-            if resent or lost:
-                self.stats_resent += resent
-                self._event(_EV_RESTORED, resent, lost)
-        elif t == _DISCONNECT:
+                            k = st.kind(pid)
+                            if keep is not None and pid not in keep:
+                                if k != _UNSUBSCRIBE:
+                                    self._free(i)  # (nobody waits for a superseded SUBSCRIBE)
+                                    i = (i + 1) % len(self._rflags)
+                                    continue
+                                r = 0x11  # "no subscription existed", to whoever waits
+                            elif mx and st.size(pid) > mx:
+                                r = 0x95
+                        elif chk and not f & _MARKED:
+                            st.read(pid, 0, self.tx)
+                            b = self.tx[0]
+                            r = 0x95 if mx and st.size(pid) > mx else 0x9B if (b >> 1) & 3 > self.max_qos else (
+                                0x9A if b & 1 and not self.retain_ok else 0)
+                        if r:
+                            # Released only once the application was told (below): a power cut
+                            # in between tells it again after the reboot, rather than never.
+                            # Parked meanwhile as a control packet in flight: nothing sends it.
+                            self._rflags[i] = _SENT | _CTRL | _GONE
+                            refused.append(pid << 12 | k << 8 | r)
+                        else:
+                            if not f & (_MARKED | _CTRL):
+                                f |= old
+                            self._rflags[i] = f
+                            self._unsent += 1
+                            if f & _CTRL:
+                                self._uctl += 1
+                    i = (i + 1) % len(self._rflags)
+                resent = self._unsent
+                # Subscriptions go (again) to a broker without our session, and,
+                # to one that kept it, those made or dropped while offline: one
+                # SUBSCRIBE each, as each may carry its own identifier.
+                if not sp:
+                    for s in self.subs:
+                        s.late = not s.pid
+                    self._gone = []
+                for r in refused:
+                    k = r >> 8 & 15
+                    pid = r >> 12
+                    if k == _PUBLISH:
+                        self.emit(EV_PUBLISHED, pid, r & 255)
+                    else:
+                        for s in self.subs:
+                            if s.pid == pid:
+                                s.pid = 0  # answered: not resent, subscribed again after a session is lost
+                        self.emit(EV_SUBACK if k == _SUBSCRIBE else EV_UNSUBACK, pid, [r & 255])
+                    i = self._find(pid)
+                    if i >= 0:
+                        self._rflags[i] |= _TOLD
+                for r in refused:  # (all told first: a release that fails, ENOSPC, leaves only told ones parked)
+                    i = self._find(r >> 12)
+                    if i >= 0:
+                        self._free(i)
+                self._send_late(now)
+                self._pump(now)
+                if self.state == CONNECTED:  # not when a resend found the connection dead
+                    self.emit(EV_CONNACK, sp, p)
+                if resent or lost:
+                    self.stats_resent += resent
+                    self.emit(_EV_RESTORED, resent, lost)
+            return
+        p = pkt.decode(self.rxmv[pos:end], self.version, len(rx))
+        if t == _DISCONNECT:
             if self.version != _V5 or p.reason == 0x04:  # only a client sends DISCONNECT before MQTT 5, and 0x04
-                self._violation(_PROTOCOL_ERROR, "DISCONNECT (reason 0x%02X) from the server" % p.reason, now)
+                self.violation(_PROTOCOL_ERROR, "DISCONNECT (reason 0x%02X) from the server" % p.reason, now)
             self.connection_lost()
-            self._event(EV_DISCONNECT, p.reason, p)
-        elif t == _AUTH:
-            from .v5 import on_auth
-
-            on_auth(self, p, now)
+            self.emit(EV_DISCONNECT, p.reason, p)
         elif t != _PINGRESP:  # PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK, UNSUBACK
             self._on_ack(t, p.pid, p.reasons if t > _PUBCOMP else p.reason, now)
+
+    def go(self, event):
+        """Move the connection to the state `event` (_E_*) leads to."""
+        # The state machine as a table, in the manner of h11: one row per
+        # state, one column per event, the next state in each cell; 255 (_NO):
+        # the event cannot happen in that state (a CONNACK outside CONNECTING
+        # never gets here: _reads turns it away first).
+        n = (
+            # CONNECT  ACCEPT  REFUSE  LOST
+            b"\x01"   b"\xff" b"\xff" b"\x00"  # DISCONNECTED
+            b"\x01"   b"\x02" b"\x00" b"\x00"  # _CONNECTING
+            b"\x01"   b"\xff" b"\xff" b"\x00"  # CONNECTED
+        )[self.state << 2 | event]
+        if n == _NO:
+            raise MQTTError(_PROTOCOL_ERROR, "event %d in state %d" % (event, self.state))
+        self.state = n
+        self._reads = _READS_CONNECTING if n == _CONNECTING else _READS_OTHERS
 
     def reauthenticate(self, now, props=None):
         """Start a re-authentication on the open connection (MQTT 5 enhanced
@@ -1093,9 +1078,9 @@ class Session:
         server DISCONNECT."""
         if self.state != CONNECTED:
             raise NotConnected("not connected")
-        from .v5 import reauthenticate
+        import tern.handshake
 
-        reauthenticate(self, now, props)
+        tern.handshake.reauthenticate(self, now, props)
 
     def _on_ack(self, t, pid, reason, now):
         # An acknowledgement from the server; for SUBACK and UNSUBACK, reason
@@ -1106,15 +1091,15 @@ class Session:
             known = st.in_has(pid)
             if known:
                 st.in_release(pid)
-                if self._in2:  # ids recovered after a reboot were not counted
-                    self._in2 -= 1
+                if self.in2:  # ids recovered after a reboot were not counted
+                    self.in2 -= 1
             r = 0 if known else 0x92
-            if self._inq is not None:
-                self._inq.append([pid, _PUBCOMP, r])  # in order with other acks
+            if self.inq is not None:
+                self.inq.append([pid, _PUBCOMP, r])  # in order with other acks
                 self.ack(0, now)  # no message has id 0: this only sends what the queue allows
             else:
-                self._ack(_PUBCOMP, pid, r, now)
-            if self._deferred and not self._in2:
+                self.send_ack(_PUBCOMP, pid, r, now)
+            if self.deferred and not self.in2:
                 from .fault import redeliver
 
                 redeliver(self, now)
@@ -1129,7 +1114,7 @@ class Session:
             # Unknown identifier: nothing pending changes (a late ack after a
             # reboot or a confused server). PUBREC still needs an answer.
             if t == _PUBREC:
-                self._ack(_PUBREL, pid, 0x92, now)
+                self.send_ack(_PUBREL, pid, 0x92, now)
             return
         if t > _PUBCOMP:
             done = f & _CTRL and st.kind(pid) == t - 1
@@ -1139,7 +1124,7 @@ class Session:
             if not f & _MARKED:
                 st.mark(pid)
                 self._rflags[i] = f | _MARKED
-            self._ack(_PUBREL, pid, 0, now)
+            self.send_ack(_PUBREL, pid, 0, now)
             return
         else:
             # PUBACK of a QoS 1 message, PUBCOMP after PUBREC, or a PUBREC
@@ -1148,18 +1133,22 @@ class Session:
         if not done:
             from .fault import wrong_ack
 
-            wrong_ack(self, t, pid, i, f, now)
+            if not f & _CTRL:  # given back failed: see tern.fault.wrong_ack
+                self._free(i)
+                self._inflight -= 1
+                self.emit(EV_PUBLISHED, pid, _PROTOCOL_ERROR)
+            wrong_ack(self, t, pid, f, now)
         if t > _PUBCOMP:
             # One filter a SUBSCRIBE/UNSUBSCRIBE, so one reason code ([MQTT-3.8.4-6],
             # [MQTT-3.11.3-2]; UNSUBACK before MQTT 5: none), and never more than the QoS asked for.
             q = -1
-            for e in self._subs:
+            for e in self.subs:
                 if e.pid == pid:
                     q = e.opts & 3
                     sub = e
             if len(reason) != (1 if t == _SUBACK or self.version == _V5 else 0) or (
                     t == _SUBACK and q >= 0 and reason[0] < 0x80 and reason[0] > q):
-                self._violation(_PROTOCOL_ERROR, "%s %d does not answer its request: %r" % (
+                self.violation(_PROTOCOL_ERROR, "%s %d does not answer its request: %r" % (
                     "SUBACK" if t == _SUBACK else "UNSUBACK", pid, reason), now)
             if q >= 0:
                 sub.pid = 0  # answered (before _send_late may hand the identifier to another)
@@ -1167,10 +1156,10 @@ class Session:
         if self._late and self._n < self._cap:
             self._send_late(now)  # what waited for room goes first
         if t > _PUBCOMP:
-            self._event(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, pid, reason)
+            self.emit(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, pid, reason)
         else:
             self._inflight -= 1
-            self._event(EV_PUBLISHED, pid, reason)
+            self.emit(EV_PUBLISHED, pid, reason)
             # What this lets out of the window leaves when the read is handled
             # (feed_n pumps once for all the acknowledgements in it, in one pass)
             # or before a message handler runs, whichever comes first.
@@ -1178,13 +1167,13 @@ class Session:
     def _answer(self, t, pid, now):
         # Acknowledge an inbound message that is not delivered, in its place
         # among the acknowledgements (arrival order).
-        if self._inq is not None:
-            self._inq.append([pid, t, 0])
+        if self.inq is not None:
+            self.inq.append([pid, t, 0])
             self.ack(0, now)
         elif self._depth:
             self._held.append(pid << 4 | t)
         else:
-            self._ack(t, pid, 0, now)
+            self.send_ack(t, pid, 0, now)
 
     def _on_publish(self, pos, end, now):
         d = self._depth
@@ -1212,11 +1201,11 @@ class Session:
         if q == 2 and st.in_has(pid):
             self._answer(_PUBREC, pid, now)  # a repeat of a message already delivered: not delivered again
             return
-        manual = self._inq is not None and q
+        manual = self.inq is not None and q
         if q == 2 and not self._admit(pid, not manual, now):
             return
         if manual:  # acknowledged by ack(), in arrival order
-            self._inq.append([pid, t, -1])
+            self.inq.append([pid, t, -1])
         elif q:
             if d:  # its ack waits for the handler under way: slot taken now, in arrival order
                 self._held.append(pid << 4 | t)
@@ -1248,7 +1237,7 @@ class Session:
                     if rep:
                         continue
                     hit = False
-                    for s in self._subs:  # identifiers may be shared: the filter must match too
+                    for s in self.subs:  # identifiers may be shared: the filter must match too
                         if s.sid == i and matches_bytes(s.match, m.tbuf, m.topic_start, m.topic_end):
                             hit = True
                             h = s.handler or dflt
@@ -1258,7 +1247,7 @@ class Session:
                         dflt(m)
             else:
                 took = 0  # 1: a handler took it; 2: a subscription without a handler matched
-                for s in self._subs:
+                for s in self.subs:
                     if sids and s.sid:
                         continue  # not this copy's: it would carry the identifier
                     if matches_bytes(s.match, m.tbuf, m.topic_start, m.topic_end):
@@ -1277,11 +1266,11 @@ class Session:
             self._depth = d
             if not d:
                 if q and not manual:
-                    self._ack(t, pid, 0, now)
+                    self.send_ack(t, pid, 0, now)
                 h = self._held
                 while h:
                     a = h.pop(0)
-                    self._ack(a & 15, a >> 4, 0, now)
+                    self.send_ack(a & 15, a >> 4, 0, now)
 
     def _admit(self, pid, rec, now):
         # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in
@@ -1302,7 +1291,7 @@ class Session:
         # False: not taken (deferred, or the store had no room, ENOSPC: then
         # it comes again after the next reconnect, by when the outbox that
         # fills the store has drained, rather than failing every connection).
-        n = self._in2
+        n = self.in2
         if n >= self._in_cap:
             from .fault import over_cap
 
@@ -1315,19 +1304,19 @@ class Session:
                 if e.args[0] != 28:
                     raise
                 return False
-        self._in2 = n + 1
+        self.in2 = n + 1
         return True
 
     def ack(self, ack_id, now):
         """Manual acknowledgement: the application is done with a message.
         Acknowledgements still leave in the order the messages arrived: this
         sends those at the head of the queue that are ready."""
-        if self._inq is not None:
+        if self.inq is not None:
             import tern.manual  # (not `from .manual import`: see _on_publish)
 
             tern.manual.ack(self, ack_id, now)
 
-    def _event(self, kind, a, b):
+    def emit(self, kind, a, b):
         if self.on_event:
             self.on_event(kind, a, b)
 
@@ -1341,7 +1330,7 @@ class Session:
         ka = self.keepalive * 1000
         if self.state == _CONNECTING:
             limit = ka or 30000
-            if ticks_diff(now, self._last_tx) > limit:
+            if ticks_diff(now, self.last_tx) > limit:
                 self.connection_lost()
                 raise OSError("no %s within %d ms" % ("CONNACK", limit))
             return 100
@@ -1354,11 +1343,11 @@ class Session:
                 self.connection_lost()
                 raise OSError("no %s within %d ms" % ("PINGRESP", limit))
             return limit - waited
-        idle = ticks_diff(now, self._last_tx)
+        idle = ticks_diff(now, self.last_tx)
         if idle >= ka:
             self.flush()
-            self._out(pkt.PINGREQ_BYTES, 0, 2)
-            self._last_tx = self._ping_sent = now
+            self.out(pkt.PINGREQ_BYTES, 0, 2)
+            self.last_tx = self._ping_sent = now
             return ka
         return ka - idle
 
@@ -1367,22 +1356,22 @@ class Session:
         if self.version == _V5 and (reason or props):
             self._P.client_disconnect(reason, props, self.connect_props)
         if self.state == CONNECTED:
-            self._packet(Packet(_DISCONNECT, reason=reason, props=props), now)
+            self.send_packet(Packet(_DISCONNECT, reason=reason, props=props), now)
         self.connection_lost()
         self.store.commit()
 
     def connection_lost(self):
         """The transport is gone: nothing is lost, everything pending waits."""
-        self.state = DISCONNECTED
+        self.go(_E_LOST)
         self._txn = 0  # queued for a connection that is gone
         self.rx_len = self._rpos if self._rpos > 0 else 0  # as in connect_packet
         self._inflight = 0
         self._ping_sent = -1
         self.reauthing = False
-        self._skip = 0
-        self._deferred = 0  # the broker resends them after the reconnect
+        self.skip = 0
+        self.deferred = 0  # the broker resends them after the reconnect
         del self._held[:]  # for the old connection: the broker sends those messages again
-        if self._inq is not None:
+        if self.inq is not None:
             from .manual import lost
 
             lost(self)

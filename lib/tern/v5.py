@@ -1,54 +1,12 @@
 """The session's MQTT 5 paths that a plain connect never runs, imported on first use (a board
-speaking MQTT 3.1.1, or MQTT 5 without them, does not load this module): enhanced authentication
-and re-authentication, inbound topic aliases, the checks of No Local, chosen subscription
+speaking MQTT 3.1.1, or MQTT 5 without them, does not load this module): inbound topic aliases, the checks of No Local, chosen subscription
 identifiers and what the server lacks (functions of the session `s`, called from where they were
 its methods), and for the drivers the error of a server's DISCONNECT and reply() to a request.
 """
 
 from .wire import const, MQTTError
-from .pkt import Packet
 
-_CONNECTING = const(1)  # the session's states and events
-_EV_AUTH = const(7)
-_AUTH = const(15)
 _PROTOCOL_ERROR = const(0x82)
-_P_AUTH_METHOD = const(0x15)
-
-
-def on_auth(s, p, now):
-    # Enhanced authentication: a challenge (0x18) while connecting or
-    # re-authenticating, or success (0) at the end of a re-authentication.
-    r = p.reason
-    cp = s.connect_props
-    m = cp and cp.get(_P_AUTH_METHOD)
-    if not (s.auth and m and (s.state == _CONNECTING or s.reauthing)) or r == 0x19 or (
-            r == 0 and not s.reauthing) or not p.props or p.props.get(_P_AUTH_METHOD) != m:
-        # (the method is that of the CONNECT, in every AUTH: 3.15.2.2.2)
-        s._violation(_PROTOCOL_ERROR, "unexpected %s (reason 0x%02X)" % ("AUTH", r), now)
-    try:
-        out = s.auth(r, p.props)
-    except Exception as e:
-        s._violation(0x80, "authentication hook failed: %r" % e, now)
-    if r:
-        out = dict(out) if out else {}
-        if _P_AUTH_METHOD not in out:
-            out[_P_AUTH_METHOD] = m
-        s._packet(Packet(_AUTH, reason=0x18, props=out), now)
-    else:
-        s.reauthing = False
-        s._event(_EV_AUTH, 0, p)
-
-
-def reauthenticate(s, now, props):
-    # Session.reauthenticate (its docstring says what it does; it checks the connection)
-    cp = s.connect_props
-    m = cp and cp.get(_P_AUTH_METHOD)
-    if not m or not s.auth:
-        raise ValueError("re-authentication needs auth= and an Authentication Method (0x15) in connect_props")
-    out = dict(props) if props else {}
-    out[_P_AUTH_METHOD] = m
-    s.reauthing = True
-    s._packet(Packet(_AUTH, reason=0x19, props=out), now)
 
 
 def alias_in(s, m, now):
@@ -56,17 +14,17 @@ def alias_in(s, m, now):
     # needs one): the alias is learnt, or the topic it stands for filled in.
     a = m.alias
     if not a:
-        s._violation(_PROTOCOL_ERROR, "empty topic without a topic alias", now)
+        s.violation(_PROTOCOL_ERROR, "empty topic without a topic alias", now)
     if a > s.topic_alias_max:
-        s._violation(0x94, "unknown topic alias %d (maximum %d)" % (a, s.topic_alias_max), now)
-    if s._aliases is None:
-        s._aliases = {}
+        s.violation(0x94, "unknown topic alias %d (maximum %d)" % (a, s.topic_alias_max), now)
+    if s.in_aliases is None:
+        s.in_aliases = {}
     if m.topic_end > m.topic_start:
-        s._aliases[a] = bytes(s.rxmv[m.topic_start : m.topic_end])
+        s.in_aliases[a] = bytes(s.rxmv[m.topic_start : m.topic_end])
     else:
-        t = s._aliases.get(a)
+        t = s.in_aliases.get(a)
         if t is None:
-            s._violation(_PROTOCOL_ERROR, "unknown topic alias %d (maximum %d)" % (a, s.topic_alias_max), now)
+            s.violation(_PROTOCOL_ERROR, "unknown topic alias %d (maximum %d)" % (a, s.topic_alias_max), now)
         m.tbuf = t
         m.topic_start = 0
         m.topic_end = len(t)
@@ -88,7 +46,7 @@ def check_sub(s, flt, shared, match, no_local, sub_id):
             raise ValueError("subscription identifier must be 1..268435455")
         if not s.sid_ok:
             raise ValueError("the server does not support subscription identifiers (CONNACK: Subscription Identifiers Available = 0)")
-        for x in s._subs:  # an automatic identifier is never shared with a chosen one
+        for x in s.subs:  # an automatic identifier is never shared with a chosen one
             if x.sid == sub_id and x.auto and x.filter != flt:
                 raise ValueError("subscription identifier %d is the automatic one of %r: give sub_id to all "
                                  "overlapping subscriptions or to none" % (sub_id, x.filter))
@@ -126,7 +84,7 @@ def unaliased(s, pid, dup, now):
     from . import props as P, pkt
 
     st = s.store
-    tx = s._tx
+    tx = s.tx
     s.flush()
     n = st.read(pid, 0, tx)  # the header fits in tx (publish() checked)
     i = 1 + varint_size(get_varint(tx, 1, n))
@@ -147,10 +105,10 @@ def unaliased(s, pid, dup, now):
         k = st.read(pid, off, memoryview(tx)[h:]) if h < len(tx) else 0
         if not k and not h:
             raise OSError("store returned a short record for packet %d" % pid)
-        s._out(tx, 0, h + k)
+        s.out(tx, 0, h + k)
         off += k
         h = 0
     if h:
-        s._out(tx, 0, h)
-    s._last_tx = now
+        s.out(tx, 0, h)
+    s.last_tx = now
     return True

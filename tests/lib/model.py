@@ -812,8 +812,8 @@ class Run:
         cap = len(s._rflags)
         if cap > max(self.max_pending, 8) or s._n > cap or st.count() > cap:
             raise Finding("ring or store over its bound: cap %d, n %d, store %d" % (cap, s._n, st.count()))
-        if len(s._subs) > len(FILTERS) or len(s._gone) > len(FILTERS) or s._in2 > s._in_cap:
-            raise Finding("a table grew: subs %d, gone %d, inbound QoS 2 %d" % (len(s._subs), len(s._gone), s._in2))
+        if len(s.subs) > len(FILTERS) or len(s._gone) > len(FILTERS) or s.in2 > s._in_cap:
+            raise Finding("a table grew: subs %d, gone %d, inbound QoS 2 %d" % (len(s.subs), len(s._gone), s.in2))
         if MICROPYTHON and self.now % 200 == 0:
             gc.collect()
             if gc.mem_alloc() > HEAP_BOUND:

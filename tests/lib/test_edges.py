@@ -408,10 +408,10 @@ def test_inbound_qos2_without_room_in_the_store_waits_for_a_resend():
         if len(got) < pid:
             break
         assert out[-1] == E(PUBREC, pid=pid)
-    assert pid > 5 and len(out) == k and s.state == 2 and s._in2 == pid - 1, (pid, len(out), k)
+    assert pid > 5 and len(out) == k and s.state == 2 and s.in2 == pid - 1, (pid, len(out), k)
     s.feed(E(PUBREL, pid=1), 0)  # room for one id
     s.feed(qos2_in(pid, dup=True), 0)
-    assert got[-1] == pid and out[-1] == E(PUBREC, pid=pid) and s._in2 == pid - 1
+    assert got[-1] == pid and out[-1] == E(PUBREC, pid=pid) and s.in2 == pid - 1
 
 
 def test_mosquitto_over_receive_maximum_after_a_resume_is_taken_without_a_loop(broker_addr):
@@ -440,7 +440,7 @@ def test_mosquitto_over_receive_maximum_after_a_resume_is_taken_without_a_loop(b
     c.close()
     acking[0] = True
     c.connect()
-    until([c, pub], lambda: set(got) == set(range(20)) and not c.session._in2, 20000, "all 20 messages")
+    until([c, pub], lambda: set(got) == set(range(20)) and not c.session.in2, 20000, "all 20 messages")
     s = c.session
     assert s.stats_deferred == 0 and s._in_cap == 128
     # each completed resend lets Mosquitto send a Receive Maximum more; the cap takes them (before:

@@ -206,9 +206,9 @@ def test_server_capabilities_are_enforced_before_sending(scripted_addr):
                           ("a/b", {"sub_id": 5}, "subscription identifiers")):
         e = raises(ValueError, c.subscribe, flt, 1, None, None, **kw)
         assert what in str(e), str(e)
-    assert s._subs == []  # nothing registered either
+    assert s.subs == []  # nothing registered either
     assert c.subscribe("a/b", 1, handler=collect(got)) == [1]
-    assert s._subs[0].sid is None
+    assert s.subs[0].sid is None
     e = raises(ValueError, c.publish, "t", b"r", qos=1, retain=True)
     assert "retained" in str(e), str(e)
     e = raises(ValueError, c.publish, "t", b"q2", qos=2)

@@ -119,7 +119,7 @@ def test_offline_subscribe_and_unsubscribe_over_the_maximum_packet_size_are_refu
     assert [(p.type, p.topics if p.type == SUBSCRIBE else p.pid) for p in got] == [
         (PUBLISH, pid), (SUBSCRIBE, [("ok", 1)])], got
     assert [(e[0], e[2]) for e in w.ev] == [(EV_SUBACK, [0x95])], w.ev  # told, with the reason
-    assert [s.filter for s in w.s._subs] == [long, "ok"] and not any(s.pid for s in w.s._subs[:1])
+    assert [s.filter for s in w.s.subs] == [long, "ok"] and not any(s.pid for s in w.s.subs[:1])
     assert w.s.pending() == [pid, got[1].pid]  # the refused SUBSCRIBE takes no place
     # the next connection does not send it either (a server that lost the session: all go again)
     w.drop()

@@ -1,0 +1,71 @@
+"""The connection's states (MQTT 3.1.1 section 3.2 / 5.0 section 3.2, client side): a CONNECT is
+answered by one CONNACK and nothing else comes first [MQTT-3.2.0-1]; a refusal ends the
+connection; a second CONNACK is a protocol error; every state ends on a lost connection. And what
+a connected client keeps: the code that reads CONNACK and AUTH (tern.handshake) is released once
+they are read, and loaded again for the next connect. Runs on CPython and MicroPython."""
+
+import sys
+
+from check import raises
+from tern.codec import Packet, encode
+from tern.session import CONNECTED, DISCONNECTED, EV_CONNACK, Session
+from tern.wire import CONNACK, PUBACK, PUBLISH, MQTTError
+
+
+def session(v):
+    s = Session("states", v, True)
+    out, ev = [], []
+    s.send = lambda b, o, n: out.append(bytes(b[o : o + n]))
+    s.on_event = lambda k, a, b: ev.append((k, a, b))
+    return s, out, ev
+
+
+def feed(s, p):
+    b = encode(p, s.version)
+    s.rx[s.rx_len : s.rx_len + len(b)] = b
+    s.feed_n(len(b), 0)
+
+
+def test_connack_connects_and_the_handshake_code_is_not_kept():
+    for v in (4, 5):
+        s, out, ev = session(v)
+        assert s.state == DISCONNECTED
+        s.connect_packet(0)
+        assert s.state != DISCONNECTED and s.state != CONNECTED  # CONNECTING
+        assert out and out[0][0] == 0x10  # the CONNECT
+        feed(s, Packet(CONNACK))
+        assert s.state == CONNECTED and ev[-1][0] == EV_CONNACK, (s.state, ev)
+        assert "tern.handshake" not in sys.modules, "a connected client keeps tern.handshake"
+        s.connection_lost()
+        assert s.state == DISCONNECTED
+        s.connect_packet(0)  # loaded again for the next connect
+        feed(s, Packet(CONNACK, session_present=False))
+        assert s.state == CONNECTED and "tern.handshake" not in sys.modules
+
+
+def test_a_refusal_ends_the_attempt():
+    for v, code in ((4, 5), (5, 0x87)):
+        s, out, ev = session(v)
+        s.connect_packet(0)
+        feed(s, Packet(CONNACK, reason=code))
+        assert s.state == DISCONNECTED and ev[-1][0] == EV_CONNACK and ev[-1][2].reason == code, ev
+
+
+def test_nothing_but_connack_before_connack():
+    for v in (4, 5):
+        for p in (Packet(PUBLISH, topic="a", payload=b"x", qos=0), Packet(PUBACK, pid=1)):
+            s, out, ev = session(v)
+            s.connect_packet(0)
+            e = raises(MQTTError, feed, s, p)
+            assert e.code == 0x82 and "before CONNACK" in e.args[0], e
+            assert s.state == DISCONNECTED and not ev
+
+
+def test_a_second_connack_is_a_protocol_error():
+    for v in (4, 5):
+        s, out, ev = session(v)
+        s.connect_packet(0)
+        feed(s, Packet(CONNACK))
+        e = raises(MQTTError, feed, s, Packet(CONNACK))
+        assert e.code == 0x82 and "unexpected CONNACK" in e.args[0], e
+        assert s.state == DISCONNECTED
