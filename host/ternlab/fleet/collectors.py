@@ -32,13 +32,15 @@ class CollectorProc:
     """One `tern collect` process (and its restarts, same id). Output goes to ``log_path``."""
 
     def __init__(self, cid: str, landing: Path, log_path: Path, *, host: str, port: int, topic: str,
-                 group: str, batch_time: float):
+                 group: str, batch_time: float, tls=None):
         self.id = cid
         self.landing = Path(landing)
         self.log_path = Path(log_path)
         self.argv = [sys.executable, "-m", "ternlab.cli", "collect", str(self.landing), "--id", cid,
                      "--group", group, "-t", topic, "-h", host, "-p", str(port),
-                     "--batch-time", f"{batch_time:g}", "--progress", "0.25"]
+                     "--batch-time", f"{batch_time:g}", "--progress", "0.25",
+                     *(tls.collect_args() if tls else [])]
+        self.login = tls  # its password goes by the environment (fleet/login.py), never argv
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
         self.starts = 0
@@ -60,7 +62,7 @@ class CollectorProc:
             self._log = open(self.log_path, "a", buffering=1)
         with self._lock:
             self._mark = len(self.lines)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(self.login.child_env() if self.login else os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, start_new_session=True)
         self.starts += 1

@@ -158,11 +158,11 @@ class FleetResult:
     landing: dict | None = None  # with collectors: rows, unique, lost, duplicates, per collector
 
 
-def send_commands(addr, messages, timeout=10.0):
+def send_commands(addr, messages, timeout=10.0, login=None, name="fleet-commander"):
     """Publish [(topic, payload)] at QoS 2 from a short-lived client and wait for each to complete."""
     from tern.client import Client
 
-    c = Client("fleet-commander", server=addr[0], port=addr[1], version=5)
+    c = Client(name, server=addr[0], port=addr[1], version=5, **(login.client_kwargs() if login else {}))
     c.connect()
     try:
         for topic, payload in messages:
@@ -227,18 +227,19 @@ class Fleet:
 
     def __init__(self, scenario: Scenario, seed: int, out, *, replay: str | None = None,
                  callbacks: Callbacks | None = None, first_board: int = 0, relay: bool = False,
-                 broker: "ExternalBroker | None" = None):
+                 broker: "ExternalBroker | None" = None, tls=None):
         self.scenario = scenario
         self.seed = check_seed(seed)
         self.out = Path(out)
         self.replay = replay
         self.cb = callbacks or Callbacks()
-        self.schedule = make_schedule(scenario, seed)
-        self.board_names = [f"board-{first_board + i:03d}" for i in range(scenario.boards)]
+        self.schedule = self._own_faults(make_schedule(scenario, seed))
+        self.board_names = [f"board-{first_board + i:03d}" for i in range(self._board_count())]
         self.slots = [_Slot(i, n) for i, n in enumerate(self.board_names)]
         self.records: list[FaultRecord] = []
         self.broker = None
         self.external = broker       # a broker the team runs: the fleet starts no Mosquitto
+        self.tls = tls               # fleet.login.BrokerLogin for it (TLS, user, password), or None
         self.observer = None
         self.observer_trouble = None  # why the observer's copies may be incomplete (Observer.stop)
         self.collectors: list[_CollectorSlot] = []
@@ -249,6 +250,29 @@ class Fleet:
         self.firmware = dict(FIRMWARE_DEFAULTS, **scenario.firmware)
         self.relay = relay
         self.custody = None  # SocketCustody unless the boards talk through relays
+
+    # ------------------------------------------------------------ what a part of a spread fleet overrides
+    # (fleet/spread.py: the driver keeps the broker, the collectors and the observer; a slice its boards)
+    def _own_faults(self, schedule: list[Fault]) -> list[Fault]:
+        """The faults this process injects: all of them in a fleet of one process."""
+        return schedule
+
+    def _board_count(self) -> int:
+        return self.scenario.boards
+
+    def _clock_start(self) -> float:
+        """The monotonic time the schedule counts from: now, once the boards are up."""
+        return time.monotonic()
+
+    def _fault_rows(self) -> list[dict]:
+        return [r.as_dict() for r in self.records]
+
+    def _summary_extra(self) -> dict:
+        return {}
+
+    def _board_results(self) -> tuple[list, dict, list]:
+        """(ledger rows, name -> counters, failures) of the boards, checked: see _check_slots."""
+        return self._check_slots()
 
     # ------------------------------------------------------------ for callers and the pytest plugin
     def now(self) -> float:
@@ -474,12 +498,7 @@ class Fleet:
 
     # ------------------------------------------------------------ the run
     def _start(self) -> None:
-        from ..boards import load_profile
-        from ..boards.emulated import EmulatedBoard
         from ..broker import Broker
-        from ..chaos import ChaosProxy
-        from ..telemetry import TelemetryLog, compile_mpy, install
-        from .custody import SocketCustody, available as custody_available
 
         self.out.mkdir(parents=True, exist_ok=True)
         for old in ("boards", "broker", "landing", "collectors", "observer"):
@@ -488,11 +507,25 @@ class Fleet:
             shutil.rmtree(self.out / old, ignore_errors=True)
         self.cb.on_phase("starting")
         self.broker = self.external or Broker(self.out / "broker", persistence=self.scenario.persistence).start()
+        self._start_services()
+        self._start_boards()
+
+    def _start_services(self) -> None:
+        """The collectors, then the observer (Mosquitto serves them in that order: observer.py)."""
         topic = self.firmware.get("topic", "tern/{id}/telemetry").replace("{id}", "+")
         self.observer = Observer(f"fleet-observer-{self.seed}", self.broker.host, self.broker.port,
-                                 self.out / "observer" / "copies.jsonl", self.out / "observer" / "observer.log")
+                                 self.out / "observer" / "copies.jsonl", self.out / "observer" / "observer.log",
+                                 tls=self.tls)
         self._start_collectors(topic)
-        self.observer.start(topic)  # after the collectors: Mosquitto serves them first (observer.py)
+        self.observer.start(topic)
+
+    def _start_boards(self) -> None:
+        from ..boards import load_profile
+        from ..boards.emulated import EmulatedBoard
+        from ..chaos import ChaosProxy
+        from ..telemetry import TelemetryLog, compile_mpy, install
+        from .custody import SocketCustody, available as custody_available
+
         code = compile_mpy(self.out / "mpy")
         # A power cut ends the board's process, and the host kernel would tell the broker at once (FIN):
         # a real board vanishes, and the broker learns it from the keepalive or a takeover. Custody (or
@@ -509,7 +542,8 @@ class Fleet:
             s.board = EmulatedBoard(profile, workdir=self.out / "boards" / s.name, board_id=s.name,
                                     host_paths=[code])
             s.tlog = TelemetryLog()
-            install(s.board, dict(self.firmware, host=host, port=port, client_id=s.name))
+            install(s.board, dict(self.firmware, host=host, port=port, client_id=s.name,
+                                  **(self.tls.firmware(s.board) if self.tls else {})))
         self.cb.on_start(self)
         for s in self.slots:
             s.board.power_cycle()  # boots into main.py: the app runs
@@ -526,7 +560,7 @@ class Fleet:
             cid = collector_id(i)
             self.collectors.append(_CollectorSlot(CollectorProc(
                 cid, self.out / "landing", self.out / "collectors" / f"{cid}.log", host=self.broker.host,
-                port=self.broker.port, topic=topic, group=spec.group, batch_time=spec.batch_time)))
+                port=self.broker.port, topic=topic, group=spec.group, batch_time=spec.batch_time, tls=self.tls)))
         for c in self.collectors:
             c.proc.launch()
         for c in self.collectors:
@@ -548,7 +582,7 @@ class Fleet:
         sys.setswitchinterval(0.0001)
         try:
             self._start()
-            self.t0 = time.monotonic()
+            self.t0 = self._clock_start()
             self.cb.on_phase("running")
             pending = list(self.schedule)
             next_tick = 0.0
@@ -597,8 +631,10 @@ class Fleet:
         self.cb.on_phase("settling")
         self._cycle(restore_all=True)
         base = self.firmware.get("cmd_topic", "tern/{id}/cmd")
-        send_commands(self.broker.address, [(base.replace("{id}", s.name) + "/interval", str(STOP_INTERVAL_MS))
-                                            for s in self.slots])
+        if self.slots:  # one commander per process of a spread fleet: a client id of its own
+            send_commands(self.broker.address, [(base.replace("{id}", s.name) + "/interval", str(STOP_INTERVAL_MS))
+                                                for s in self.slots],
+                          login=self.tls, name=f"fleet-commander-{self.board_names[0]}")
         deadline = time.monotonic() + self.scenario.settle
         quiet_since, last = time.monotonic(), None
         while time.monotonic() < deadline:
@@ -658,12 +694,10 @@ class Fleet:
                 self.broker.stop()
 
     # ------------------------------------------------------------ output and verdict
-    def _judge(self, elapsed: float) -> FleetResult:
-        failures = [self.observer_trouble] if self.observer_trouble else []
-        ledger = []
-        boards = {}
-        seen = Counter(k[:4] for k in (self.observer.copies() if self.observer else []))
-        lost = []
+    def _check_slots(self) -> tuple[list, dict, list]:
+        """This process's boards: their ledger rows, counters, and what their consoles say went wrong
+        (crashes, tracebacks, power lost without a fault, boot counters and sequence numbers)."""
+        ledger, boards, failures = [], {}, []
         for s in self.slots:
             t = s.tlog
             if t is None:
@@ -687,19 +721,30 @@ class Fleet:
             for (boot, q), seqs in sorted(streams.items()):
                 if seqs != list(range(len(seqs))):
                     failures.append(f"{s.name}: boot {boot} QoS {q}: sequence numbers are not 0..n-1: {seqs[:12]}")
-            mine = [r for r in t.ledger if r["qos"] and (r["device"], r["boot"], r["seq"], r["qos"]) not in seen]
-            lost += mine
             boards[s.name] = {"boots": len(boots), "published": len(t.ledger), "acked": len(t.acked),
-                              "received": self.observer.received(s.name), "lost": len(mine),
                               "power_cuts": s.power_cuts, "network_cuts": s.network_cuts,
                               "recovered": t.recovered(), "torn_lines": t.torn}
+        return ledger, boards, failures
+
+    def _judge(self, elapsed: float) -> FleetResult:
+        failures = [self.observer_trouble] if self.observer_trouble else []
+        seen = Counter(k[:4] for k in (self.observer.copies() if self.observer else []))
+        ledger, boards, more = self._board_results()
+        failures += more
+        # without an observer (a slice of a spread fleet) the driver's observer judges the losses
+        lost = [r for r in ledger if r["qos"] and (r["device"], r["boot"], r["seq"], r["qos"]) not in seen] \
+            if self.observer is not None else []
+        per_board = Counter(r["device"] for r in lost)
+        for name, b in boards.items():
+            b["received"] = self.observer.received(name) if self.observer else None
+            b["lost"] = per_board[name]
         def examples(rows):
             return f"e.g. {[(r['device'], r['boot'], r['qos'], r['seq']) for r in rows[:5]]}"
 
         # the observer's copies: what reached the broker's subscribers (its duplicates are the broker's
         # and the devices' doing, counted in the summary; the landing is where exactly once is judged)
         by_qos = Counter(r["qos"] for r in lost)
-        for why in verdict({q: {"lost": n} for q, n in by_qos.items()})["reasons"]:
+        for why in verdict({q: {"lost": n} for q, n in by_qos.items()})["reasons"] if self.observer else ():
             failures.append(f"observer: {why} (accepted, never reached the broker's subscriber), {examples(lost)}")
         landing = None
         if self.landing is not None:
@@ -728,8 +773,8 @@ class Fleet:
         self.out.mkdir(parents=True, exist_ok=True)
         write_ledger(ledger, self.out / "ledger.jsonl")
         with open(self.out / "faults.jsonl", "w") as f:
-            for r in self.records:
-                f.write(json.dumps(r.as_dict()) + "\n")
+            for r in self._fault_rows():
+                f.write(json.dumps(r) + "\n")
         with open(self.out / "received.jsonl", "w") as f:
             for d, b, sq, q, topic, ts in (self.observer.copies() if self.observer else []):
                 f.write(json.dumps({"device": d, "boot": b, "seq": sq, "qos": q, "topic": topic, "recv_ts": ts}) + "\n")
@@ -744,11 +789,13 @@ class Fleet:
                    # packets.jsonl times are time.monotonic(): this offset puts them on the wall clock
                    "wall_minus_monotonic": time.time() - time.monotonic(),
                    "schedule": [f.as_dict() for f in self.schedule], "landing": landing,
-                   "broker": (f"external {self.external.name}" if self.external is not None
+                   "broker": (f"external {self.external.name}" + (f" ({self.tls.describe()})" if self.tls else "")
+                              if self.external is not None
                               else f"own Mosquitto on {self.broker.host}:{self.broker.port}" if self.broker else None),
-                   "skipped_faults": [r.as_dict() for r in self.records if r.status == "skipped"]}
+                   "skipped_faults": [r for r in self._fault_rows() if r["status"] == "skipped"],
+                   **self._summary_extra()}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         return FleetResult(ok=not failures, seed=self.seed, failures=failures, replay=self.replay, out=self.out,
                            boards=boards, ledger_rows=len(ledger), lost=lost, duplicates=dups,
-                           faults=[r.as_dict() for r in self.records], elapsed=elapsed, summary=summary,
+                           faults=self._fault_rows(), elapsed=elapsed, summary=summary,
                            landing=landing)
