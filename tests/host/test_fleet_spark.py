@@ -17,10 +17,12 @@ import pytest
 
 from ternlab.broker import free_port, wait_port
 
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 SCENARIO = """
 name = "spread"
 boards = 4
-duration = 10.0
+duration = 8.0
 warmup = 2.0
 settle = 30.0
 [broker]
@@ -35,7 +37,7 @@ kind = "power_cut"
 per_board = true
 at = "time"
 off = [0.3, 0.8]
-window = [2.0, 8.0]
+window = [2.0, 7.0]
 [[faults]]
 kind = "network_cut"
 count = 2
@@ -43,7 +45,7 @@ length = [0.5, 1.5]
 [[faults]]
 kind = "broker_restart"
 mode = "hard"
-window = [5.0, 6.0]
+window = [4.0, 5.0]
 """
 
 
@@ -60,8 +62,10 @@ class Standalone:
         self.root = root
         self.port = free_port()
         self.procs = []
+        # JVMs that start fast on a busy 2-core machine (C1 only, serial GC): this cluster runs seconds
         self.env = dict(os.environ, SPARK_HOME=str(_spark_home()), SPARK_LOCAL_IP="127.0.0.1",
-                        SPARK_NO_DAEMONIZE="1", PYSPARK_PYTHON=sys.executable)
+                        SPARK_NO_DAEMONIZE="1", PYSPARK_PYTHON=sys.executable, SPARK_DAEMON_MEMORY="256m",
+                        SPARK_DAEMON_JAVA_OPTS=QUICK_JVM)
         self.master = f"spark://127.0.0.1:{self.port}"
         root.mkdir(parents=True)
         try:
@@ -126,7 +130,9 @@ def test_a_fleet_runs_in_slices_on_a_two_worker_standalone_cluster(cluster, tmp_
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     r = subprocess.run([sys.executable, "-m", "ternlab.cli", "fleet", "run", str(scenario), "--seed", "3",
                         "--quiet", "--out", str(out), "--master", cluster.master,
-                        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"],
+                        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+                        "--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}",
+                        "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}", "--conf", "spark.executor.memory=512m"],
                        env=env, capture_output=True, text=True, timeout=200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + (out / "spark.log").read_text()[-3000:]
     summary = json.loads((out / "summary.json").read_text())
