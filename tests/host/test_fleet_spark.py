@@ -10,14 +10,10 @@ import json
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from ternlab.broker import free_port, wait_port
-
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+from ternlab.fleet.standalone import Standalone, driver_confs
 
 SCENARIO = """
 name = "spread"
@@ -49,70 +45,6 @@ window = [4.0, 5.0]
 """
 
 
-def _spark_home() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent
-
-
-class Standalone:
-    """A Spark standalone master and workers on 127.0.0.1, each a JVM of its own, stopped at the end."""
-
-    def __init__(self, root: Path, workers: int = 2):
-        self.root = root
-        self.port = free_port()
-        self.procs = []
-        # JVMs that start fast on a busy 2-core machine (C1 only, serial GC): this cluster runs seconds
-        self.env = dict(os.environ, SPARK_HOME=str(_spark_home()), SPARK_LOCAL_IP="127.0.0.1",
-                        SPARK_NO_DAEMONIZE="1", PYSPARK_PYTHON=sys.executable, SPARK_DAEMON_MEMORY="256m",
-                        SPARK_DAEMON_JAVA_OPTS=QUICK_JVM)
-        self.master = f"spark://127.0.0.1:{self.port}"
-        root.mkdir(parents=True)
-        try:
-            self._launch(workers)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _launch(self, workers):
-        self._start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(self.port), "--webui-port", str(free_port())])
-        if not wait_port("127.0.0.1", self.port, 60):
-            raise RuntimeError(f"the Spark master did not listen: {self.log('master')[-2000:]}")
-        for i in range(workers):
-            self.workdir(i).mkdir(parents=True)
-            self._start(f"worker-{i}", ["org.apache.spark.deploy.worker.Worker", self.master, "--host", "127.0.0.1",
-                                        "--port", str(free_port()), "--webui-port", str(free_port()),
-                                        "--cores", "1", "--memory", "1g", "--work-dir", str(self.workdir(i))])
-        deadline = time.monotonic() + 60
-        while self.log("master").count("Registering worker") < workers:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the workers did not register: {self.log('master')[-2000:]}")
-            time.sleep(0.2)
-
-    def workdir(self, i: int) -> Path:
-        return self.root / f"worker-{i}-work"
-
-    def log(self, name: str) -> str:
-        p = self.root / f"{name}.log"
-        return p.read_text(errors="replace") if p.exists() else ""
-
-    def _start(self, name, args):
-        with open(self.root / f"{name}.log", "w") as log:
-            self.procs.append(subprocess.Popen([str(_spark_home() / "bin" / "spark-class"), *args], env=self.env,
-                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-
-    def stop(self):
-        for p in reversed(self.procs):  # workers first, then the master
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-
-
 @pytest.fixture
 def cluster(tmp_path):
     c = Standalone(tmp_path / "spark")
@@ -129,10 +61,7 @@ def test_a_fleet_runs_in_slices_on_a_two_worker_standalone_cluster(cluster, tmp_
     out = tmp_path / "run"
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     r = subprocess.run([sys.executable, "-m", "ternlab.cli", "fleet", "run", str(scenario), "--seed", "3",
-                        "--quiet", "--out", str(out), "--master", cluster.master,
-                        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-                        "--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}",
-                        "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}", "--conf", "spark.executor.memory=512m"],
+                        "--quiet", "--out", str(out), "--master", cluster.master, *driver_confs()],
                        env=env, capture_output=True, text=True, timeout=200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + (out / "spark.log").read_text()[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -64,6 +64,8 @@ FIRMWARE_DEFAULTS = {"version": 5, "keepalive": 10, "backoff_min_ms": 100, "back
 STOP_INTERVAL_MS = 86400000  # the firmware's largest interval: "stop measuring" for the settle phase
 OBSERVER_TOPIC = "tern/+/telemetry"
 KILL_WAIT = 3.0  # a collector_kill waits up to this long for the collector to hold an unwritten batch
+CONNECTION_EVENTS = ("connected", "disconnected", "boot", "connect_failed")  # firmware console events
+HOLD_EVERY = 50  # ticks (about a second) between custody's looks at a board whose console said nothing
 
 
 class Callbacks:
@@ -250,6 +252,7 @@ class Fleet:
         self.firmware = dict(FIRMWARE_DEFAULTS, **scenario.firmware)
         self.relay = relay
         self.custody = None  # SocketCustody unless the boards talk through relays
+        self._ticks = 0
 
     # ------------------------------------------------------------ what a part of a spread fleet overrides
     # (fleet/spread.py: the driver keeps the broker, the collectors and the observer; a slice its boards)
@@ -487,14 +490,19 @@ class Fleet:
         if self.custody is not None:
             self.custody.sync(s.name, s.board.pid)
 
-    def _pump(self, s: _Slot) -> None:
+    def _pump(self, s: _Slot) -> bool:
+        """Feed the board's new console lines to its TelemetryLog; True when one says its connection
+        changed (custody looks at the board's sockets then)."""
         lines = s.board.log.lines
         n = len(lines)
+        changed = False
         for ln in lines[s.seen:n]:
             if ln.kind == "out":
                 for e in s.tlog.feed(ln.text):
+                    changed = changed or e["ev"] in CONNECTION_EVENTS
                     self.cb.on_event(s.name, e)
         s.seen = n
+        return changed
 
     # ------------------------------------------------------------ the run
     def _start(self) -> None:
@@ -506,7 +514,11 @@ class Fleet:
             # stop command they were sent), broker state and landed rows would leak into this one
             shutil.rmtree(self.out / old, ignore_errors=True)
         self.cb.on_phase("starting")
-        self.broker = self.external or Broker(self.out / "broker", persistence=self.scenario.persistence).start()
+        # no cap on a subscriber's queue (Mosquitto's default keeps 1,000 and drops the rest): on a busy
+        # machine the idle-priority observer falls seconds behind a large fleet, which is the host's
+        # lag, not a loss of the devices' (docs/fleet.md)
+        self.broker = self.external or Broker(self.out / "broker", persistence=self.scenario.persistence,
+                                              max_queued_messages=0).start()
         self._start_services()
         self._start_boards()
 
@@ -606,8 +618,11 @@ class Fleet:
     def _cycle(self, restore_all=False):
         for s in self.slots:
             self._housekeep(s, restore_all)
-            self._hold(s)
-            self._pump(s)
+            # custody reads a board's /proc fd table when its console says the connection changed, and
+            # once a second in any case (every tick, it was most of this thread's work: docs/fleet.md)
+            if self._pump(s) or (self._ticks + s.index) % HOLD_EVERY == 0:
+                self._hold(s)
+        self._ticks += 1
         for c in self.collectors:
             self._collector_housekeep(c, restore_all)
         self._refresh_landing()
