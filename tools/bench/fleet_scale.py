@@ -84,6 +84,69 @@ class Meter(Callbacks):
         return sum(v for k, v in self.cpu.items() if k[0] == role)
 
 
+def classify(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    if "micropython" in cmd:
+        return "board"
+    if "mosquitto" in cmd:
+        return "broker"
+    if "fleet.observer" in cmd:
+        return "observer"
+    if "ternlab.cli collect" in cmd:
+        return "collector"
+    if "java" in cmd.split(" ")[0]:
+        return "spark-jvm"
+    return "slice-runner"  # a pyspark worker running a slice's boards (with --master)
+
+
+class TreeSampler(threading.Thread):
+    """Every process under this one, sampled twice a second: CPU per pid (its last reading), peak RSS
+    per role. With --master the slices' runners and boards are children of Spark's workers, which are
+    children of this process's JVM, so the whole tree is walked."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.cpu, self.rss, self.peak, self.stop_ = {}, {}, {}, threading.Event()
+
+    def _tree(self):
+        kids = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                kids.setdefault(ppid, []).append(int(d))
+        out, todo = [], [os.getpid()]
+        while todo:
+            p = todo.pop()
+            for c in kids.get(p, ()):
+                out.append(c)
+                todo.append(c)
+        return out
+
+    def run(self):
+        while not self.stop_.wait(0.5):
+            for pid in self._tree():
+                role = self.cpu.get(pid, (None,))[0] or classify(pid)
+                st = proc_stat(f"/proc/{pid}")
+                if role and st:
+                    self.cpu[pid] = (role, st[1])
+                    self.rss[pid] = (role, max(self.rss.get(pid, (role, 0))[1], st[0]))
+                    self.peak[role] = max(self.peak.get(role, 0), st[0])
+
+    def total(self, role):
+        return sum(c for r, c in self.cpu.values() if r == role)
+
+    def rss_of(self, role):
+        return sorted(v for r, v in self.rss.values() if r == role)
+
+
 def thread_cpu(tid: int) -> float:
     st = proc_stat(f"/proc/self/task/{tid}")
     return st[1] if st else 0.0
@@ -98,13 +161,25 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="output directory (default: a temporary one, removed)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     ap.add_argument("--profile", action="store_true", help="cProfile the fleet's thread; print the top 25")
+    ap.add_argument("--master", default=None, help="run the boards in slices on this Spark master (e.g. local[2]: "
+                    "two slice processes on this machine; one runner process keeps under ~80 boards: docs/fleet.md)")
     a = ap.parse_args(argv)
     sc = load_scenario(a.scenario).with_overrides(boards=a.boards, duration=a.duration)
     tmp = None if a.out else tempfile.TemporaryDirectory(prefix="fleet-scale-")
     out = Path(a.out or tmp.name)
     meter = Meter()
-    fleet = Fleet(sc, seed=a.seed, out=out, callbacks=meter,
-                  replay=f"python tools/bench/fleet_scale.py --boards {a.boards} --duration {a.duration:g} --seed {a.seed}")
+    replay = f"python tools/bench/fleet_scale.py --boards {a.boards} --duration {a.duration:g} --seed {a.seed}"
+    if a.master:
+        from ternlab.fleet.spread import DriverFleet, default_slices, spark_session
+
+        out.mkdir(parents=True, exist_ok=True)
+        spark = spark_session(a.master, jvm_log=str(out / "spark.log"))
+        fleet = DriverFleet(sc, seed=a.seed, out=out, callbacks=meter, replay=replay + f" --master {a.master}",
+                            spark=spark, slices=min(a.boards, default_slices(spark)))
+    else:
+        fleet = Fleet(sc, seed=a.seed, out=out, callbacks=meter, replay=replay)
+    tree = TreeSampler()
+    tree.start()
     prof = cProfile.Profile() if a.profile else None
     t0, c0, main0 = time.monotonic(), os.times(), thread_cpu(threading.get_native_id())
     if prof:
@@ -116,12 +191,14 @@ def main(argv=None) -> int:
             prof.disable()
     wall = time.monotonic() - t0
     c1 = os.times()
+    tree.stop_.set()
+    tree.join()
     runner = (c1.user - c0.user) + (c1.system - c0.system)
     main_cpu = thread_cpu(threading.get_native_id()) - main0
     other_cpu = runner - main_cpu
-    rss = sorted(meter.rss.values())
+    rss = tree.rss_of("board")
     n = a.boards
-    boards_cpu = meter.total("board")
+    boards_cpu = tree.total("board")
     fig = {
         "boards": n, "duration_s": a.duration, "seed": a.seed, "wall_s": round(wall, 1), "ok": result.ok,
         "ledger_rows": result.ledger_rows, "lost": len(result.lost),
@@ -129,15 +206,19 @@ def main(argv=None) -> int:
         "faults": len(result.faults),
         "board_rss_median_mib": round(rss[len(rss) // 2] / 2**20, 1) if rss else None,
         "board_rss_max_mib": round(rss[-1] / 2**20, 1) if rss else None,
-        "board_rss_sum_mib": round(sum(rss) / 2**20, 1),
+        "board_rss_n_times_median_mib": round(n * rss[len(rss) // 2] / 2**20, 1) if rss else None,
         "board_cpu_s": round(boards_cpu, 1), "board_cpu_pct_per_board": round(100 * boards_cpu / wall / n, 2),
         "runner_cpu_s": round(runner, 1), "runner_fleet_thread_s": round(main_cpu, 1),
         "runner_other_threads_s": round(other_cpu, 1), "runner_threads_max": meter.threads,
-        "runner_cpu_pct_per_board": round(100 * runner / wall / n, 2),
+        "runner_cpu_pct_per_board": round(100 * (runner + tree.total("slice-runner")) / wall / n, 2),
         "runner_peak_rss_mib": round(proc_stat("/proc/self")[0] / 2**20, 1),
-        "collectors_cpu_s": round(meter.total("collector"), 1), "observer_cpu_s": round(meter.total("observer"), 1),
-        "broker_cpu_s": round(meter.total("broker"), 1),
-        "broker_rss_mib": round(meter.peak.get("broker", 0) / 2**20, 1),
+        "collectors_cpu_s": round(tree.total("collector"), 1), "observer_cpu_s": round(tree.total("observer"), 1),
+        "broker_cpu_s": round(tree.total("broker"), 1),
+        "broker_rss_mib": round(tree.peak.get("broker", 0) / 2**20, 1),
+        "slice_runners_cpu_s": round(tree.total("slice-runner"), 1),
+        "slice_runner_peak_rss_mib": round(tree.peak.get("slice-runner", 0) / 2**20, 1),
+        "spark_jvm_cpu_s": round(tree.total("spark-jvm"), 1),
+        "master": a.master,
         "failures": result.failures[:10],
     }
     print(json.dumps(fig, indent=1))

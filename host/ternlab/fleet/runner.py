@@ -65,7 +65,8 @@ STOP_INTERVAL_MS = 86400000  # the firmware's largest interval: "stop measuring"
 OBSERVER_TOPIC = "tern/+/telemetry"
 KILL_WAIT = 3.0  # a collector_kill waits up to this long for the collector to hold an unwritten batch
 CONNECTION_EVENTS = ("connected", "disconnected", "boot", "connect_failed")  # firmware console events
-HOLD_EVERY = 50  # ticks (about a second) between custody's looks at a board whose console said nothing
+HOLD_EVERY = 50
+BOOT_TIMEOUT = 60.0  # a board's boot, on a host whose cores 100 boards and other work share (10 s was short)  # ticks (about a second) between custody's looks at a board whose console said nothing
 
 
 class Callbacks:
@@ -372,7 +373,7 @@ class Fleet:
             self._record(f, "injected", s.name, f"SIGKILL, off {f.params['off']:.2f} s")
         else:
             n = f.params["flash_op"]
-            s.board.power_cycle(cut_at=n, seed=self.seed * 1009 + f.index)
+            s.board.power_cycle(cut_at=n, seed=self.seed * 1009 + f.index, timeout=BOOT_TIMEOUT)
             s.armed = self._record(f, "armed", s.name, f"power-cycled; power fails at flash operation {n} of this boot")
 
     def _housekeep(self, s: _Slot, restore_all: bool = False) -> None:
@@ -390,7 +391,7 @@ class Fleet:
                 s.unexpected.append(f"t={now:.2f}s {s.name} lost power without a fault")
                 s.off_until = now
         if s.off_until is not None and (restore_all or now >= s.off_until):
-            b.power_on()
+            b.power_on(timeout=BOOT_TIMEOUT)
             s.off_until = None
             s.expect_off = False
             self._record(self._last_power_fault(s), "restored", s.name, "power back")
@@ -552,13 +553,14 @@ class Fleet:
                 s.proxy.client_vanishes()
             host, port = s.proxy.address if s.proxy else self.broker.address
             s.board = EmulatedBoard(profile, workdir=self.out / "boards" / s.name, board_id=s.name,
-                                    host_paths=[code])
+                                    host_paths=[code], power=False)
+            s.board.power_on(timeout=BOOT_TIMEOUT)
             s.tlog = TelemetryLog()
             install(s.board, dict(self.firmware, host=host, port=port, client_id=s.name,
                                   **(self.tls.firmware(s.board) if self.tls else {})))
         self.cb.on_start(self)
         for s in self.slots:
-            s.board.power_cycle()  # boots into main.py: the app runs
+            s.board.power_cycle(timeout=BOOT_TIMEOUT)  # boots into main.py: the app runs
 
     def _start_collectors(self, topic) -> None:
         """Every collector subscribed before any board boots: none of the fleet's messages predates them."""
