@@ -43,6 +43,7 @@ from .runner import ExternalBroker, Fleet
 from .schedule import Fault, make_schedule
 
 DRIVER_LAG = 0.5      # seconds the driver's clock starts after the slices'
+PENDING_QUIET = 15.0  # seconds a slice's pending set may stay as it is before it stops waiting
 HOLD_MAX = 90.0       # longest a slice holds its boards' links for one broker restart
 BOARD_FAULTS = ("power_cut", "network_cut")
 
@@ -75,6 +76,7 @@ class SliceFleet(Fleet):
         self.control = control
         self.holding = None          # (round, record, since) while a broker restart holds the links
         self._asked = 0.0
+        self._pending_seen, self._pending_since = None, 0.0
 
     def _own_faults(self, schedule):
         mine = []
@@ -129,9 +131,18 @@ class SliceFleet(Fleet):
                                                 f"({HOLD_MAX:g} s): links let back")
 
     def _drained(self):
-        """Every board's accepted QoS >= 1 readings acknowledged by the broker (the driver checks that
-        they reached the subscribers)."""
-        return self.holding is None and all(not s.tlog.pending for s in self.slots if s.tlog)
+        """Every board's accepted QoS >= 1 readings acknowledged by the broker, or what is still
+        pending unchanged for PENDING_QUIET seconds (the console's bookkeeping can keep an id a reboot
+        completed under another: a slice waited out its whole settle for one). The driver then checks
+        that every reading reached the subscribers, and waits for them itself."""
+        if self.holding is not None:
+            return False
+        pending = tuple(sorted((s.name, p) for s in self.slots if s.tlog for p in s.tlog.pending))
+        if not pending:
+            return True
+        if pending != self._pending_seen:
+            self._pending_seen, self._pending_since = pending, time.monotonic()
+        return time.monotonic() - self._pending_since >= PENDING_QUIET
 
     def report(self, elapsed: float) -> dict:
         ledger, boards, failures = self._check_slots()
