@@ -34,8 +34,11 @@ demo: setup
 firmware: setup
 	$(VENV)/bin/tern firmware build --board qemu-m3
 
+# one pytest worker per core, at most 4 (pytest-xdist), each test file on one worker so that its fixtures are
+# made once; PYTEST_WORKERS=0 runs the suite in this process (what -x, --pdb and -s want)
+PYTEST_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
 test: setup firmware
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 size: setup
 	$(PY) tools/size_report.py --write docs/benchmarks.md
@@ -59,7 +62,7 @@ bench-sweep: bench
 # (tools/interop/setup.sh). Not part of `make test`.
 interop: setup
 	sh tools/interop/setup.sh
-	$(PY) -m ternlab.interop --write docs/interop.md
+	$(PY) tools/interop/matrix.py --write docs/interop.md
 
 clean:
 	rm -rf $(VENV) .venv-interop .pytest_cache build *.egg-info

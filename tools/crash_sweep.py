@@ -5,7 +5,7 @@ operation of a scripted workload.
     .venv/bin/python tools/crash_sweep.py [--store flash,lfs,posix] [--sample N]
         [--jobs 2] [--seed S] [--write docs/benchmarks.md] [--keep DIR]
 
-The workload (tools/crash_device.py): 100 publishes (50 at QoS 1, 50 at
+The workload (device/testing/crash_device.py): 100 publishes (50 at QoS 1, 50 at
 QoS 2, payloads of 12..203 bytes), 3 SUBSCRIBE and 2 UNSUBSCRIBE, and 20
 inbound QoS 2 messages the host sends to the device while it runs. For each
 operation index k, on a fresh medium and with fresh client ids:
@@ -50,16 +50,19 @@ import threading
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-for _p in ("lib", "host", "boards/emulated", "tests/lib", "tools"):
+for _p in ("lib", "host", "tests/lib"):
     if os.path.join(ROOT, _p) not in sys.path:
         sys.path.insert(0, os.path.join(ROOT, _p))
+from ternlab.paths import device_dir, device_path, use_device  # noqa: E402
 
+use_device("testing")  # crash_device and the flash model it uses
 import crash_device as D  # noqa: E402  (the workload is defined once, on the device side)
 
 STORES = ("flash", "lfs", "posix")
 EDGE = ("flash-edge", "posix-edge", "lfs-edge")  # the same stores with max_pending 4: the capacity edge
 EDGE_PENDING = 4
-MP_PATH = ":".join(os.path.join(ROOT, p) for p in ("lib", "boards/emulated", "tools"))
+MP_PATH = ":".join([os.path.join(ROOT, "lib")] + device_path("testing"))
+CRASH_DEVICE = str(device_dir("testing") / "crash_device.py")
 BOOT_TIMEOUT = 240.0
 SETTLE = 0.4  # quiet time before stop: late duplicates would show within it
 
@@ -259,7 +262,7 @@ class Point:
 
     def _argv(self, img, start, cut):
         port = 0 if self.offline and not self.boots else self.port
-        return [micropython(), "-X", "heapsize=4m", os.path.join(ROOT, "tools", "crash_device.py"), self.kind,
+        return [micropython(), "-X", "heapsize=4m", CRASH_DEVICE, self.kind,
                 img, self.tag + "-dev", str(port), self.tag, str(start), str(cut), str(self.seed),
                 str(self.wseed), str(EDGE_PENDING if self.store in EDGE else 256)]
 
@@ -465,7 +468,7 @@ def templates(work, stores):
             NorFlash(path, blocks=D.FLASH_BLOCKS, block_size=4096, fresh=True).close()
         elif kind == "lfs":
             env = dict(os.environ, MICROPYPATH=MP_PATH)
-            subprocess.run([micropython(), "-X", "heapsize=4m", os.path.join(ROOT, "tools", "crash_device.py"),
+            subprocess.run([micropython(), "-X", "heapsize=4m", CRASH_DEVICE,
                             "format-lfs", path], env=env, check=True, capture_output=True)
         out[s] = path
     return out
@@ -602,7 +605,7 @@ def main(argv):
         ap.error("--sample must be positive")
     import signal
 
-    from ternlab.broker import Broker
+    from ternlab.brokers.mosquitto import Broker
 
     # kill (SIGTERM) stops the sweep the way Ctrl-C does: the broker and the temporary files go too
     signal.signal(signal.SIGTERM, _interrupt)

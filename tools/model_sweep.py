@@ -26,6 +26,10 @@ import sys
 import time
 
 MICROPYTHON = sys.implementation.name == "micropython"
+if not MICROPYTHON:  # MicroPython has norflash and cutfs on its MICROPYPATH (set from device_path when launched here)
+    from ternlab.paths import use_device
+
+    use_device("testing")
 
 
 def _root():
@@ -34,7 +38,7 @@ def _root():
 
 
 ROOT = _root()
-for _p in ("/tests/lib", "/lib", "/boards/emulated"):
+for _p in ("/tests/lib", "/lib"):
     if ROOT + _p not in sys.path:
         sys.path.insert(0, ROOT + _p)
 
@@ -159,11 +163,16 @@ def main(argv):
         import subprocess
 
         exe = os.path.join(os.path.dirname(sys.executable), "micropython")
-        env = dict(os.environ, MICROPYPATH=":".join([".frozen"] + [ROOT + p for p in ("/tests/lib", "/lib",
-                                                                                       "/boards/emulated")]))
+        env = dict(os.environ, MICROPYPATH=_micropypath())
         args = [a for a in argv if a != "--micropython"]
         return subprocess.run([exe, "-X", "heapsize=4m", __file__] + args, env=env).returncode
     return 1 if sweep(rigs, int(a), int(b), steps) else 0
+
+
+def _micropypath():
+    from ternlab.paths import device_path
+
+    return ":".join([".frozen", ROOT + "/tests/lib", ROOT + "/lib"] + device_path("testing"))
 
 
 def write(path, rigs, a, b, steps, mp_seeds):
@@ -176,8 +185,7 @@ def write(path, rigs, a, b, steps, mp_seeds):
     lines = []
     bad = sweep(rigs, a, b, steps, lines)
     exe = os.path.join(os.path.dirname(sys.executable), "micropython")
-    env = dict(os.environ, MICROPYPATH=":".join([".frozen"] + [ROOT + p for p in ("/tests/lib", "/lib",
-                                                                                   "/boards/emulated")]))
+    env = dict(os.environ, MICROPYPATH=_micropypath())
     mp = subprocess.run([exe, "-X", "heapsize=4m", __file__, "--rigs", ",".join(rigs), "--seeds", mp_seeds,
                          "--steps", str(steps)], env=env, capture_output=True, text=True)
     sys.stdout.write(mp.stdout)

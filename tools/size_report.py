@@ -20,7 +20,6 @@ are missing), so other sections of the file are left as they are.
 
 import argparse
 import datetime
-import glob
 import os
 import re
 import shutil
@@ -34,7 +33,7 @@ BEGIN = "<!-- size_report:begin -->"
 END = "<!-- size_report:end -->"
 HEAP = "256k"
 sys.path.insert(0, os.path.join(ROOT, "host"))
-from ternlab.boards.deploy import MPY_OPT  # noqa: E402  (how a board's .mpy files are compiled)
+from ternlab.devset import MPY_OPT, device_files, host_only, mpy_cross  # noqa: E402  (what goes on a board, compiled as for one)
 
 IMPORT_PROBE = """
 import gc
@@ -139,19 +138,19 @@ def tern_deps(mod, seen=None):
     return seen
 
 
-def compile_all(mpy_cross, out):
-    """Compile every module into out/tern/*.mpy; return {module: size or error}."""
-    os.makedirs(os.path.join(out, "tern"))
+def compile_all(out):
+    """Compile every module into out/tern/*.mpy, the device set (what ternlab.devset sends to a board)
+    and the host-only modules beside it, the way a board's are compiled; return {module: size or error}."""
+    modules = sorted([src for src, _ in device_files()] + host_only(), key=lambda p: p.name)
     sizes = {}
-    for src in sorted(glob.glob(os.path.join(LIB, "*.py"))):
-        mod = os.path.basename(src)[:-3]
-        if mod == "manifest":  # the device set's list (lib/tern/manifest.py), not a module
-            continue
+    for src in modules:
+        mod = src.stem
         dst = os.path.join(out, "tern", mod + ".mpy")
-        proc = subprocess.run([mpy_cross, MPY_OPT, "-o", dst, "-s", "tern/%s.py" % mod, src], capture_output=True,
-                              text=True)
-        if proc.returncode:
-            sizes[mod] = "error: " + (proc.stderr.strip().splitlines() or ["mpy-cross failed"])[-1]
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            mpy_cross(src, dst, "tern/%s.py" % mod)
+        except RuntimeError as e:
+            sizes[mod] = "error: " + (str(e).strip().splitlines() or ["mpy-cross failed"])[-1]
         else:
             sizes[mod] = os.path.getsize(dst)
     return sizes
@@ -159,12 +158,11 @@ def compile_all(mpy_cross, out):
 
 def measure():
     mp = tool("micropython")
-    mpy_cross = tool("mpy-cross")
     ver = subprocess.run([mp, "-c", VERSION_PROBE], capture_output=True, text=True).stdout.strip()
-    xver = subprocess.run([mpy_cross, "--version"], capture_output=True, text=True).stdout.strip()
+    xver = subprocess.run([sys.executable, "-m", "mpy_cross", "--version"], capture_output=True, text=True).stdout.strip()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = compile_all(mpy_cross, tmp)
+        sizes = compile_all(tmp)
         for mod in sorted(sizes):
             size = sizes[mod]
             heap = own = "-"

@@ -65,6 +65,10 @@ except ImportError:  # pragma: no cover
     import uos as os
 
 MICROPYTHON = sys.implementation.name == "micropython"
+if not MICROPYTHON:  # MicroPython has norflash and cutfs on its MICROPYPATH (set from device_path when launched here)
+    from ternlab.paths import use_device
+
+    use_device("testing")
 
 
 def _root():
@@ -74,7 +78,7 @@ def _root():
 
 
 ROOT = _root()
-for p in ("/tests/lib", "/lib", "/boards/emulated"):
+for p in ("/tests/lib", "/lib"):
     if ROOT + p not in sys.path:
         sys.path.insert(0, ROOT + p)
 
@@ -243,7 +247,9 @@ def main(argv):
     for name in only:
         if name == "lfs":
             exe = os.path.join(os.path.dirname(sys.executable), "micropython")
-            env = dict(os.environ, MICROPYPATH=":".join(ROOT + p for p in ("/tests/lib", "/lib", "/boards/emulated")))
+            from ternlab.paths import device_path
+
+            env = dict(os.environ, MICROPYPATH=":".join([ROOT + "/tests/lib", ROOT + "/lib"] + device_path("testing")))
             cmd = [exe, "-X", "heapsize=16m", __file__, "--inner", "lfs", "--seed", str(seed)] + (["--quick"] if quick else [])
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             sys.stdout.write(proc.stdout)

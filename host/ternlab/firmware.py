@@ -1,23 +1,23 @@
 """Firmware images for the qemu-m3 board: MicroPython v1.28.0's qemu port (Arm Cortex-M3, board
-MPS2_AN385) with Tern and the telemetry app frozen in through firmware/manifest.py.
+MPS2_AN385) with Tern and the telemetry app frozen in through device/app/manifest.py.
 
 `build(profile)` returns the path of a firmware.elf for the profile's heap size, building it when
 the cache has none for the same content. Steps:
 1. the source: ../shared/third_party/micropython-1.28.0-subset.tar.gz beside the project when it is
    there, else a shallow clone of tag v1.28.0; unpacked once into the cache, with the patches of
-   tools/firmware/patches applied (`git apply`) and lib/micropython-lib/README.md created (the
+   device/qemu-firmware/patches applied (`git apply`) and lib/micropython-lib/README.md created (the
    manifest tools need it; the submodule is not part of the subset); mpy-cross built in it;
 2. ports/qemu/boards/manifest.py written into that tree: the board's own frozen modules
-   (boards/qemu: _boot.py, emuboard.py) and asyncio, what firmware/manifest.py's
+   (device/emulated/qemu: _boot.py, emuboard.py) and asyncio, what device/app/manifest.py's
    `include("$(PORT_DIR)/boards/manifest.py")` picks up as on any other port;
-3. `make -C ports/qemu` with FROZEN_MANIFEST=firmware/manifest.py, MICROPY_HEAP_SIZE from the
-   profile, LittleFS (MICROPY_VFS_LFS2=1), asyncio, and the board's C module (tools/firmware/cmodules:
+3. `make -C ports/qemu` with FROZEN_MANIFEST=device/app/manifest.py, MICROPY_HEAP_SIZE from the
+   profile, LittleFS (MICROPY_VFS_LFS2=1), asyncio, and the board's C module (device/qemu-firmware/cmodules:
    NOR flash, link UART, host files) in a fresh build directory (a frozen build after a flag change
    needs one).
 
 Images are cached under build/firmware (or $TERN_FIRMWARE_CACHE) by a hash of everything that goes
-into them: the source, the patches, the C module, the manifest, every file under lib/, firmware/
-and boards/qemu/, this recipe and the heap size. A lock file makes concurrent builds (pytest workers,
+into them: the source, the patches, the C module, the manifests, the files they freeze
+(ternlab.devset.board_files), device/emulated/qemu/, this recipe and the heap size. A lock file makes concurrent builds (pytest workers,
 make) wait for each other instead of racing.
 """
 
@@ -30,16 +30,18 @@ import tarfile
 from pathlib import Path
 
 from .boards.board import load_profile
-from .paths import CHECKOUT as ROOT  # the build needs a checkout: tools/firmware and ../shared
+from .paths import CHECKOUT as ROOT  # the build needs a checkout: ../shared beside it
+from .devset import board_files
+from .paths import device_dir, lib_dir
 
 VERSION = "1.28.0"
 TAG = "v1.28.0"
 REPO = "https://github.com/micropython/micropython.git"
 TARBALL = ROOT.parent / "shared" / "third_party" / f"micropython-{VERSION}-subset.tar.gz"
-PATCHES = ROOT / "tools" / "firmware" / "patches"
-CMODULES = ROOT / "tools" / "firmware" / "cmodules"
-DEVICE = ROOT / "boards" / "qemu"
-MANIFEST = ROOT / "firmware" / "manifest.py"
+PATCHES = device_dir("qemu-firmware") / "patches"
+CMODULES = device_dir("qemu-firmware") / "cmodules"
+DEVICE = device_dir("qemu-board")
+MANIFEST = device_dir("app") / "manifest.py"
 TOOLS = ("arm-none-eabi-gcc", "qemu-system-arm", "make", "git")
 
 
@@ -75,7 +77,8 @@ def source_key() -> str:
 
 
 def image_key(heap_bytes: int) -> str:
-    return _hash(list(_files(Path(__file__), PATCHES, CMODULES, DEVICE, MANIFEST, ROOT / "lib", ROOT / "firmware")),
+    frozen = [src for src, _ in board_files()] + [lib_dir() / "tern" / "manifest.py"]  # what the manifest freezes
+    return _hash(list(_files(Path(__file__), PATCHES, CMODULES, DEVICE, MANIFEST, *frozen)),
                  "%s heap=%d" % (source_key(), heap_bytes))
 
 
@@ -174,7 +177,7 @@ def qemu_profiles():
 
 def add_subcommands(sub):
     p = sub.add_parser("firmware", help="build the qemu-m3 board's firmware (Tern frozen into MicroPython)",
-                       description="Firmware images for the emulated Cortex-M3 board (see docs/firmware.md).")
+                       description="Firmware images for the emulated Cortex-M3 board (see docs/app.md).")
     fsub = p.add_subparsers(title="firmware commands", metavar="ACTION", dest="firmware_action")
     b = fsub.add_parser("build", help="build (or take from the cache) the firmware of qemu-m3 profiles")
     b.add_argument("--board", default="qemu-m3", metavar="NAME",

@@ -3,7 +3,7 @@
 Registered through the ``pytest11`` entry point (name ``tern``, module ``ternlab.pytest_tern``, which loads
 this one; ``-p ternlab.pytest_plugin`` works too), so any project that installs tern gets:
 
-- ``broker`` -- a fresh Mosquitto on a free loopback port for the test (``ternlab.broker.Broker``, no
+- ``broker`` -- a fresh Mosquitto on a free loopback port for the test (``ternlab.brokers.mosquitto.Broker``, no
   persistence, workdir under the test's tmp_path); ``broker_addr`` -- its ``[host, port]``;
 - ``chaos`` -- an MQTT-aware ``ChaosProxy`` in front of that broker (seed 1);
 - ``board`` -- the board the test drives: an ``EmulatedBoard`` of ``--board-profile`` (default
@@ -89,7 +89,7 @@ def _file_text(path) -> str:
 def broker(request, tmp_path):
     """A fresh Mosquitto for this test (no persistence); its log is kept in tmp_path and attached to the
     report if the test fails."""
-    from ternlab.broker import Broker
+    from ternlab.brokers.mosquitto import Broker
 
     b = Broker(tmp_path / "broker")
     attach(request, f"broker log ({b.host}:{b.port})", lambda: _file_text(b.log_path))
@@ -120,7 +120,7 @@ def packet_log_text(proxy) -> str:
 @pytest.fixture
 def chaos(request, broker):
     """An MQTT-aware chaos proxy in front of the test's broker; its packet log is attached on failure."""
-    from ternlab.chaos import ChaosProxy
+    from ternlab.brokers.chaos import ChaosProxy
 
     with ChaosProxy(broker.address, seed=1) as proxy:
         attach(request, f"chaos packet log ({proxy.host}:{proxy.port})", lambda: packet_log_text(proxy))

@@ -14,6 +14,7 @@ import pytest
 
 from ternlab.boards import BOARDS_DIR, BoardError, DeviceError, PowerLost, load_profile, profile_names
 from ternlab.boards.emulated import EmulatedBoard, micropython_path
+from ternlab.paths import device_path
 
 MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
 ERASE_LOOP = (
@@ -125,7 +126,7 @@ def test_romfs_runs_modules_in_place_and_counts_as_flash_not_heap(tmp_path):
         assert b.listdir("lib/tern") == [] and b.read_file("config.json") == cfg.read_bytes()
         b.power_cycle()
         assert b.eval("__import__('sys').path")[:5] == ["", ".frozen", "/rom", "/rom/lib", "/lib"]
-        assert b.eval("sorted(__import__('os').listdir('/rom'))") == ["demo_publisher.mpy", "hal.mpy", "lib", "tconfig.mpy", "telemetry.mpy"]
+        assert b.eval("sorted(__import__('os').listdir('/rom'))") == ["hal.mpy", "lib", "tconfig.mpy", "telemetry.mpy"]
         # the image (tens of KB) is the board's flash: the app still sees the profile's 32 KiB heap
         free = b.eval("(__import__('gc').collect(), __import__('gc').mem_free())[1]")
         assert 32768 - 8 * 1024 < free <= 32768
@@ -372,7 +373,7 @@ for cut in range(0, len(OPS) + 1):
         assert x.torn == y.torn and x.ops == y.ops, (cut, seed, x.torn, y.torn)
 print("PARITY-OK")
 ''')
-    env = {"MICROPYPATH": str(BOARDS_DIR / "emulated"), "PARITY_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    env = {"MICROPYPATH": ":".join(device_path("unix-board")), "PARITY_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     r = subprocess.run([micropython_path(), "-X", "heapsize=4M", str(script)], capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.stdout.strip().endswith("PARITY-OK"), r.stdout + r.stderr

@@ -19,6 +19,7 @@ from ternlab.boards.cli import flash_commands
 from ternlab.boards.emulated import EmulatedBoard
 from ternlab.boards.partitions import PartitionError, from_binary, parse_csv, profile_table, to_binary
 from ternlab.devset import device_files
+from ternlab.paths import device_dir
 
 TERN = str(Path(sys.executable).with_name("tern"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,7 +271,7 @@ def test_tern_deploy_compiles_and_copies_to_a_board_port(tmp_path, capsys):
         assert {"main.py", "config.json", "telemetry.mpy", "stale.txt"} <= set(top) and "manifest.mpy" not in top
         assert board.read_file("config.json") == cfg.read_bytes()
         assert board.read_file("ca.pem") == board.read_file("certs/broker-ca.pem") == ca.read_bytes()
-        assert board.read_file("main.py") == (ROOT / "firmware/main.py").read_bytes()
+        assert board.read_file("main.py") == (device_dir("app") / "main.py").read_bytes()
         assert board.eval("__import__('tern.message').message.__file__") == "/lib/tern/message.mpy"
     finally:
         board.close()

@@ -12,7 +12,7 @@ import pytest
 
 from tern.codec import Packet, encode
 from tern.wire import CONNECT, PUBACK, PUBLISH, SUBACK, SUBSCRIBE
-from ternlab.broker import INSTALL_HINT, Broker, BrokerError, Listener, free_port, mosquitto_path, password_line
+from ternlab.brokers.mosquitto import INSTALL_HINT, Broker, BrokerError, Listener, free_port, mosquitto_path, password_line
 
 from rawmqtt import Raw  # noqa: E402
 
@@ -251,7 +251,7 @@ def test_tls_listener_fails_verification_without_the_ca(tmp_path):
         with pytest.raises(ssl.SSLCertVerificationError):
             c.connect(b.host, b.tls_port, 30)
         # and a CA of our own that did not sign the broker's certificate fails too
-        from ternlab.certs import make_ca
+        from ternlab.brokers.certs import make_ca
         other = make_ca(tmp_path / "other", "Some other CA")
         c = paho("tls-wrong-ca")
         c.tls_set(ca_certs=str(other.cert_path), cert_reqs=ssl.CERT_REQUIRED)
@@ -260,7 +260,7 @@ def test_tls_listener_fails_verification_without_the_ca(tmp_path):
 
 
 def test_tls_listener_with_client_certificates(tmp_path):
-    from ternlab.certs import make_cert
+    from ternlab.brokers.certs import make_cert
     with Broker(tmp_path / "b", listeners=[Listener(tls=True, require_certificate=True)]) as b:
         port = b.listeners[0].port
         cli = make_cert(b.ca, tmp_path / "client", "client", client=True, hosts=())

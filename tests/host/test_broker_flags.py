@@ -1,5 +1,5 @@
-"""`tern collect` and `tern pub`/`tern sub` share one broker-flag dialect (ternlab.brokeropts), and the
-`-d` trace reads packets with the library's own fixed-header and varint code (ternlab.trace)."""
+"""`tern collect` and `tern pub`/`tern sub` share one broker-flag dialect (ternlab.mqttcli.flags), and the
+`-d` trace reads packets with the library's own fixed-header and varint code (ternlab.mqttcli.packet_trace)."""
 
 import ssl
 
@@ -56,7 +56,7 @@ def test_collect_masks_a_password_argparse_would_quote(capsys):
 
 
 def lines_of(data, verb="received", version=5):
-    from ternlab.trace import Tracer
+    from ternlab.mqttcli.packet_trace import Tracer
 
     out = []
     t = Tracer(out.append, verb, version)

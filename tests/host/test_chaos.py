@@ -13,8 +13,8 @@ import pytest
 from tern.codec import Packet, encode
 from tern.wire import (CONNACK, CONNECT, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUBLISH,
                        SUBACK, SUBSCRIBE)
-from ternlab.broker import free_port
-from ternlab.chaos import B2C, C2B, ChaosProxy, Rule, packet_id
+from ternlab.brokers.mosquitto import free_port
+from ternlab.brokers.chaos import B2C, C2B, ChaosProxy, Rule, packet_id
 
 from rawmqtt import Raw  # noqa: E402
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from ternlab import cli
-from ternlab.broker import Broker, free_port
-from ternlab.chaos import B2C, C2B
+from ternlab.brokers.mosquitto import Broker, free_port
+from ternlab.brokers.chaos import B2C, C2B
 
 TERN = str(Path(sys.executable).with_name("tern"))
 MOSQ_PUB = "/usr/bin/mosquitto_pub"
@@ -115,7 +115,7 @@ def test_version_and_help(capsys):
 
 
 def test_help_and_readme_say_what_differs_from_mosquitto_on_purpose(capsys):
-    from ternlab import mqtt_cli
+    from ternlab.mqttcli import commands as mqtt_cli
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith("| `tern pub`, `tern sub` |"))
@@ -534,8 +534,8 @@ def test_publish_the_broker_refuses(capsys, tmp_path):
 
 
 def test_tls_verifies_the_broker(capsys, tmp_path):
-    from ternlab import certs
-    from ternlab.broker import Listener
+    from ternlab.brokers import certs
+    from ternlab.brokers.mosquitto import Listener
 
     # a second TLS listener whose certificate names another host, to check host name checking
     ca2 = certs.make_ca(tmp_path / "ca2", "Elsewhere CA")
@@ -606,7 +606,7 @@ def test_sub_stops_on_sigterm_like_mosquitto_sub(broker):
 
 
 def test_sub_message_over_the_receive_limit_is_one_line(capsys, broker, monkeypatch):
-    from ternlab import mqtt_conn
+    from ternlab.mqttcli import connect as mqtt_conn
 
     # The broker resends a retained (or queued) message after every reconnect: tern sub
     # reconnected for ever, printing nothing. MQTT 3.1.1 cannot announce the limit: the message is
@@ -803,7 +803,7 @@ def test_broker_that_breaks_the_protocol_ends_the_run_with_status_2(capsys, tool
     # a PUBLISH whose topic runs past its end: malformed (0x81). tern sub used to reconnect for
     # ever; both commands now stop as mosquitto_pub/sub 2.0 do (status 2, MOSQ_ERR_PROTOCOL), and
     # under MQTT 5 tell the broker why first (DISCONNECT 0x81), which mosquitto does not.
-    from ternlab.scripted import ScriptedBroker
+    from ternlab.brokers.scripted import ScriptedBroker
 
     bad = bytes([0x30, 4, 0, 5, 0x61, 0]) if version == "5" else bytes([0x30, 3, 0, 5, 0x61])
     cmd = ["-q", 1, "-t", "x", "-V", version] + (["-m", "y"] if tool == "pub" else ["-W", 10])
@@ -884,7 +884,7 @@ def test_sub_stops_at_a_violation_while_subscribing_or_reconnecting(capsys, wher
     # a SUBACK with reserved flags set (tern sub waits in subscribe() then), or a CONNACK whose
     # properties are cut short when tern sub comes back after a dropped connection: status 2, at once
     from tern.wire import CONNECT, SUBSCRIBE
-    from ternlab.scripted import ScriptedBroker
+    from ternlab.brokers.scripted import ScriptedBroker
 
     connack, suback = bytes([0x20, 3, 0, 0, 0]), bytes([0x90, 4, 0, 1, 0, 1])
     if where == "suback":

@@ -1,9 +1,9 @@
 """`tern pub` against brokers that break or predate MQTT 5, played byte for byte by the scripted
-broker (ternlab.scripted): a PUBACK answering QoS 2 (RabbitMQ 3.10), an MQTT 3.1.1 refusal of an MQTT 5
+broker (ternlab.brokers.scripted): a PUBACK answering QoS 2 (RabbitMQ 3.10), an MQTT 3.1.1 refusal of an MQTT 5
 CONNECT (aedes, RabbitMQ, amqtt). The library side is tests/lib/test_scripted.py."""
 
 from ternlab import cli
-from ternlab.scripted import ScriptedBroker
+from ternlab.brokers.scripted import ScriptedBroker
 from tern.codec import Packet, encode
 from tern.wire import CONNECT, CONNACK, PUBLISH, PUBACK
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from devices.collecting import (CollectorProc, free_bytes_limit, on_tmpfs, parquet_files,
-                                publish_all, read_rows, unshare_works)
-from ternlab.broker import Broker
+from devices.collecting import (free_bytes_limit, on_tmpfs, parquet_files, publish_all, read_rows,
+                                start_collector, unshare_works)
+from ternlab.brokers.mosquitto import Broker
 from ternlab.pipeline import schema
 from ternlab.pipeline.landing import LANDING_ARROW, QUARANTINE_ARROW
 
@@ -40,7 +40,7 @@ BAD = [b"not json", b'{"d": "x", "s": 1, "q": 1}', b"\xff\xfe", b'{"d": "x", "b"
 
 def test_lands_partitioned_parquet_quarantines_and_acks_only_what_it_wrote(broker, tmp_path):
     land = tmp_path / "landing"
-    c = CollectorProc(broker, land, "col-1", "--batch-size", "25", "--batch-time", "60", "--keep-raw")
+    c = start_collector(broker, land, "col-1", "--batch-size", "25", "--batch-time", "60", "--keep-raw")
     c.wait_for(r"subscribed to \$share/tern/tern/\+/telemetry at QoS 2 .*session present: 0")
     sent = [good("dev-a", s, 1) for s in range(40)] + [good("dev-b", s, 2) for s in range(10)]
     publish(broker, sent)
@@ -49,7 +49,7 @@ def test_lands_partitioned_parquet_quarantines_and_acks_only_what_it_wrote(broke
     publish(broker, late)
     landed, quarantined, waiting = wait_total(c, 55)
     assert waiting > 0  # the batch is not full and not old: only SIGTERM writes it
-    assert c.stop() == 0
+    assert c.terminate() == 0
     s = c.summary()
     assert (s["landed"], s["quarantined"], s["acked"]) == (51, 4, 55)
 
@@ -84,10 +84,10 @@ def test_lands_partitioned_parquet_quarantines_and_acks_only_what_it_wrote(broke
     assert not [p for p in land.rglob(".tmp-*")]
 
     # everything was acknowledged: the same id gets nothing back
-    again = CollectorProc(broker, land, "col-1", "--batch-time", "0.2")
+    again = start_collector(broker, land, "col-1", "--batch-time", "0.2")
     again.wait_for(r"session present: 1")
     time.sleep(0.5)
-    assert again.stop() == 0
+    assert again.terminate() == 0
     assert again.summary()["landed"] == again.summary()["redelivered"] == 0
 
 
@@ -112,9 +112,9 @@ def test_unwritable_landing_directory_is_one_clear_error_before_connecting(broke
         wrap, land = (), tmp_path / "locked"
         land.mkdir(mode=0o500)
         cause = "permission denied"
-    c = CollectorProc(broker, land, "col-ro", wrap=wrap)
+    c = start_collector(broker, land, "col-ro", wrap=wrap)
     assert c.proc.wait(20) == 1
-    c.stop()
+    c.terminate()
     errors = [line for line in c.lines if "error" in line]
     assert errors == [f"tern collect [col-ro]: error: landing directory {land} is not writable: {cause}"]
     assert not any("Traceback" in line for line in c.lines)
@@ -132,11 +132,11 @@ def test_disk_full_stops_with_a_clear_error_and_acknowledges_nothing_unwritten(b
         land = copy = tmp_path / "small"
         kw = {"preexec_fn": free_bytes_limit(3000)}
         cause = "File too large"
-    c = CollectorProc(broker, land, "col-full", "--batch-size", "50", "--batch-time", "0.3", **kw)
+    c = start_collector(broker, land, "col-full", "--batch-size", "50", "--batch-time", "0.3", **kw)
     c.wait_for("subscribed")
     publish(broker, [good(f"dev-{i % 3}", i // 3, 1) for i in range(n)])
     assert c.proc.wait(30) == 1
-    c.stop()
+    c.terminate()
     err = c.wait_for(r"error: cannot write landing file (\S+): (.*); (\d+) message\(s\) not written")
     assert err.group(2) == cause
     assert int(err.group(3)) > 0
@@ -147,11 +147,11 @@ def test_disk_full_stops_with_a_clear_error_and_acknowledges_nothing_unwritten(b
 
     # what was not written was not acknowledged: the broker gives it to the same id, on a roomy disk
     rest = tmp_path / "rest"
-    again = CollectorProc(broker, rest, "col-full", "--batch-size", "200", "--batch-time", "0.2")
+    again = start_collector(broker, rest, "col-full", "--batch-size", "200", "--batch-time", "0.2")
     deadline = time.monotonic() + 20
     while len(read_rows(rest)) + len(before) < n and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert again.stop() == 0
+    assert again.terminate() == 0
     keys = [(r["device"], r["seq"]) for r in before + read_rows(rest)]
     assert len(set(keys)) == n  # nothing lost
     assert len(keys) == n       # and nothing written twice: acknowledged ones did not come back
@@ -163,7 +163,7 @@ def test_broker_crash_mid_batch_loses_nothing_the_collector_held(tmp_path):
     the collector has them now -- and writes them, unacknowledged, once they are not sent again."""
     with Broker(tmp_path / "broker", persistence=True) as broker:
         land = tmp_path / "landing"
-        c = CollectorProc(broker, land, "col-r", "--batch-size", "1000", "--batch-time", "2")
+        c = start_collector(broker, land, "col-r", "--batch-size", "1000", "--batch-time", "2")
         c.wait_for("subscribed")
         publish(broker, [good("dev-r", s, 1) for s in range(30)])
         # all 30 held, none written or acknowledged (the batch is young: 2 s)
@@ -172,7 +172,7 @@ def test_broker_crash_mid_batch_loses_nothing_the_collector_held(tmp_path):
         c.wait_for(r"reconnected \(session present: 1\): 30 unwritten message\(s\) of the old "
                    "connection kept")
         c.wait_for(r"landed 30 .* waiting 0$", after=c.at)
-        assert c.stop() == 0
+        assert c.terminate() == 0
     s = c.summary()
     assert (s["landed"], s["written_unacked"]) == (30, 30)
     assert sorted(r["seq"] for r in read_rows(land)) == list(range(30))
@@ -183,7 +183,7 @@ def test_connection_cut_mid_batch_resends_replace_what_was_held(broker, chaos, t
     sends them again on the persistent session: each resend replaces the copy held, is written once
     and acknowledged -- no loss, no duplicate, nothing left at the broker."""
     land = tmp_path / "landing"
-    c = CollectorProc(broker, land, "col-c", "--batch-size", "1000", "--batch-time", "2",
+    c = start_collector(broker, land, "col-c", "--batch-size", "1000", "--batch-time", "2",
                       port=chaos.address[1])
     c.wait_for("subscribed")
     publish(broker, [good("dev-c", s, 1) for s in range(30)])
@@ -191,14 +191,14 @@ def test_connection_cut_mid_batch_resends_replace_what_was_held(broker, chaos, t
     chaos.cut_now()
     c.wait_for(r"reconnected \(session present: 1\): 30 unwritten message\(s\)")
     c.wait_for(r"landed 30 .* waiting 0$", after=c.at)
-    assert c.stop() == 0
+    assert c.terminate() == 0
     s = c.summary()
     assert (s["landed"], s["acked"], s["resent_matched"], s["written_unacked"]) == (30, 30, 30, 0)
     assert sorted(r["seq"] for r in read_rows(land)) == list(range(30))
-    again = CollectorProc(broker, land, "col-c", "--batch-time", "0.2")
+    again = start_collector(broker, land, "col-c", "--batch-time", "0.2")
     again.wait_for(r"session present: 1")
     time.sleep(0.3)
-    assert again.stop() == 0 and again.summary()["landed"] == 0
+    assert again.terminate() == 0 and again.summary()["landed"] == 0
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -5,7 +5,7 @@ shared subscription, one of them SIGKILLed mid-batch and restarted with the same
 import json
 import time
 
-from devices.collecting import CollectorProc, device_ledger, read_rows, start_device
+from devices.collecting import device_ledger, read_rows, start_collector, start_device
 
 DEVICES, PER_DEVICE = 3, 300
 
@@ -15,8 +15,8 @@ def test_two_collectors_one_killed_mid_batch_lose_nothing(broker, spark, tmp_pat
 
     land = tmp_path / "landing"
     # c1 writes every 60 messages (or 10 s), so most of the time it holds received, unacknowledged ones
-    c1 = CollectorProc(broker, land, "c1", "--batch-size", "60", "--batch-time", "10")
-    c2 = CollectorProc(broker, land, "c2", "--batch-size", "40", "--batch-time", "0.5")
+    c1 = start_collector(broker, land, "c1", "--batch-size", "60", "--batch-time", "10")
+    c2 = start_collector(broker, land, "c2", "--batch-size", "40", "--batch-time", "0.5")
     c1_again = None
     try:
         for c in (c1, c2):
@@ -33,7 +33,7 @@ def test_two_collectors_one_killed_mid_batch_lose_nothing(broker, spark, tmp_pat
         c1.kill()
         landed_by_c1 = sum(1 for r in read_rows(land) if r["collector"] == "c1")
         time.sleep(0.5)  # the devices go on publishing; Mosquitto keeps c1's share for its session
-        c1_again = CollectorProc(broker, land, "c1", "--batch-size", "60", "--batch-time", "0.5")
+        c1_again = start_collector(broker, land, "c1", "--batch-size", "60", "--batch-time", "0.5")
         outs = [d.communicate(timeout=60)[0] for d in devs]
         ledger = []
         for out in outs:
@@ -49,7 +49,7 @@ def test_two_collectors_one_killed_mid_batch_lose_nothing(broker, spark, tmp_pat
                 break
             time.sleep(0.2)
     finally:
-        rcs = [c.stop() for c in (c2, c1_again) if c is not None]
+        rcs = [c.terminate() for c in (c2, c1_again) if c is not None]
         if c1.proc.poll() is None:
             c1.kill()
     assert rcs == [0, 0]

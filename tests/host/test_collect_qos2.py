@@ -12,7 +12,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from devices.collecting import CollectorProc, parquet_files, publish_all, read_rows
+from devices.collecting import parquet_files, publish_all, read_rows, start_collector
 from ternlab.pipeline import schema
 
 N = 50
@@ -53,7 +53,7 @@ def test_qos2_lands_exactly_once_across_a_kill_between_rename_and_pubrec(broker,
     land = tmp_path / "landing"
     env = dict(os.environ, TERN_COLLECT_FAULT=fault)
     # a batch is written at 20 messages; the broker may send up to 40 unacknowledged (Receive Maximum)
-    c = CollectorProc(broker, land, "col-q2", "--batch-size", "20", "--batch-time", "30", env=env)
+    c = start_collector(broker, land, "col-q2", "--batch-size", "20", "--batch-time", "30", env=env)
     c.wait_for(r"subscribed to \$share/tern/tern/\+/telemetry at QoS 2")
     publish(broker, messages())
     assert c.proc.wait(20) == -9, c.lines[-10:]  # SIGKILLed itself in the window
@@ -66,11 +66,11 @@ def test_qos2_lands_exactly_once_across_a_kill_between_rename_and_pubrec(broker,
     assert meta[b"tern.collector"] == b"col-q2"
 
     # restarted with the same id: the broker sends every message without PUBREC again (DUP set)
-    again = CollectorProc(broker, land, "col-q2", "--batch-size", "20", "--batch-time", "0.3")
+    again = start_collector(broker, land, "col-q2", "--batch-size", "20", "--batch-time", "0.3")
     again.wait_for(r"session present: 1")
     wait_landed(land, N)
     time.sleep(0.5)  # a duplicate would land within a batch time
-    assert again.stop() == 0
+    assert again.terminate() == 0
     s = again.summary()
 
     rows, quarantined = landed(land)
@@ -86,10 +86,10 @@ def test_qos2_lands_exactly_once_across_a_kill_between_rename_and_pubrec(broker,
     assert s["landed"] + s["quarantined"] == N - first
 
     # the broker holds nothing more for this id: no PUBLISH, no PUBREL left half done
-    third = CollectorProc(broker, land, "col-q2", "--batch-time", "0.2")
+    third = start_collector(broker, land, "col-q2", "--batch-time", "0.2")
     third.wait_for(r"session present: 1")
     time.sleep(0.4)
-    assert third.stop() == 0
+    assert third.terminate() == 0
     s3 = third.summary()
     assert s3["landed"] == s3["redelivered"] == s3["qos2_already_landed"] == 0
 
@@ -99,27 +99,27 @@ def test_qos2_pubrec_lost_with_the_connection_is_answered_not_landed_again(broke
     so the broker has not released the messages from that one on and sends them again (DUP set) on
     the new connection. The live process still knows it sent those PUBRECs (the session's inbound
     QoS 2 ids): each resend is answered, none lands twice, and nothing stays at the broker."""
-    from ternlab.chaos import B2C, C2B
+    from ternlab.brokers.chaos import B2C, C2B
 
     land = tmp_path / "landing"
     chaos.cut_at_packet("PUBREC", 5, C2B, connections=1)
-    c = CollectorProc(broker, land, "col-cut", "--batch-size", "20", "--batch-time", "0.3",
+    c = start_collector(broker, land, "col-cut", "--batch-size", "20", "--batch-time", "0.3",
                       port=chaos.address[1])
     c.wait_for("subscribed to")
     publish(broker, messages())
     c.wait_for(r"connection lost")
     wait_landed(land, N)
     time.sleep(0.5)
-    assert c.stop() == 0
+    assert c.terminate() == 0
     rows, quarantined = landed(land)
     assert rows == Counter(("dev-q", seq) for seq in range(N) if seq not in BAD)
     assert quarantined == Counter(BAD.values())
     again = [p.pid for p in chaos.packets(B2C, "PUBLISH") if p.conn > 1]
     assert 5 in again  # the broker did send the un-released ones again
-    third = CollectorProc(broker, land, "col-cut", "--batch-time", "0.2")
+    third = start_collector(broker, land, "col-cut", "--batch-time", "0.2")
     third.wait_for(r"session present: 1")
     time.sleep(0.4)
-    assert third.stop() == 0 and third.summary()["landed"] == 0
+    assert third.terminate() == 0 and third.summary()["landed"] == 0
 
 
 def _rows(n, first_idx, ts, q2):
@@ -165,8 +165,8 @@ def test_qos2_lands_once_across_a_broker_restart_between_publish_and_pubcomp(tmp
     the publisher, whose session went with it, publishes all 40 again (as a device must: they were
     never completed for it) -- new packet ids, no DUP. Either way each message is recognised by what
     it is (topic and reading) and lands exactly once. The landing set is read back with pyarrow."""
-    from ternlab.broker import Broker
-    from ternlab.chaos import C2B, ChaosProxy
+    from ternlab.brokers.mosquitto import Broker
+    from ternlab.brokers.chaos import C2B, ChaosProxy
 
     msgs = [("tern/dev-r/telemetry", schema.make_payload("dev-r", 1, s, 2, 1700000000.0 + s, {"v": s}), 2)
             for s in range(40)]
@@ -174,7 +174,7 @@ def test_qos2_lands_once_across_a_broker_restart_between_publish_and_pubcomp(tmp
             ChaosProxy(broker.address, seed=1) as proxy:
         land = tmp_path / "landing"
         proxy.stall_at_packet("PUBREC", 11, C2B, 60, stall_direction=C2B, connections=1)
-        c = CollectorProc(broker, land, "col-r2", "--batch-size", "20", "--batch-time", "0.3",
+        c = start_collector(broker, land, "col-r2", "--batch-size", "20", "--batch-time", "0.3",
                           port=proxy.address[1])
         c.wait_for("subscribed to")
         publish_all(broker, msgs, "pub-r2")
@@ -187,17 +187,17 @@ def test_qos2_lands_once_across_a_broker_restart_between_publish_and_pubcomp(tmp
             publish_all(broker, msgs, "pub-r2")
         wait_landed(land, 40, timeout=30)
         time.sleep(1.5)  # a second copy would land within a batch time
-        assert c.stop() == 0
+        assert c.terminate() == 0
         rows, _ = landed(land)
         assert rows == Counter(("dev-r", s) for s in range(40)), \
             f"duplicates {+(rows - Counter(rows.keys()))} missing {set(range(40)) - {k[1] for k in rows}}"
         if not persistence:
             assert c.summary()["qos2_already_landed"] >= 20, c.lines[-20:]
         # nothing stays at the broker: a later collector with the same id gets nothing
-        again = CollectorProc(broker, land, "col-r2", "--batch-time", "0.2")
+        again = start_collector(broker, land, "col-r2", "--batch-time", "0.2")
         again.wait_for(r"session present: 1")
         time.sleep(0.5)
-        assert again.stop() == 0 and again.summary()["landed"] == 0
+        assert again.terminate() == 0 and again.summary()["landed"] == 0
         assert landed(land)[0] == rows
 
 
@@ -208,17 +208,17 @@ def test_the_qos2_window_outlives_the_collector(broker, tmp_path):
     land = tmp_path / "landing"
     q2 = [m for m in messages() if m[1] not in BAD.values()][:20]
     q1 = [("tern/dev-q/telemetry", schema.make_payload("dev-q", 1, 100 + s, 1, 1.0, {}), 1) for s in range(5)]
-    c = CollectorProc(broker, land, "col-w", "--batch-time", "0.2")
+    c = start_collector(broker, land, "col-w", "--batch-time", "0.2")
     c.wait_for("subscribed to")
     publish(broker, q2 + q1)
     wait_landed(land, 25)
-    assert c.stop() == 0
-    again = CollectorProc(broker, land, "col-w", "--batch-time", "0.2", "--qos2-window", "1000")
+    assert c.terminate() == 0
+    again = start_collector(broker, land, "col-w", "--batch-time", "0.2", "--qos2-window", "1000")
     again.wait_for("subscribed to")
     publish(broker, q2 + q1)
     wait_landed(land, 30)
     time.sleep(0.5)
-    assert again.stop() == 0
+    assert again.terminate() == 0
     rows, _ = landed(land)
     assert [n for (_, s), n in sorted(rows.items()) if s < 100] == [1] * 20
     assert [n for (_, s), n in sorted(rows.items()) if s >= 100] == [2] * 5  # QoS 1: at least once

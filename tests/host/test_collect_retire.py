@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from devices.collecting import CollectorProc, publish_all, read_rows
+from devices.collecting import publish_all, read_rows, start_collector
 from tern.client import Client
 from ternlab.pipeline import schema
 
@@ -39,23 +39,23 @@ def wait_landed(land, n, timeout=20):
 def test_retiring_a_stopped_collector_lands_its_queue_and_ends_its_session(broker, tmp_path, version):
     land = tmp_path / "landing"
     opts = ("-V", version, "--batch-size", "20", "--batch-time", "0.2")
-    c1 = CollectorProc(broker, land, "c1", *opts)
-    c2 = CollectorProc(broker, land, "c2", *opts)
+    c1 = start_collector(broker, land, "c1", *opts)
+    c2 = start_collector(broker, land, "c2", *opts)
     retire = None
     try:
         for c in (c1, c2):
             c.wait_for("subscribed to")
         publish(broker, wave(0, 40))
         wait_landed(land, 40)
-        assert c1.stop() == 0  # its session stays: the broker goes on giving it a share, queued
+        assert c1.terminate() == 0  # its session stays: the broker goes on giving it a share, queued
         before = {r["seq"] for r in read_rows(land) if r["collector"] == "c1"}
         publish(broker, wave(40, 120))
 
-        retire = CollectorProc(broker, land, "c1", "--retire", "--drain-idle", "0.5", *opts)
+        retire = start_collector(broker, land, "c1", "--retire", "--drain-idle", "0.5", *opts)
         retire.wait_for(r"retiring: unsubscribed from \$share/tern/tern/\+/telemetry .*session present: 1")
         publish(broker, wave(160, 40))  # after the UNSUBACK: all of it goes to c2
         assert retire.proc.wait(20) == 0, retire.lines[-10:]
-        retire.stop()
+        retire.terminate()
         retire.wait_for(r"retired: the session ended at the broker")
         s = retire.summary()
         drained = {r["seq"] for r in read_rows(land) if r["collector"] == "c1"} - before
@@ -64,7 +64,7 @@ def test_retiring_a_stopped_collector_lands_its_queue_and_ends_its_session(broke
         wait_landed(land, 200)
         time.sleep(0.3)
     finally:
-        rc2 = c2.stop()
+        rc2 = c2.terminate()
         for c in (c1, retire):
             if c is not None and c.proc.poll() is None:
                 c.kill()

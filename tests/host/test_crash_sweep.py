@@ -18,9 +18,9 @@ import pytest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
+import crash_sweep as C  # noqa: E402  (it puts device/testing and tests/lib on the path)
 import crash_device as D  # noqa: E402
-import crash_sweep as C  # noqa: E402
-from check import Rng, read_all  # noqa: E402  (tests/lib, put on the path by crash_sweep)
+from check import Rng, read_all  # noqa: E402
 
 CUTS_PER_STORE = 3
 
@@ -28,7 +28,7 @@ CUTS_PER_STORE = 3
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
     """One Mosquitto and a fresh medium per store, shared by this module's runs."""
-    from ternlab.broker import Broker
+    from ternlab.brokers.mosquitto import Broker
 
     work = str(tmp_path_factory.mktemp("crash"))
     b = Broker(os.path.join(work, "broker"), max_queued_messages=1000).start()

@@ -1,5 +1,5 @@
 """Tern's device set (issue 16): lib/tern/manifest.py names what goes on a board, and the three ways
-there agree with it: freezing (firmware/manifest.py through MicroPython's own manifest tool),
+there agree with it: freezing (device/app/manifest.py through MicroPython's own manifest tool),
 `mpremote mip install` (package.json at the repository's top, onto an emulated board, which then
 publishes to Mosquitto) and `tern deploy` (tests/host/test_boards_cli.py). The host codec never goes."""
 
@@ -13,7 +13,8 @@ import pytest
 
 from ternlab.boards.emulated import EmulatedBoard
 from ternlab.boards.deploy import mpy_version
-from ternlab.devset import build_mpy, device_files
+from ternlab.devset import app_manifest, board_files, build_mpy, device_files, host_only
+from ternlab.paths import device_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
@@ -63,10 +64,31 @@ def test_the_firmware_manifest_freezes_the_device_set_with_micropythons_tool(tmp
     (port / "boards").mkdir(parents=True)
     (port / "boards" / "manifest.py").write_text("")  # the port's own manifest, empty here
     r = subprocess.run([sys.executable, tmp_path / "micropython-1.28.0/tools/manifestfile.py", "--freeze", "--port",
-                        port, ROOT / "firmware/manifest.py"], capture_output=True, text=True, timeout=60)
+                        port, device_dir("app") / "manifest.py"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     frozen = [ln.split("target_path='")[1].split("'")[0] for ln in r.stdout.splitlines() if "target_path='" in ln]
+    assert frozen == [r for _, r in device_files(app_manifest())]  # what devset reads is what gets frozen
     assert frozen == [r for _, r in device_files()] + ["hal.py", "tconfig.py", "telemetry.py"]
+
+
+def test_every_way_onto_a_board_ships_the_device_set_and_the_app_and_no_host_module(tmp_path):
+    """deploy, the fleet's and tests' compiled folders and the ROMFS image carry the same files: the
+    device set under lib/, the app's modules at the top; the host codec and tern.aio's CPython
+    file-stream adapter reach none of them (the fleet's boards got both before)."""
+    from ternlab.boards.deploy import plan
+    from ternlab.devset import compile_mpy
+
+    lib = ["lib/" + r for _, r in device_files()]
+    want = lib + ["hal.py", "tconfig.py", "telemetry.py"]
+    assert [r for _, r in board_files()] == want
+    assert [(r, comp) for _, r, comp in plan()] == [(r, True) for r in want] + [("main.py", False)]
+    mpy = compile_mpy(tmp_path / "mpy")
+    shipped = sorted(p.relative_to(mpy).as_posix() for p in mpy.rglob("*") if p.is_file())
+    assert shipped == sorted(r[4:-3] + ".mpy" if r.startswith("lib/") else r[:-3] + ".mpy" for r in want)
+    assert {p.name for p in host_only()} == {"codec.py", "filestream.py"} == HOST_ONLY - {"manifest.py"}
+    for name in ("codec", "filestream"):
+        assert not [r for r in shipped if name in r]
+    assert not [r for _, r, _ in plan(app=tmp_path / "mpy") if r.startswith("lib/") and ("codec" in r or "filestream" in r)]
 
 
 @pytest.mark.parametrize("package, ext", [("package.json", ".mpy"), ("package-src.json", ".py")])

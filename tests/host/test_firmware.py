@@ -1,8 +1,8 @@
 """The telemetry firmware on emulated boards against a real Mosquitto.
 
 Each test boots an EmulatedBoard (the MicroPython unix port with emulated NOR flash, the outbox a
-FlashStore on the profile's raw partition) running firmware/main.py, reads its console through
-ternlab.telemetry, and checks what a subscriber on the broker really received.
+FlashStore on the profile's raw partition) running device/app/main.py, reads its console through
+ternlab.app_events, and checks what a subscriber on the broker really received.
 """
 
 import json
@@ -15,10 +15,11 @@ import pytest
 
 from ternlab.boards import load_profile
 from ternlab.boards.emulated import EmulatedBoard
-from ternlab.broker import Broker, free_port
-from ternlab.chaos import ChaosProxy
+from ternlab.brokers.mosquitto import Broker, free_port
+from ternlab.brokers.chaos import ChaosProxy
 from ternlab.pipeline.schema import parse_payload
-from ternlab.telemetry import TelemetryLog, compile_mpy, install
+from ternlab.app_events import TelemetryLog
+from ternlab.devset import compile_mpy, install_app as install
 from tern.client import Client
 
 _MPY = []

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ternlab.broker import Broker
+from ternlab.brokers.mosquitto import Broker
 from test_firmware import Device, Watcher, check_delivery
 
 

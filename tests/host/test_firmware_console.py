@@ -1,9 +1,9 @@
-"""The host's reader of the firmware console (ternlab.telemetry): events, torn lines, the ledger."""
+"""The host's reader of the app's console (ternlab.app_events): events, torn lines, the ledger."""
 
 import json
 
 from ternlab.pipeline.schema import LEDGER_FIELDS, make_payload
-from ternlab.telemetry import PREFIX, TelemetryLog, parse_line, write_ledger
+from ternlab.app_events import PREFIX, TelemetryLog, parse_line, write_ledger
 
 
 def _pub(pid, seq, qos=1, boot=3):

@@ -12,8 +12,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from ternlab import certs
-from ternlab.broker import Broker, Listener
+from ternlab.brokers import certs
+from ternlab.brokers.mosquitto import Broker, Listener
 from test_firmware import Device, Watcher, check_delivery
 
 N = 12  # readings per run

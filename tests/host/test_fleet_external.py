@@ -65,7 +65,7 @@ PASSWORD = "fleet-pw-7c1d9e"
 @pytest.fixture
 def tls_broker(tmp_path):
     """The team's broker as it should be: TLS only for the fleet, a password file, no anonymous clients."""
-    from ternlab.broker import Broker
+    from ternlab.brokers.mosquitto import Broker
 
     b = Broker(tmp_path / "tls-broker", tls=True, users={"fleet": PASSWORD}, persistence=True).start()
     yield b

@@ -49,9 +49,9 @@ def test_the_observer_records_every_copy_from_an_idle_process_of_its_own(broker,
         pub.disconnect()
         assert _wait(lambda: obs.refresh() or obs.received("dev-1") == len(sent)), obs.copies()
         rows = obs.copies()
-        assert sorted((r[2], r[3]) for r in rows) == sorted(sent)
+        assert sorted((r[3], r[2]) for r in rows) == sorted(sent)  # copies: (device, boot, qos, seq, topic, ts)
         assert all(r[:2] == ("dev-1", 3) and r[4] == "tern/dev-1/telemetry" and r[5] > 0 for r in rows)
-        assert obs.has(("dev-1", 3, 2, 2)) and not obs.has(("dev-1", 3, 9, 2))
+        assert obs.has(("dev-1", 3, 2, 2)) and not obs.has(("dev-1", 3, 2, 9))
         assert _wait(lambda: "not a telemetry payload on tern/dev-1/telemetry" in obs.log.read_text())
     finally:
         trouble = obs.stop()
@@ -100,7 +100,7 @@ def test_an_observer_that_died_is_said_not_taken_for_losses(broker, tmp_path):
 def test_after_a_broker_restart_the_observer_subscribes_again_when_told(tmp_path):
     """Its subscription is shared (served after the collectors'), and Mosquitto forgets a persistent
     session's shared subscriptions across a restart: without subscribe_again() nothing more arrives."""
-    from ternlab.broker import Broker
+    from ternlab.brokers.mosquitto import Broker
 
     broker = Broker(tmp_path / "broker", persistence=True).start()
     obs = Observer("obs-5", broker.host, broker.port, tmp_path / "copies.jsonl", tmp_path / "obs.log")
@@ -124,7 +124,7 @@ def test_after_a_broker_restart_the_observer_subscribes_again_when_told(tmp_path
         assert obs.subscribe_again(), obs.log.read_text()
         publish()
         assert _wait(lambda: obs.refresh() or obs.received("d5") == 2), obs.copies()
-        assert sorted(r[2] for r in obs.copies()) == [0, 2]
+        assert sorted(r[3] for r in obs.copies()) == [0, 2]
     finally:
         trouble = obs.stop()
         broker.stop()

@@ -1,8 +1,13 @@
-"""The pure-Python parts of `make interop` (ternlab.interop): how a cell is judged from Tern's and the
+"""The pure-Python parts of `make interop` (tools/interop/matrix.py): how a cell is judged from Tern's and the
 peer's results, and that a rerun replaces only the generated matrix of docs/interop.md. The brokers
 themselves run only under `make interop`."""
 
-from ternlab import interop
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "interop"))
+import brokers as interop_brokers  # noqa: E402  (tools/interop/brokers.py)
+import matrix as interop  # noqa: E402  (tools/interop/matrix.py, as `make interop` runs it)
 
 
 def test_a_cell_tells_tern_failures_from_broker_limits():
@@ -35,8 +40,6 @@ def test_a_violation_logged_by_the_strict_broker_fails_the_cell_whatever_the_pee
 
 
 def test_without_the_strict_brokers_sources_its_cells_are_skipped_saying_so(tmp_path, monkeypatch):
-    from ternlab import interop_brokers
-
     monkeypatch.setattr(interop_brokers, "THIRD_PARTY", tmp_path / "shared" / "third_party")
     said = []
     res = interop.run_broker(interop_brokers.PahoTest, tmp_path, say=said.append)
@@ -53,8 +56,8 @@ def test_the_strict_broker_reports_a_clients_violation_and_not_a_clean_session(t
     from tern.client import Client
     from tern.codec import Packet
     from tern.wire import CONNECT, DISCONNECT, PUBACK
-    from ternlab.interop_brokers import PahoTest
 
+    PahoTest = interop_brokers.PahoTest
     if PahoTest.absent():
         pytest.skip(PahoTest.absent())
     b = PahoTest(tmp_path).start()

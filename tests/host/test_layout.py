@@ -4,6 +4,7 @@ command's entry point (ternlab.cli) but the entry point itself, and no host modu
 without a reason written at its top."""
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,10 +96,10 @@ def cycles(g):
 def test_the_checker_sees_a_cycle_and_a_package_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     g = graph()
-    assert "ternlab.secrets" in g["ternlab.mqtt_argv"]  # from .secrets import add_secret
-    assert "ternlab.mqtt_conn" in g["ternlab.mqtt_sub"]  # from . import mqtt_conn
-    assert "ternlab.secrets" in g["ternlab.pipeline.collect_cli"]  # from ..secrets import add_secret
-    assert "tern.codec" in g["ternlab.trace"]
+    assert "ternlab.mqttcli.redact" in g["ternlab.mqttcli.argv"]  # from .secrets import add_secret
+    assert "ternlab.mqttcli.connect" in g["ternlab.mqttcli.sub"]  # from . import connect
+    assert "ternlab.mqttcli.redact" in g["ternlab.pipeline.collect_cli"]  # from ..secrets import add_secret
+    assert "tern.codec" in g["ternlab.mqttcli.packet_trace"]
 
 
 def test_no_import_cycle():
@@ -129,9 +130,120 @@ def test_no_long_module_without_a_reason():
     assert pending == PENDING_SPLIT
 
 
+def test_host_modules_live_in_rooms_named_for_their_command():
+    """host/ternlab keeps about a dozen top-level modules; the rest sit in packages named for what they
+    serve (mqttcli: tern pub/sub, brokers: the far end of a connection, boards, fleet, pipeline), and
+    no module takes the name of a standard library module it would shadow."""
+    import sys
+
+    top = sorted(p.stem for p in TREES["ternlab"].glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 12, top
+    shadows = sorted(p.relative_to(TREES["ternlab"]).as_posix() for p in TREES["ternlab"].rglob("*.py")
+                     if p.stem in sys.stdlib_module_names)
+    assert shadows == [], shadows
+
+
 def test_the_pipeline_package_lists_its_modules():
     import re
 
     pkg = TREES["ternlab"] / "pipeline"
     listed = set(re.findall(r"^- ``(\w+)``", (pkg / "__init__.py").read_text(), re.M))
     assert listed == {p.stem for p in pkg.glob("*.py") if p.stem != "__init__"}
+
+
+# Device code (device/: what runs on a board or emulates one) is reached through one loader,
+# ternlab.paths (device_dir, device_path, use_device). No other module, tool or test spells a folder
+# of device/ (so none can put one on sys.path or MICROPYPATH itself), and no sys.path edit outside
+# the loader takes a device folder from it either.
+LOADER = TREES["ternlab"] / "paths.py"
+SCANNED = (ROOT / "host", ROOT / "tools", ROOT / "tests")
+DEVICE_FOLDERS = {"app", "emulated", "qemu-firmware", "testing"}
+OLD_PLACES = re.compile(r"boards/emulated|boards/qemu(/|$)|tools/firmware|qemu_device|tools/crash_device")
+DEVICE_API = {"device_dir", "device_path", "use_device"}
+
+
+def _names_device_code(s):
+    parts = s.split("/")
+    return any(a == "device" and b in DEVICE_FOLDERS for a, b in zip(parts, parts[1:])) or bool(OLD_PLACES.search(s))
+
+
+def _const(node):
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _sys_path_edits(tree):
+    """The argument subtrees of every edit of sys.path: sys.path.insert/append/extend(...) and
+    assignments to sys.path or a slice of it."""
+    def is_sys_path(n):
+        return isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name) and n.value.id == "sys"
+
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and is_sys_path(n.func.value) \
+                and n.func.attr in ("insert", "append", "extend"):
+            yield from n.args
+        elif isinstance(n, (ast.Assign, ast.AugAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any(is_sys_path(t) or isinstance(t, ast.Subscript) and is_sys_path(t.value) for t in targets):
+                yield n.value
+
+
+def device_reaches(source, name="<source>"):
+    """[(line, what)] of the places in `source` that spell a folder of device code or edit sys.path
+    with one from the loader (docstrings and comments do not count: they name files for readers)."""
+    tree = ast.parse(source, name)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and _const(n.body[0].value) is not None}
+    found = []
+    for n in ast.walk(tree):
+        s = _const(n)
+        if s is not None and id(n) not in docs and _names_device_code(s):
+            found.append((n.lineno, "spells %r" % s))
+        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and "device" in (_const(n.left), _const(n.right)):
+            found.append((n.lineno, "joins 'device' into a path"))
+        elif isinstance(n, ast.Call):
+            args = [_const(a) for a in n.args]
+            if any(a == "device" and b in DEVICE_FOLDERS for a, b in zip(args, args[1:])):
+                found.append((n.lineno, "joins 'device' and a device folder"))
+            elif "device" in args and getattr(n.func, "id", getattr(n.func, "attr", None)) == "project_dir":
+                found.append((n.lineno, "asks project_dir for device/"))
+    for arg in _sys_path_edits(tree):
+        for n in ast.walk(arg):
+            if isinstance(n, (ast.Name, ast.Attribute)) and getattr(n, "id", getattr(n, "attr", None)) in DEVICE_API:
+                found.append((n.lineno, "puts a device folder on sys.path (use ternlab.paths.use_device)"))
+    return found
+
+
+def test_the_device_checker_sees_each_way_of_reaching_device_code():
+    assert device_reaches('import sys\nsys.path.insert(0, ROOT + "/boards/emulated")\n')
+    assert device_reaches('env = {"MICROPYPATH": str(ROOT / "device" / "emulated")}\n')
+    assert device_reaches('p = os.path.join(ROOT, "device", "testing")\n')
+    assert device_reaches('q = ROOT / "device/app/main.py"\n')
+    assert device_reaches('from ternlab.paths import project_dir\nd = project_dir("device")\n')
+    assert device_reaches('import sys\nsys.path[:0] = device_path("norflash")\n')
+    assert device_reaches('import sys\nsys.path.append(str(paths.device_dir("app")))\n')
+    assert not device_reaches('"""Runs device/app/main.py."""\nfrom ternlab.paths import use_device\nuse_device("norflash")\n')
+    assert not device_reaches('import sys\nsys.path.insert(0, ROOT + "/lib")\nrow = {"device": "d1"}\n')
+
+
+def test_only_the_loader_reaches_device_code():
+    bad = []
+    for base in SCANNED:
+        for path in sorted(base.rglob("*.py")):
+            if path in (LOADER, Path(__file__).resolve()) or ".venv" in path.parts:  # this file spells them to look for them
+                continue
+            bad += ["%s:%d %s" % (path.relative_to(ROOT), line, what) for line, what in device_reaches(path.read_text(), str(path))]
+    assert bad == [], "reach device code through ternlab.paths (device_dir, device_path, use_device)"
+
+
+def test_device_code_lives_in_device_and_boards_holds_profiles_only():
+    from ternlab.paths import DEVICE_PARTS, device_dir
+
+    for part in DEVICE_PARTS:
+        assert device_dir(part).is_dir(), part
+    homes = {device_dir(p) for p in DEVICE_PARTS}
+    stray = [p for p in (ROOT / "device").rglob("*") if p.is_file() and p.suffix in (".py", ".c", ".patch", ".mk")
+             and not any(h == p.parent or h in p.parents for h in homes)]
+    assert stray == []
+    assert sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "boards").rglob("*")
+                  if p.is_file() and p.suffix not in (".json", ".csv", ".md")) == []

@@ -1,7 +1,7 @@
 """Installing Tern the way its users do (issue 16): the two wheels built from this checkout, installed
 into a fresh virtual environment (no system site-packages; pip may reuse its cache), work without
 the checkout: `tern-mqtt` alone gives `import tern` and nothing else and publishes to Mosquitto; with
-`ternlab` the `tern` command finds its board profiles, firmware and scenarios as package data and runs
+`ternlab` the `tern` command finds its board profiles, device code and scenarios as package data and runs
 a fleet on the bundled smoke scenario."""
 
 import json
@@ -31,7 +31,7 @@ def wheels(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pkg")
     src, out = tmp / "src", tmp / "wheels"
     junk = shutil.ignore_patterns("__pycache__", "*.pyc", "*.mpy", "build", "*.egg-info")
-    for name in ("lib", "host", "boards", "firmware", "scenarios"):
+    for name in ("lib", "host", "boards", "device", "scenarios"):
         shutil.copytree(ROOT / name, src / name, ignore=junk)
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy(ROOT / name, src / name)

@@ -351,23 +351,6 @@ def test_empty_landing_is_an_error_not_a_pass(spark, tmp_path, capsys):
     assert not s["verdict"]["ok"]
 
 
-def test_without_master_spark_defaults_decide_and_the_summary_says_where_it_ran(tmp_path):
-    # --master used to be set to local[*] whenever it was not given, overriding a cluster's
-    # spark-defaults.conf (and spark-submit --master); the summary now records where it ran
-    land = tmp_path / "landing"
-    _land(land, "part-c-1.parquet", [(0, {}), (1, {})])
-    conf = tmp_path / "conf"
-    conf.mkdir()
-    (conf / "spark-defaults.conf").write_text("spark.master local[1]\n")
-    r = subprocess.run([sys.executable, "-m", "ternlab.pipeline.cli", "audit", str(land), "--out",
-                        str(tmp_path / "out"), "--quiet"], capture_output=True, text=True,
-                       env=dict(os.environ, SPARK_CONF_DIR=str(conf)), timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["spark"]["master"] == "local[1]", summary["spark"]
-    assert summary["totals"]["lost"] == 0 and summary["totals"]["unique"] == 2, summary["totals"]
-
-
 def _landed_and_ledger(fleet_set):
     """(copies per message key, ledger keys with their send time) read with pyarrow, not Spark."""
     import glob
@@ -391,6 +374,7 @@ def test_problem_list_names_each_lost_duplicated_and_reordered_message(spark, fl
     # to the reader; now <out>/problems lists them all and summary.json the first MAX_LISTED of each
     out = str(tmp_path / "a")
     summary = audit.run_audit(spark, fleet_set.landing, out, ledger=fleet_set.ledger)
+    assert summary["spark"]["master"] == spark.sparkContext.master  # the summary says where it ran
     copies, ledger = _landed_and_ledger(fleet_set)
     rows = [r.asDict() for r in spark.read.parquet(out + "/problems").collect()]
     lost = {(r["device"], r["boot"], r["qos"], s) for r in rows if r["kind"] == "lost"
@@ -468,7 +452,7 @@ for table in ("tcp", "tcp6"):
         f = line.split()
         if f[3] == "0A" and f[9] in inodes:  # LISTEN
             addrs.append(f[1].split(":")[0])
-print(json.dumps({"listen": addrs, "host": s.conf.get("spark.driver.host"),
+print(json.dumps({"listen": addrs, "host": s.conf.get("spark.driver.host"), "master": s.sparkContext.master,
                   "bind": s.conf.get("spark.driver.bindAddress", None)}))
 '''
 LOOPBACK_HEX = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1 in /proc/net/tcp and tcp6
@@ -480,11 +464,15 @@ def test_a_local_driver_listens_on_loopback_only_and_its_jvm_lines_go_to_the_log
     # on the terminal that it used eth0's address ("Set SPARK_LOCAL_IP if you need to bind...")
     log = tmp_path / "jvm.log"
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_LOCAL_IP", "PYSPARK_SUBMIT_ARGS")}
-    env.update(JVM_LOG=str(log), SPARK_CONF_DIR=str(tmp_path))  # no spark-defaults.conf: local[*]
+    env.update(JVM_LOG=str(log), SPARK_CONF_DIR=str(tmp_path))
+    # --master used to be set to local[*] whenever it was not given, overriding a cluster's
+    # spark-defaults.conf (and spark-submit --master): without one, the defaults decide
+    (tmp_path / "spark-defaults.conf").write_text("spark.master local[2]\n")
     r = subprocess.run([sys.executable, "-c", _LISTENING, *([master] if master else [])], capture_output=True,
                        text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["master"] == (master or "local[2]"), got
     assert got["host"] == got["bind"] == "127.0.0.1"
     assert got["listen"] and set(got["listen"]) <= LOOPBACK_HEX, got
     assert "log4j" in log.read_text()

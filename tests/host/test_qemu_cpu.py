@@ -26,7 +26,7 @@ HEADROOM = 1.25  # the heap's layout moves a count by a few per cent between bui
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    from ternlab.broker import Broker
+    from ternlab.brokers.mosquitto import Broker
 
     d = tmp_path_factory.mktemp("cpu")
     with Broker(d / "broker") as broker:

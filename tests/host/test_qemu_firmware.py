@@ -41,7 +41,7 @@ def test_qemu_tight_boots_over_a_full_outbox(tmp_path):
     # power-on after that recovers all 160 in the 32 KiB heap: the scan that built its index in a dict
     # of lists after the client had taken its buffers raised MemoryError in FlashStore.open at every
     # boot (a boot loop over the board's own outbox).
-    from ternlab.broker import free_port
+    from ternlab.brokers.mosquitto import free_port
 
     cfg = {"host": "127.0.0.1", "port": free_port(), "client_id": "dev-1", "interval_ms": 10, "qos": 1,
            "count": 170, "max_pending": 160, "backoff_min_ms": 20, "backoff_max_ms": 100}

@@ -1,6 +1,6 @@
 """The library's protocol edge cases (tests/lib/test_scripted.py) on the qemu-m3 board: the same test
 functions and scripts, compiled for the Cortex-M3 and run through the REPL against the frozen client,
-whose connection goes over the link UART to the scripted broker (ternlab.scripted) that checks every
+whose connection goes over the link UART to the scripted broker (ternlab.brokers.scripted) that checks every
 byte. On the board the client's TCP dial is the link UART: closing it drops the line (the bridge hangs
 up the far end), the far end closing reads as end of stream, as a socket's would."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ternlab.boards import load_profile
-from ternlab.scripted import ScriptedBroker
+from ternlab.brokers.scripted import ScriptedBroker
 
 HERE = Path(__file__).resolve().parent
 LIB_TESTS = HERE.parent / "lib"

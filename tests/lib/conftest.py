@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from ternlab.paths import use_device
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 DEFAULT_HEAP = "1m"
-# Library tests import the library, their helpers and the emulated board's flash model.
-MP_PATH = [HERE, ROOT / "lib", ROOT / "boards" / "emulated"]
-for _p in MP_PATH[1:]:
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+# Library tests import the library, their helpers, the emulated board's flash model (norflash) and
+# the power-cut file shim (cutfs), both put on the path by ternlab.paths (it knows where device code is).
+MP_PATH = [HERE, ROOT / "lib"] + [Path(d) for d in use_device("testing")]
+if str(ROOT / "lib") not in sys.path:
+    sys.path.insert(0, str(ROOT / "lib"))
 
 
 def micropython_exe():
@@ -68,7 +70,7 @@ def pytest_pyfunc_call(pyfuncitem):
 def scripted_addr(request):
     """A scripted broker playing SCRIPTS[test name] of the test's module;
     the test errors if the client strayed from the script or stopped short."""
-    from ternlab.scripted import ScriptedBroker
+    from ternlab.brokers.scripted import ScriptedBroker
 
     script, version = request.module.SCRIPTS[request.function.__name__]
     b = ScriptedBroker(script, version).start()
@@ -87,8 +89,8 @@ def tls_broker(tmp_path_factory):
     DER bytes as cadata too, so one test body serves both runtimes. One broker per module."""
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import Encoding
-    from ternlab import certs
-    from ternlab.broker import Broker
+    from ternlab.brokers import certs
+    from ternlab.brokers.mosquitto import Broker
 
     d = tmp_path_factory.mktemp("tls")
     b = Broker(d / "broker", tls=True).start()

@@ -11,13 +11,10 @@ shell SIGKILL this process: no line of Python runs after the last publish() (no 
 import os
 import sys
 
-here = __file__.rpartition("/")[0] or "."
-for p in (here + "/../../boards/emulated", here + "/../../lib", here):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-from tern.client import Client  # noqa: E402
-from tern.filestore import FileStore  # noqa: E402
+# tern and norflash come from the caller's path (MICROPYPATH, PYTHONPATH: test_filestore), storekit
+# from this folder (the script's own, first on the path)
+from tern.client import Client
+from tern.filestore import FileStore
 
 
 def main():

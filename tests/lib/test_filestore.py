@@ -174,17 +174,23 @@ def test_group_commit_offline_publish_survives_kill_9():
     process killed, 0 recovered (FileStore on POSIX under CPython: its file buffer; on LittleFS: the
     file's cache; FlashStore: its group buffer)."""
     import sys
+    import norflash
+    import tern
     from norflash import NorFlash
     from tern.flashstore import FlashStore
 
     here = __file__.rpartition("/")[0] or "."
+    # the child imports tern and norflash from where this process has them (CPython: PYTHONPATH;
+    # MicroPython: the MICROPYPATH it inherits)
+    where = "%s:%s" % (norflash.__file__.rpartition("/")[0], tern.__file__.rpartition("/tern/")[0])
     for medium in ("posix", "lfs", "flash"):
         p = tmppath("kill")
         vol = LfsVolume(p, blocks=32) if medium == "lfs" else None
         if medium == "flash":
             NorFlash(p, blocks=8, fresh=True).close()
         try:
-            os.system("%s %s/killed_publisher.py %s %s 10 > %s.out 2>&1" % (sys.executable, here, medium, p, p))
+            os.system("PYTHONPATH=%s %s %s/killed_publisher.py %s %s 10 > %s.out 2>&1" % (where, sys.executable, here,
+                                                                                          medium, p, p))
             with open(p + ".out") as f:
                 lines = f.read().split("\n")
             acc = [int(x[4:]) for x in lines if x.startswith("ACC ")]

@@ -244,7 +244,7 @@ if not MICROPYTHON:  # the fixture runs on CPython only; MicroPython gets its va
     @pytest.fixture(scope="module")
     def limited_addr(tmp_path_factory):
         """A Mosquitto whose CONNACK says Maximum QoS 1, Retain Available 0, Maximum Packet Size 200."""
-        from ternlab.broker import Broker
+        from ternlab.brokers.mosquitto import Broker
 
         b = Broker(tmp_path_factory.mktemp("limited"),
                    extra=["max_qos 1", "retain_available false", "max_packet_size 200"]).start()

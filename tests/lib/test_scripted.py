@@ -1,5 +1,5 @@
 """Protocol edge cases against a scripted broker that checks every byte the
-client sends (ternlab.scripted). Each test's script is in SCRIPTS under its
+client sends (ternlab.brokers.scripted). Each test's script is in SCRIPTS under its
 name; the `scripted_addr` fixture plays it and fails the test on any
 deviation. Runs on CPython and MicroPython."""
 

@@ -183,7 +183,7 @@ if not MICROPYTHON:  # the fixture runs on CPython only; MicroPython gets its va
 
     @pytest.fixture
     def recording_addr():
-        from ternlab.recorder import RecordingBroker
+        from ternlab.brokers.recorder import RecordingBroker
 
         b = RecordingBroker()
         yield [b.host, b.port]

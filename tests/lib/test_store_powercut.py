@@ -20,6 +20,7 @@ tools/store_sweep.py runs the same engine at every k (the full sweep).
 import os
 
 from check import MICROPYTHON, Rng, read_all
+from cutfs import ShimFile, keep_synced
 from norflash import NorFlash, PowerCut
 from storekit import LfsVolume, tmppath, rm, rmtree
 from tern.store import PUBLISH, SUBSCRIBE, UNSUBSCRIBE
@@ -134,13 +135,12 @@ class LfsRig:
             self.vol.cleanup()
 
 
-class CutFile:
+class CutFile(ShimFile):
     """A real file whose writes count as operations of a CutFs."""
 
     def __init__(self, cfs, path, mode):
+        ShimFile.__init__(self, path, mode)
         self.cfs = cfs
-        self.path = path
-        self.f = open(path, mode)
         self.writing = "w" in mode or "a" in mode
         if self.writing:
             cfs.synced.setdefault(path, 0)
@@ -157,24 +157,6 @@ class CutFile:
         if not MICROPYTHON:  # (MicroPython's files are unbuffered; its flush is an fsync)
             self.f.flush()
         self.cfs.synced[self.path] = self.f.tell()
-
-    def read(self, n=-1):
-        return self.f.read(n) if n >= 0 else self.f.read()
-
-    def readinto(self, b):
-        return self.f.readinto(b)
-
-    def seek(self, pos):
-        return self.f.seek(pos)
-
-    def close(self):
-        self.f.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        self.close()
 
 
 class CutFs:
@@ -194,18 +176,7 @@ class CutFs:
         self.n += 1
         if self.cut_at and self.n >= self.cut_at:
             self.dead = True
-            for path in self.synced:
-                try:
-                    size = os.stat(path)[6]
-                except OSError:
-                    continue
-                keep = self.synced[path]
-                if size > keep:
-                    keep += self.rng.below(size - keep + 1)
-                    with open(path, "rb") as f:
-                        data = f.read(keep)
-                    with open(path, "wb") as f:
-                        f.write(data)
+            keep_synced(self.synced, self.rng.below)
             raise PowerCut("power cut at file operation %d" % self.n)
 
     def open(self, path, mode):

@@ -167,7 +167,7 @@ if not MICROPYTHON:  # the fixtures run on CPython only; MicroPython gets their 
     def noalias_addr(tmp_path_factory):
         """A Mosquitto that takes no Topic Alias from clients (max_topic_alias 0) and packets of
         at most 200 bytes."""
-        from ternlab.broker import Broker
+        from ternlab.brokers.mosquitto import Broker
 
         b = Broker(tmp_path_factory.mktemp("noalias"), extra=["max_topic_alias 0", "max_packet_size 200"]).start()
         yield [b.host, b.port]

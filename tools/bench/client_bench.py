@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "host"))
 sys.path.insert(0, str(ROOT / "lib"))
 
 from ternlab.boards.emulated import micropython_path, port_id  # noqa: E402
-from ternlab.broker import Broker  # noqa: E402
+from ternlab.brokers.mosquitto import Broker  # noqa: E402
 
 PAYLOAD = bytes(range(64))
 MARK = "client_bench"

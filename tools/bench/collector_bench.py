@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     if args.messages < 1:
         ap.error("--messages must be at least 1")
 
-    from ternlab.broker import Broker, BrokerError
+    from ternlab.brokers.mosquitto import Broker, BrokerError
 
     work = args.workdir or tempfile.mkdtemp(prefix="tern-collector-bench-")
     os.makedirs(work, exist_ok=True)

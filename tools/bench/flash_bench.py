@@ -29,9 +29,12 @@ def _root():
 
 
 ROOT = _root()
-for _p in ("/lib", "/boards/emulated"):
-    if ROOT + _p not in sys.path:
-        sys.path.insert(0, ROOT + _p)
+if ROOT + "/lib" not in sys.path:
+    sys.path.insert(0, ROOT + "/lib")
+if not MICROPYTHON:  # MicroPython has norflash on its MICROPYPATH (set from device_path when launched here)
+    from ternlab.paths import use_device
+
+    use_device("norflash")
 
 import os  # noqa: E402
 import time  # noqa: E402
@@ -365,7 +368,9 @@ def main(argv):
     import subprocess
 
     exe = os.path.join(os.path.dirname(sys.executable), "micropython")
-    env = dict(os.environ, MICROPYPATH=ROOT + "/lib:" + ROOT + "/boards/emulated")
+    from ternlab.paths import device_path
+
+    env = dict(os.environ, MICROPYPATH=":".join([ROOT + "/lib"] + device_path("norflash")))
     proc = subprocess.run([exe, "-X", "heapsize=16m", __file__, "--inner", "--messages", str(n)], env=env, capture_output=True, text=True)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH-JSON ")]
     if proc.returncode or not line:

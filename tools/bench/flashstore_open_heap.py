@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "host"), str(ROOT / "lib")]
 
 from ternlab.boards.qemu import QemuBoard  # noqa: E402
-from ternlab.broker import free_port  # noqa: E402
-from ternlab.telemetry import install  # noqa: E402
+from ternlab.brokers.mosquitto import free_port  # noqa: E402
+from ternlab.devset import install_app as install  # noqa: E402
 
 PROBE = r'''
 import gc, emuboard

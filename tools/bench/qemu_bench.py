@@ -31,8 +31,8 @@ sys.path[:0] = [str(ROOT / "host"), str(ROOT / "lib"), str(Path(__file__).resolv
 from ternlab.boards import load_profile  # noqa: E402
 from ternlab.boards.emulated import EmulatedBoard  # noqa: E402
 from ternlab.boards.qemu import QemuBoard  # noqa: E402
-from ternlab.broker import Broker  # noqa: E402
-from ternlab.telemetry import compile_mpy, romfs_image  # noqa: E402
+from ternlab.brokers.mosquitto import Broker  # noqa: E402
+from ternlab.devset import app_romfs, compile_mpy  # noqa: E402
 from tern.client import Client  # noqa: E402
 
 import firmware_bench  # noqa: E402
@@ -122,7 +122,7 @@ def heap_row(board, src, v):
 def heaps(broker, mpy, workdir):
     board = QemuBoard("qemu-m3-esp32", workdir=workdir / "heap", board_id="bench-heap", link=broker.address)
     try:
-        board.write_romfs(romfs_image(mpy))
+        board.write_romfs(app_romfs(mpy))
         for p in sorted((mpy / "tern").glob("*.mpy")):
             if not board.exists("lib/tern"):
                 board.mkdir("lib")
@@ -205,7 +205,7 @@ def render(h, mods, loaded, apps, smallest, times, a):
         f"Command: `python tools/bench/qemu_bench.py --readings {a.readings} --boots {a.boots}"
         f" --messages {a.messages} --step {a.step} --write docs/benchmarks.md` — {today}, this 2-core machine (shared):"
         " MicroPython v1.28.0's qemu port (32-bit Arm Cortex-M3, MPS2-AN385) under qemu-system-arm 7.2,"
-        " built by `make firmware` with `tern` and the app frozen in (`firmware/manifest.py`); Mosquitto on"
+        " built by `make firmware` with `tern` and the app frozen in (`device/app/manifest.py`); Mosquitto on"
         " loopback reached over the board's link UART (ternlab.boards.qemu).",
         "",
         "Heap after `import` + `connect()` (bytes; `gc.mem_alloc()` after `gc.collect()`, before the import"

@@ -1,7 +1,8 @@
 """Heap and boot cost of opening a store that holds N pending messages, under
-the MicroPython unix port (run it with the unix port's `micropython`).
+the MicroPython unix port (run from CPython, it runs itself there with the flash model on
+MICROPYPATH and a 4 MiB heap).
 
-    micropython tools/bench/store_heap_bench.py [N] [LIBDIR]
+    python tools/bench/store_heap_bench.py [N] [LIBDIR]
 
 For FileStore (POSIX directory) and FlashStore (emulated NOR flash, 64 x 4 KiB
 sectors, in-place acks): N 83-byte QoS 1 PUBLISH records are written, the
@@ -29,7 +30,14 @@ def _root():
 ROOT = _root()
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 500
 LIB = sys.argv[2] if len(sys.argv) > 2 else ROOT + "/lib"
-sys.path.insert(0, ROOT + "/boards/emulated")
+if sys.implementation.name != "micropython":  # run again on the unix port, norflash on its path
+    import subprocess
+
+    from ternlab.paths import device_path
+
+    exe = os.path.join(os.path.dirname(sys.executable), "micropython")
+    env = dict(os.environ, MICROPYPATH=":".join(device_path("norflash")))
+    sys.exit(subprocess.run([exe, "-X", "heapsize=4m", __file__] + sys.argv[1:], env=env).returncode)
 sys.path.insert(0, LIB)
 
 from norflash import NorFlash  # noqa: E402

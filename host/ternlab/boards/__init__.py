@@ -13,8 +13,9 @@ on a serial port (mpremote's SerialTransport), so the same test body drives
 
 Board profiles live in `boards/<name>/profile.json` at the top of the project
 (JSON, so the device can read the same file); `load_profile(name)` reads one.
-This package is the host side; the code that runs on the boards is at the top
-too, in `boards/emulated/` and `boards/qemu/` (each with a README saying so).
+This package is the host side; the code that runs on the boards (or emulates
+them) is in `device/` at the top (`device/emulated/unix`, `device/emulated/qemu`;
+device/README.md), reached through ternlab.paths.
 The interface is `ternlab.boards.board`, which the kinds import; this module
 only re-exports it (so the package and its kinds never import each other).
 """

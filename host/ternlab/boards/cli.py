@@ -4,7 +4,7 @@
                                                           REPL on this terminal (Ctrl-] quits; Ctrl-T p
                                                           powers it on or cycles it, Ctrl-T o off);
                                                           --headless leaves the port to mpremote
-  tern deploy (--port PORT | --emulated DIR) [--config F] compile lib/tern's device set and firmware/
+  tern deploy (--port PORT | --emulated DIR) [--config F] compile lib/tern's device set and device/app/
               [--app APPDIR]                              (or your APPDIR) with mpy-cross and copy
                                                           them (mpremote's transport); config checked
   tern flash --port PORT --firmware FILE [--profile P]    esptool: a combined or an app image, each at
@@ -59,12 +59,12 @@ def add_subcommands(sub):
     r.set_defaults(func=cmd_board_run)
     p.set_defaults(func=lambda a: (p.print_usage(sys.stderr), 2)[1])
 
-    d = sub.add_parser("deploy", help="compile lib/tern and firmware/ with mpy-cross and copy them to a board")
+    d = sub.add_parser("deploy", help="compile lib/tern's device set and the telemetry app (device/app) with mpy-cross and copy them to a board")
     _target_args(d)
     d.add_argument("--config", metavar="FILE", help="copied to the board as config.json")
     d.add_argument("--file", action="append", default=[], metavar="LOCAL[:REMOTE]",
                    help="also copy this file as it is (repeatable), e.g. --file ca.pem for the firmware's TLS CA")
-    d.add_argument("--app", metavar="DIR", help="your app folder instead of the telemetry firmware (its .py "
+    d.add_argument("--app", metavar="DIR", help="your app folder instead of the telemetry app (its .py "
                    "files compiled, main.py and boot.py kept source, other files copied)")
     d.add_argument("--source", action="store_true", help="copy .py sources instead of compiling")
     d.add_argument("--romfs", action="store_true",

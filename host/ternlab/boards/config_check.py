@@ -1,6 +1,6 @@
 """The telemetry app's config.json, checked on the host before `tern deploy` copies it to a board.
 
-On the board a bad config never stops the app: firmware/tconfig.py reports each problem on the console
+On the board a bad config never stops the app: device/app/tconfig.py reports each problem on the console
 and runs on the default (no broker at all for a config that is not JSON). Here the same file is read
 by the same rules -- tconfig.load itself, imported from the firmware folder, its console lines
 collected instead of printed -- and a config the board would not run as written is refused, with
@@ -15,7 +15,7 @@ import sys
 import types
 from pathlib import Path
 
-from ..paths import project_dir
+from ..paths import device_dir
 
 
 class ConfigError(ValueError):
@@ -23,10 +23,10 @@ class ConfigError(ValueError):
 
 
 def _tconfig(said):
-    """firmware/tconfig.py as a module whose console lines go to `said` (a list of dicts)."""
+    """device/app/tconfig.py as a module whose console lines go to `said` (a list of dicts)."""
     hal = types.ModuleType("hal")
     hal.say = lambda ev, **kw: said.append(kw)
-    spec = importlib.util.spec_from_file_location("tern_fw_tconfig", project_dir("firmware") / "tconfig.py")
+    spec = importlib.util.spec_from_file_location("tern_fw_tconfig", device_dir("app") / "tconfig.py")
     mod = importlib.util.module_from_spec(spec)
     saved = sys.modules.get("hal")
     sys.modules["hal"] = hal  # tconfig does `from hal import say`
@@ -62,7 +62,7 @@ def check(path, profile):
         if key in raw and err == "unknown key, ignored":
             near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
             errors.append("unknown key %r%s" % (key, " (did you mean %r?)" % near[0] if near else
-                                                  " (the keys: firmware/config.example.json)"))
+                                                  " (the keys: device/app/config.example.json)"))
         elif key in raw and err.startswith("must be"):
             got = "" if "got" not in m else " (got %s)" % json.dumps(m["got"])
             errors.append("%s %s%s" % (key, err, got))

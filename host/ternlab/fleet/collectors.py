@@ -5,8 +5,7 @@ mid-batch -- only a separate process can be killed like that, and only the real 
 user runs) proves anything. Each collector keeps its client id across restarts, so the broker holds
 its unacknowledged messages while it is down and sends them again when it is back.
 
-`LandingIndex` reads the landing set incrementally with pyarrow: landing files appear atomically (a
-temp name, then a rename), so a visible ``part-*.parquet`` is complete and is read once.
+What they landed is read back by the judge of delivery (``pipeline.judge.LandingIndex``).
 """
 
 from __future__ import annotations
@@ -18,10 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 _WAITING = re.compile(r"waiting (\d+)$")
+_PROGRESS = re.compile(r"landed (\d+) \(.*quarantined (\d+), files \d+, waiting (\d+)")
 
 
 class CollectorError(RuntimeError):
@@ -29,18 +28,29 @@ class CollectorError(RuntimeError):
 
 
 class CollectorProc:
-    """One `tern collect` process (and its restarts, same id). Output goes to ``log_path``."""
+    """One `tern collect` process (and its restarts, same id): the fleet's collectors and the collector's
+    own tests (tests/host/devices/collecting.py) run it through this class. Output lines are kept, and
+    written to ``log_path`` when one is given. ``topic``/``group``/``batch_time`` left None keep the
+    command's defaults; ``extra`` are more of its arguments, ``wrap`` a command prefix (a private mount
+    namespace, say); ``env``/``preexec_fn`` go to the process."""
 
-    def __init__(self, cid: str, landing: Path, log_path: Path, *, host: str, port: int, topic: str,
-                 group: str, batch_time: float, tls=None):
+    def __init__(self, cid: str, landing: Path, log_path: Path | None = None, *, host: str, port: int,
+                 topic: str | None = None, group: str | None = None, batch_time: float | None = None,
+                 progress: float = 0.25, extra=(), wrap=(), env=None, preexec_fn=None):
         self.id = cid
         self.landing = Path(landing)
-        self.log_path = Path(log_path)
-        self.argv = [sys.executable, "-m", "ternlab.cli", "collect", str(self.landing), "--id", cid,
-                     "--group", group, "-t", topic, "-h", host, "-p", str(port),
-                     "--batch-time", f"{batch_time:g}", "--progress", "0.25",
-                     *(tls.collect_args() if tls else [])]
-        self.login = tls  # its password goes by the environment (fleet/login.py), never argv
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.argv = [*wrap, sys.executable, "-m", "ternlab.cli", "collect", str(self.landing), "--id", cid,
+                     "-h", host, "-p", str(port), "--progress", f"{progress:g}"]
+        for flag, value in (("--group", group), ("-t", topic)):
+            if value is not None:
+                self.argv += [flag, value]
+        if batch_time is not None:
+            self.argv += ["--batch-time", f"{batch_time:g}"]
+        self.argv += [str(a) for a in extra]
+        self.env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+        self.preexec_fn = preexec_fn
+        self.at = 0  # the line number of wait_for's latest match
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
         self.starts = 0
@@ -57,14 +67,13 @@ class CollectorProc:
 
     def launch(self) -> None:
         """Start the process (see ready() for when it has subscribed)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self._log is None:
+        if self.log_path is not None and self._log is None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "a", buffering=1)
         with self._lock:
             self._mark = len(self.lines)
-        env = dict(self.login.child_env() if self.login else os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=env, start_new_session=True)
+                                     env=self.env, preexec_fn=self.preexec_fn, start_new_session=True)
         self.starts += 1
         self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True,
                                         name=f"collector-{self.id}")
@@ -96,6 +105,45 @@ class CollectorProc:
                 self.lines.append(line.rstrip("\n"))
             if self._log is not None:
                 self._log.write(f"{time.time():.3f} {line}")
+
+    def wait_for(self, pattern: str, timeout: float = 20.0, after: int = 0) -> re.Match:
+        """The first output line from line number ``after`` on matching ``pattern`` (its number is left
+        in ``self.at``); CollectorError, quoting the output, when none comes before the timeout or the
+        process ended without one."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = after
+        while True:
+            with self._lock:
+                lines = list(self.lines)
+            for i, line in enumerate(lines[seen:], seen):
+                m = rx.search(line)
+                if m:
+                    self.at = i
+                    return m
+            seen = len(lines)
+            ended = self.proc.poll() is not None and not self._reader.is_alive()
+            if time.monotonic() > deadline or (ended and seen == len(self.lines)):
+                raise CollectorError(f"collector {self.id}: no line matching {pattern!r}; output:\n"
+                                     + "\n".join(lines[-30:]))
+            time.sleep(0.02)
+
+    def progress(self) -> tuple | None:
+        """(landed, quarantined, waiting) from the newest progress line, or None."""
+        with self._lock:
+            lines = list(self.lines)
+        for line in reversed(lines):
+            m = _PROGRESS.search(line)
+            if m:
+                return tuple(int(x) for x in m.groups())
+        return None
+
+    def summary(self) -> dict:
+        """The counters of the newest 'stopped' line (CollectorError when it printed none)."""
+        stopped = self.stats()["stopped"]
+        if not stopped:
+            raise CollectorError(f"collector {self.id} printed no summary: " + self.tail(30))
+        return stopped[-1]
 
     def waiting(self) -> int | None:
         """Messages received and not yet written, per its latest progress line (None: no line yet)."""
@@ -160,46 +208,3 @@ class CollectorProc:
 
 def _num(v: str):
     return float(v) if "." in v else int(v)
-
-
-class LandingIndex:
-    """What the collectors have landed so far: every copy's (device, boot, seq, qos) and collector.
-
-    refresh() reads only files it has not read before (landing files are immutable once visible)."""
-
-    COLUMNS = ["device", "boot", "seq", "qos", "collector"]
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self.copies: Counter = Counter()       # (device, boot, seq, qos) -> copies landed
-        self.by_collector: Counter = Counter()
-        self.by_device: Counter = Counter()    # distinct messages per device
-        self.rows = 0
-        self._read: set[str] = set()
-
-    def refresh(self) -> int:
-        """Read new landing files; returns how many rows they held."""
-        import pyarrow.parquet as pq
-
-        new = 0
-        for path in sorted(self.root.glob("date=*/hour=*/part-*.parquet")):
-            key = str(path)
-            if key in self._read:
-                continue
-            t = pq.read_table(path, columns=self.COLUMNS).to_pydict()
-            self._read.add(key)
-            for d, b, s, q, c in zip(t["device"], t["boot"], t["seq"], t["qos"], t["collector"]):
-                k = (d, b, s, q)
-                if k not in self.copies:
-                    self.by_device[d] += 1
-                self.copies[k] += 1
-                self.by_collector[c] += 1
-            new += len(t["device"])
-        self.rows += new
-        return new
-
-    def has(self, key) -> bool:
-        return key in self.copies
-
-    def files(self) -> int:
-        return len(self._read)

@@ -3,7 +3,7 @@ when its power fails, with no relay in the data path.
 
 Why: a board that loses power sends nothing more; the broker learns of it from the keepalive or from a
 takeover by the board's next boot. An emulated board is a host process, and the host kernel closes a
-dead process's sockets at once (FIN), so the broker would know at once. A relay (ternlab.chaos) hides
+dead process's sockets at once (FIN), so the broker would know at once. A relay (ternlab.brokers.chaos) hides
 that, but then every packet crosses one more process, a wake-up each way, and the latency figures
 measure the relay. Instead the fleet holds a duplicate of each of the board's connections to the broker
 (pidfd_getfd(2), Linux 5.6: the same open socket, not a copy), so the socket stays open when the

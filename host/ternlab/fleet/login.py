@@ -6,7 +6,7 @@ commands -- so that none of them is configured twice.
 Why the password travels as it does: the boards keep it in their config.json on their own flash, as a
 device does (the firmware never prints it); the child processes get it in their environment
 (``TERN_FLEET_PASSWORD``), never in argv (``ps`` shows argv to every user of the machine); it is
-registered with ``ternlab.secrets`` so no error message quotes it; ``describe()`` is what the summary
+registered with ``ternlab.mqttcli.redact`` so no error message quotes it; ``describe()`` is what the summary
 and the fault log say of the broker, without it.
 """
 
@@ -28,7 +28,7 @@ class BrokerLogin:
     """cafile: CA certificates (PEM) to verify the broker with (TLS on); user, password: MQTT login."""
 
     def __init__(self, cafile: str | None = None, user: str | None = None, password: str | None = None):
-        from ..secrets import add_secret
+        from ..mqttcli.redact import add_secret
 
         if password is not None and user is None:
             raise LoginError("-P/--pw needs --username (-u): a password is only sent with a user name")

@@ -39,6 +39,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from ..pipeline.judge import message_key
+
 DRAIN = 3.0  # seconds a stopping observer reads on at most (the fleet kills it after 5)
 
 
@@ -136,8 +138,8 @@ class Observer:
         self.login = tls  # a fleet.login.BrokerLogin, or None: plain MQTT without a user
         self.path = Path(out)
         self.log = Path(log)
-        self.rows = []                 # (device, boot, seq, qos, topic, recv_ts) per copy received
-        self.keys = defaultdict(set)   # device -> {(device, boot, seq, qos)}
+        self.rows = []                 # (device, boot, qos, seq, topic, recv_ts) per copy received: the message key first
+        self.keys = defaultdict(set)   # device -> {message key}
         self.proc = None
         self._pos = 0
         self._lock = threading.Lock()
@@ -186,7 +188,7 @@ class Observer:
             self._pos += end
             for line in chunk[:end].splitlines():
                 r = json.loads(line)
-                key = (r["device"], r["boot"], r["seq"], r["qos"])
+                key = message_key(r)
                 self.rows.append(key + (r["topic"], r["recv_ts"]))
                 self.keys[r["device"]].add(key)
 

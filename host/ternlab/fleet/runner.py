@@ -51,8 +51,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..pipeline.verdict import verdict
-from ..telemetry import write_ledger
+from ..pipeline.judge import KEY, message_key, tally, verdict
+from ..app_events import write_ledger
 from .observer import Observer
 from .scenario import Scenario
 from .schedule import Fault, check_seed, collector_id, make_schedule
@@ -306,7 +306,7 @@ class Fleet:
         """(QoS >= 1 ledger rows in the landing set, QoS >= 1 ledger rows) right now."""
         if self.landing is None:
             return 0, 0
-        want = [(r["device"], r["boot"], r["seq"], r["qos"]) for s in self.slots if s.tlog
+        want = [message_key(r) for s in self.slots if s.tlog
                 for r in s.tlog.ledger if r["qos"]]
         return sum(1 for k in want if self.landing.has(k)), len(want)
 
@@ -507,7 +507,7 @@ class Fleet:
 
     # ------------------------------------------------------------ the run
     def _start(self) -> None:
-        from ..broker import Broker
+        from ..brokers.mosquitto import Broker
 
         self.out.mkdir(parents=True, exist_ok=True)
         for old in ("boards", "broker", "landing", "collectors", "observer"):
@@ -535,8 +535,9 @@ class Fleet:
     def _start_boards(self) -> None:
         from ..boards import load_profile
         from ..boards.emulated import EmulatedBoard
-        from ..chaos import ChaosProxy
-        from ..telemetry import TelemetryLog, compile_mpy, install
+        from ..brokers.chaos import ChaosProxy
+        from ..app_events import TelemetryLog
+        from ..devset import compile_mpy, install_app as install
         from .custody import SocketCustody, available as custody_available
 
         code = compile_mpy(self.out / "mpy")
@@ -567,14 +568,17 @@ class Fleet:
         spec = self.scenario.collectors
         if not spec.count:
             return
-        from .collectors import CollectorProc, LandingIndex
+        from ..pipeline.judge import LandingIndex
+        from .collectors import CollectorProc
 
         self.landing = LandingIndex(self.out / "landing")
         for i in range(spec.count):
             cid = collector_id(i)
             self.collectors.append(_CollectorSlot(CollectorProc(
                 cid, self.out / "landing", self.out / "collectors" / f"{cid}.log", host=self.broker.host,
-                port=self.broker.port, topic=topic, group=spec.group, batch_time=spec.batch_time, tls=self.tls)))
+                port=self.broker.port, topic=topic, group=spec.group, batch_time=spec.batch_time,
+                # TLS and the user by flags, the password by the environment (fleet/login.py), never argv
+                extra=self.tls.collect_args() if self.tls else (), env=self.tls.child_env() if self.tls else None)))
         for c in self.collectors:
             c.proc.launch()
         for c in self.collectors:
@@ -638,7 +642,7 @@ class Fleet:
         self.observer.refresh()
         for s in self.slots:
             for r in s.tlog.ledger:
-                key = (r["device"], r["boot"], r["seq"], r["qos"])
+                key = message_key(r)
                 if r["qos"] and not (self.observer.has(key) and (self.landing is None or self.landing.has(key))):
                     return False
         return True
@@ -749,8 +753,7 @@ class Fleet:
         ledger, boards, more = self._board_results()
         failures += more
         # without an observer (a slice of a spread fleet) the driver's observer judges the losses
-        lost = [r for r in ledger if r["qos"] and (r["device"], r["boot"], r["seq"], r["qos"]) not in seen] \
-            if self.observer is not None else []
+        lost = tally(ledger, seen)[0] if self.observer is not None else []
         per_board = Counter(r["device"] for r in lost)
         for name, b in boards.items():
             b["received"] = self.observer.received(name) if self.observer else None
@@ -760,40 +763,31 @@ class Fleet:
 
         # the observer's copies: what reached the broker's subscribers (its duplicates are the broker's
         # and the devices' doing, counted in the summary; the landing is where exactly once is judged)
-        by_qos = Counter(r["qos"] for r in lost)
-        for why in verdict({q: {"lost": n} for q, n in by_qos.items()})["reasons"] if self.observer else ():
+        _, per_qos = tally(ledger, seen)
+        for why in verdict({q: {"lost": c["lost"]} for q, c in per_qos.items()})["reasons"] if self.observer else ():
             failures.append(f"observer: {why} (accepted, never reached the broker's subscriber), {examples(lost)}")
+        dups = Counter({q: c["duplicated"] for q, c in per_qos.items() if c["duplicated"]})
         landing = None
         if self.landing is not None:
-            unlanded = [r for r in ledger if r["qos"] and not self.landing.has(
-                (r["device"], r["boot"], r["seq"], r["qos"]))]
-            ldups = Counter()
-            for key, n in self.landing.copies.items():
-                if n > 1:
-                    ldups[key[3]] += n - 1
+            unlanded, landed = tally(ledger, self.landing.copies)
+            ldups = {q: c["duplicated"] for q, c in landed.items() if c["duplicated"]}
             landing = {"rows": self.landing.rows, "unique": len(self.landing.copies), "files": self.landing.files(),
                        "lost": len(unlanded), "duplicates": {str(q): n for q, n in sorted(ldups.items())},
                        "collectors": {c.proc.id: dict(c.proc.stats(), landed=self.landing.by_collector[c.proc.id])
                                       for c in self.collectors}}
             for c in self.collectors:
                 failures += c.unexpected
-            lq = Counter(r["qos"] for r in unlanded)
-            for why in verdict({q: {"lost": lq.get(q, 0), "duplicated": ldups.get(q, 0)}
-                                for q in set(lq) | set(ldups)})["reasons"]:
-                twice = [{"device": k[0], "boot": k[1], "seq": k[2], "qos": k[3]}
-                         for k, n in self.landing.copies.items() if n > 1 and k[3] == 2]
+            for why in verdict(landed)["reasons"]:
+                twice = [dict(zip(KEY, k))
+                         for k, n in self.landing.copies.items() if n > 1 and k[2] == 2]
                 failures.append(f"landing: {why}, {examples(unlanded if 'lost' in why else twice)}")
-        dups = Counter()
-        for key, n in seen.items():
-            if n > 1:
-                dups[key[3]] += n - 1
         self.out.mkdir(parents=True, exist_ok=True)
         write_ledger(ledger, self.out / "ledger.jsonl")
         with open(self.out / "faults.jsonl", "w") as f:
             for r in self._fault_rows():
                 f.write(json.dumps(r) + "\n")
         with open(self.out / "received.jsonl", "w") as f:
-            for d, b, sq, q, topic, ts in (self.observer.copies() if self.observer else []):
+            for d, b, q, sq, topic, ts in (self.observer.copies() if self.observer else []):
                 f.write(json.dumps({"device": d, "boot": b, "seq": sq, "qos": q, "topic": topic, "recv_ts": ts}) + "\n")
         for s in self.slots:
             if s.proxy is not None:

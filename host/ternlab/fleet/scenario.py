@@ -19,7 +19,7 @@ Format (all keys but ``duration`` optional)::
     [broker]
     persistence = true             # Mosquitto keeps sessions across restarts
 
-    [firmware]                     # merged into every board's config.json (see firmware/)
+    [firmware]                     # merged into every board's config.json (see device/app/)
     interval_ms = 200
     qos = 1
 

@@ -39,6 +39,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ..pipeline.judge import message_key
 from .runner import ExternalBroker, Fleet
 from .schedule import Fault, make_schedule
 
@@ -319,7 +320,7 @@ class DriverFleet(Fleet):
         self._refresh_landing(force=True)
         self.observer.refresh()
         for r in self._ledger():
-            key = (r["device"], r["boot"], r["seq"], r["qos"])
+            key = message_key(r)
             if r["qos"] and not (self.observer.has(key) and (self.landing is None or self.landing.has(key))):
                 return False
         return True
@@ -327,7 +328,7 @@ class DriverFleet(Fleet):
     def landing_progress(self):
         if self.landing is None:
             return 0, 0
-        want = [(r["device"], r["boot"], r["seq"], r["qos"]) for r in self._ledger() if r["qos"]]
+        want = [message_key(r) for r in self._ledger() if r["qos"]]
         return sum(1 for k in want if self.landing.has(k)), len(want)
 
     def stop(self):

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..broker import free_port, wait_port
+from ..brokers.mosquitto import free_port, wait_port
 
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 

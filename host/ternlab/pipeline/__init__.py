@@ -7,7 +7,8 @@ Modules:
 - ``collect_cli`` -- ``tern collect``'s options (the broker flags of ``tern pub``/``sub``) and the command;
 - ``spark``    -- the Java check and the SparkSession builder, plus small Hadoop-filesystem helpers;
 - ``audit``    -- delivery audit (expected / lost / duplicated / reordered / latency);
-- ``verdict``  -- the one pass rule of a delivery (used by the audit, the fleet and the demo);
+- ``judge``    -- the one judge of delivery: the message key, the landing read back without Spark, the
+  pass rule (used by the audit, the fleet and the demo);
 - ``rollup``   -- per device and time window statistics of each reading, batch or Structured Streaming;
 - ``report``   -- an HTML page (``templates/``) with inline plots and the rich terminal summary;
 - ``generate`` -- a seeded synthetic landing set (and ledger) with known injected faults;

@@ -24,7 +24,7 @@ Definitions (one *message* is a distinct ``(device, boot, qos, seq)``; a *copy* 
 - ``streams``    -- (device, boot, qos) streams with at least one message received (per device row: the
   boots seen at that QoS).
 
-Verdict (:func:`.verdict.verdict`, the one rule the fleet and the demo use too): fails when any
+Verdict (:func:`.judge.verdict`, the one rule the fleet and the demo use too): fails when any
 QoS >= 1 message is lost or any QoS 2 message is duplicated.
 
 Which messages: ``<out>/problems`` (Parquet) lists every loss, duplicate and reordering by
@@ -52,11 +52,12 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from . import schema
-from .verdict import verdict  # noqa: F401  (audit.verdict: the rule, defined once there)
+from . import judge
+from .judge import verdict  # noqa: F401  (audit.verdict: the rule, defined once in .judge)
 from .spark import PipelineError, glob_count, glob_paths, join, path_exists, write_bytes
 
-KEY = ["device", "boot", "qos", "seq"]
-STREAM = ["device", "boot", "qos"]
+KEY = list(judge.KEY)  # a message, and its stream: defined once in .judge
+STREAM = list(judge.STREAM)
 COUNT_COLS = ["expected", "received", "unique", "lost", "duplicated", "reordered", "unexpected"]
 LATENCY_COLS = ["latency_p50_ms", "latency_p95_ms", "latency_p99_ms"]
 # KLL sketch size for the latency percentiles: exact while a group has no more than about this many

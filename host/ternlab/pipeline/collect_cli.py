@@ -1,6 +1,6 @@
 """``tern collect``'s options, their checks and the command itself; the collector is in :mod:`.collect`.
 
-The broker flags are those of ``tern pub`` / ``tern sub`` (:mod:`ternlab.brokeropts`), with collect's own
+The broker flags are those of ``tern pub`` / ``tern sub`` (:mod:`ternlab.mqttcli.flags`), with collect's own
 defaults: host 127.0.0.1, MQTT 5 (session expiry and Receive Maximum), ``--id`` required; ``--password``
 is kept as an alias of ``-P/--pw``.
 """
@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 
-from ..brokeropts import add_broker_options, add_login_options, add_tls_options, default_port, login, tls_context
-from ..mqtt_errors import CLIError
-from ..secrets import add_secret
+from ..mqttcli.flags import add_broker_options, add_login_options, add_tls_options, default_port, login, tls_context
+from ..mqttcli.errors import CLIError
+from ..mqttcli.redact import add_secret
 from .collect import EXIT_USAGE, Collector
 
 
@@ -85,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "again, whatever their packet id or DUP flag (default 65536)")
     p.add_argument("--progress", type=float, default=10.0,
                    help="seconds between progress lines (default 10; 0: none)")
-    # The broker flags of tern pub / tern sub (ternlab.brokeropts), with collect's own defaults: host
+    # The broker flags of tern pub / tern sub (ternlab.mqttcli.flags), with collect's own defaults: host
     # 127.0.0.1, MQTT 5 (session expiry and Receive Maximum), -i/--id required; --password kept.
     g = p.add_argument_group("broker (the flags of tern pub / tern sub)")
     add_broker_options(g, host_default="127.0.0.1", host_help="127.0.0.1", version_default=5, id_dest="id",
@@ -135,7 +135,7 @@ def run(args) -> int:
         from ..fleet.login import env_password  # a fleet's collectors get it here, never in argv
 
         args.password = env_password()
-    add_secret(args.password)  # `tern collect` registers it before argparse (brokeropts.register_passwords)
+    add_secret(args.password)  # `tern collect` registers it before argparse (mqttcli.flags.register_passwords)
     problem = check_args(args)
     if problem:
         print(f"tern collect: error: {problem}", file=sys.stderr)

@@ -1,87 +1,32 @@
-"""Test helpers for the collector: `tern collect` as a real process, stand-in devices on the MicroPython
-unix port, and reading what landed back with pyarrow (not with the collector's own code)."""
+"""Test helpers for the collector: `tern collect` as a real process (the harness's CollectorProc, as
+the fleet runs it), stand-in devices on the MicroPython unix port, and reading what landed back with
+pyarrow (not with the collector's own code)."""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from ternlab.fleet.collectors import CollectorProc
+
+from ternlab.paths import device_dir
 
 ROOT = Path(__file__).resolve().parents[3]
-DEVICE = Path(__file__).with_name("telemetry_device.py")
+DEVICE = device_dir("testing") / "ledger_publisher.py"
 MICROPYTHON = Path(sys.executable).with_name("micropython")
 
 
-class CollectorProc:
-    """One `tern collect` process; its stdout lines are kept (and parsed) as they come."""
-
-    def __init__(self, broker, landing, cid, *extra, wrap=(), env=None, preexec_fn=None, port=None):
-        self.cid = cid
-        cmd = [*wrap, sys.executable, "-m", "ternlab.cli", "collect", str(landing), "--id", cid,
-               "-p", str(port or broker.port), "--progress", "0.1", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=env, preexec_fn=preexec_fn)
-        self.lines: list[str] = []
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, pattern: str, timeout: float = 20.0, after: int = 0) -> re.Match:
-        """The first output line from line number ``after`` on matching ``pattern``; its number is
-        left in ``self.at``."""
-        rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        seen = after
-        while True:
-            for i, line in enumerate(self.lines[seen:], seen):
-                m = rx.search(line)
-                if m:
-                    self.at = i
-                    return m
-            seen = len(self.lines)
-            if time.monotonic() > deadline or (self.proc.poll() is not None and not self._t.is_alive()
-                                               and seen == len(self.lines)):
-                raise AssertionError(f"collector {self.cid}: no line matching {pattern!r}; output:\n"
-                                     + "\n".join(self.lines[-30:]))
-            time.sleep(0.02)
-
-    def progress(self):
-        """(landed, quarantined, waiting) from the newest progress line, or None."""
-        for line in reversed(self.lines):
-            m = re.search(r"landed (\d+) \(.*quarantined (\d+), files \d+, waiting (\d+)", line)
-            if m:
-                return tuple(int(x) for x in m.groups())
-        return None
-
-    def stop(self, timeout: float = 20.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout)
-        self._t.join(5)
-        return rc
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-        self._t.join(5)
-
-    def summary(self) -> dict:
-        """The key=value pairs of the final "stopped" line."""
-        for line in reversed(self.lines):
-            if ": stopped" in line:
-                return {k: float(v) if "." in v else int(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}
-        raise AssertionError(f"collector {self.cid} printed no summary:\n" + "\n".join(self.lines[-30:]))
+def start_collector(broker, landing, cid, *extra, wrap=(), env=None, preexec_fn=None, port=None) -> CollectorProc:
+    """A running `tern collect` on ``broker`` (the harness's own CollectorProc, progress every 0.1 s):
+    ``extra`` are more of its arguments, ``wrap`` a command prefix."""
+    c = CollectorProc(cid, landing, host=broker.host, port=port or broker.port, progress=0.1, extra=extra,
+                      wrap=wrap, env=env, preexec_fn=preexec_fn)
+    c.launch()
+    return c
 
 
 def publish_all(broker, msgs, client_id: str) -> None:

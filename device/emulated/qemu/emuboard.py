@@ -1,0 +1,107 @@
+"""The qemu-m3 board's device side, frozen into its firmware (MicroPython's qemu port, an Arm
+Cortex-M3 on qemu-system-arm's MPS2-AN385). The same API as the unix-port board's emuboard
+(device/emulated/unix/emuboard.py), so device/app/hal.py and the tests drive either unchanged.
+
+The firmware runs `_boot.py` (which calls boot()) before boot.py and main.py. boot() reads the
+host's board.json (ARM semihosting: the host's board directory is QEMU's working directory),
+opens the NOR flash (module `qboard`: native memory, written through to the host's flash.img),
+mounts its LittleFS region at "/" (formatting an erased one, as boards do), keeps the raw outbox
+partition for partition(), mounts a ROMFS image at /rom when the host gave one, and prints the
+"up" sentinel the host waits for. PROFILE is read from board.json when first asked for, so the
+board's heap does not hold it.
+
+reset() is machine.reset(): QEMU exits with status 0 and the host boots the board again. A power
+cut at the N-th flash operation (board.json "cut_at", or arm_cut()) ends QEMU with status 80
+after the torn operation; the host reads cut.json.
+"""
+
+import sys
+import vfs
+import qboard
+
+# machine.reset_cause() values, as the ESP32 port numbers them
+PWRON_RESET = 1
+HARD_RESET = 2
+WDT_RESET = 3
+DEEPSLEEP_RESET = 4
+SOFT_RESET = 5
+
+_id = b""
+_cause = PWRON_RESET
+_parts = {}
+
+
+def _config():
+    import json
+
+    return json.loads(qboard.host_read("board.json"))
+
+
+def __getattr__(name):
+    if name == "PROFILE":
+        return _config()["profile"]
+    raise AttributeError(name)
+
+
+def partition(label):
+    """The raw partition `label` (e.g. "outbox"), or None if the board has none."""
+    return _parts.get(label)
+
+
+def unique_id():
+    return _id
+
+
+def reset():
+    """machine.reset(): QEMU ends and the host boots the board again."""
+    qboard.exit(0)
+
+
+def reset_cause():
+    return _cause
+
+
+def arm_cut(n, seed=None):
+    """Cut the power at the n-th flash operation from now (1 = the next)."""
+    qboard.arm_cut(n, seed)
+
+
+def uart():
+    """The link UART: a stream to the host's TCP bridge (MQTT over a serial link)."""
+    return qboard.UART()
+
+
+def boot():
+    global _id, _cause
+    cfg = _config()
+    prof = cfg["profile"]
+    _id = cfg["id"].encode()
+    fl = prof["flash"]
+    n = fl["fs_blocks"]
+    ob = fl.get("outbox")
+    fresh = qboard.flash_open(n + (ob["blocks"] if ob else 0), fl["block_size"], cfg.get("cut_at") or 0,
+                              cfg.get("seed") or 1)
+    _cause = (PWRON_RESET if cfg.get("cause") != "hard" else HARD_RESET) if fresh else SOFT_RESET
+    fs = qboard.Flash(0, n)
+    if ob:
+        _parts[ob["label"]] = qboard.Flash(n, ob["blocks"])
+    rom = prof.get("romfs") and cfg.get("romfs")
+    if cfg.get("mode") == "raw":  # booted by the host to deploy: boot.py only, then the raw REPL
+        qboard.raw_repl()
+    cfg = prof = fl = ob = None
+    try:
+        lfs = vfs.VfsLfs2(fs)
+    except OSError:  # an erased flash: formatted on first boot, as boards do
+        vfs.VfsLfs2.mkfs(fs)
+        lfs = vfs.VfsLfs2(fs)
+    vfs.mount(lfs, "/")
+    sys.path[:] = ["", ".frozen", "/lib"]
+    if rom:
+        m = qboard.romfs(rom)
+        if m is not None:
+            vfs.mount(vfs.VfsRom(m), "/rom")
+            sys.path[2:2] = ["/rom", "/rom/lib"]
+    import gc
+
+    gc.collect()
+    sys.stdout.write("\x00TERN:UP\x00")

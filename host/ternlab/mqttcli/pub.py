@@ -1,0 +1,149 @@
+"""`tern pub`: publish one message (-m, -f, -s, -n, with --repeat), or one per
+line of stdin (-l), then disconnect once every QoS 1/2 message is
+acknowledged. Flags are registered in ternlab.mqttcli.commands."""
+
+import errno
+import os
+import select
+import sys
+import time
+
+from tern.topic import validate_name
+from tern.wire import MQTTError
+
+from .flags import arg_bytes
+from .connect import failure, open_client, say_err, settings
+from .errors import EXIT_FAIL, EXIT_OK, CLIError, UsageError, os_reason, reason_text
+from .outbox_dir import hold_outbox, release_outbox
+
+
+def _stdin_bytes():
+    s = sys.stdin
+    return getattr(s, "buffer", s)
+
+
+def _stdin_lines(idle):
+    """Lines of stdin without their '\\n' (as mosquitto_pub -l: an empty line is
+    an empty message); idle() runs while waiting so keepalive goes on."""
+    stream = _stdin_bytes()
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        fd = None
+    if fd is None:
+        while True:
+            line = stream.readline()
+            if isinstance(line, str):
+                line = line.encode()
+            if not line:
+                return
+            yield line[:-1] if line.endswith(b"\n") else line
+    buf = b""
+    while True:
+        r, _, _ = select.select([fd], [], [], 0.1)
+        if not r:
+            idle()
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+        while True:
+            k = buf.find(b"\n")
+            if k < 0:
+                break
+            yield buf[:k]
+            buf = buf[k + 1 :]
+    if buf:
+        yield buf
+
+
+def run_pub(args):
+    say = say_err(args)
+    try:
+        return _pub(args)
+    except CLIError as e:
+        say(str(e))
+        return e.code
+    finally:
+        release_outbox(args)
+
+
+def _pub(args):
+    kw, props = settings(args, "pub")
+    try:
+        validate_name(args.topic)
+    except ValueError as e:
+        raise UsageError("-t: %s" % e)
+    payload = None
+    if args.message is not None:
+        payload = arg_bytes(args.message)
+    elif args.null:
+        payload = b""
+    elif args.file is not None:
+        try:
+            with open(args.file, "rb") as f:
+                payload = f.read()
+        except OSError as e:
+            raise CLIError("cannot read %s: %s" % (args.file, os_reason(e)))
+    elif args.stdin:
+        payload = _stdin_bytes().read()
+        if isinstance(payload, str):
+            payload = payload.encode()
+    pprops = props.get("publish")
+    hold_outbox(args, kw)
+    client = open_client(args, kw, reconnect=False)
+    refused = []
+
+    def on_published(pid, reason):
+        if reason >= 0x80:
+            refused.append((pid, reason))
+    client.on_published = on_published
+
+    def send(data):
+        try:
+            client.publish(args.topic, data, qos=args.qos, retain=args.retain, props=pprops)
+        except ValueError as e:  # what the broker said it accepts (QoS, retain, size)
+            raise CLIError("cannot publish: %s" % e)
+        except OSError as e:
+            if args.outbox is not None and e.errno == errno.ENOSPC:  # FileStore: "outbox full"
+                raise CLIError("cannot store the message in %s: %s" % (args.outbox, os_reason(e)))
+            raise failure(client, args, e)
+
+    try:
+        if payload is not None:
+            for k in range(args.repeat):
+                if k and args.repeat_delay > 0:
+                    _pump(client, args, args.repeat_delay)
+                send(payload)
+        else:
+            for line in _stdin_lines(lambda: client.loop(0)):
+                send(line)
+        s = client.session
+        while s.pending():
+            if not client.loop(100) and s.pending():
+                raise failure(client, args)
+    except KeyboardInterrupt:
+        client.disconnect()
+        return EXIT_FAIL
+    except BaseException:
+        client.close()
+        raise
+    client.disconnect(props=props.get("disconnect"))
+    if refused:
+        pid, reason = refused[0]
+        err = client.last_error
+        if reason == 0x82 and isinstance(err, MQTTError) and err.code == 0x82:
+            raise CLIError(str(err))  # a wrong acknowledgement: the broker broke the protocol (it says how)
+        raise CLIError("the broker refused %d message(s): %s" % (len(refused), reason_text(reason)))
+    return EXIT_OK
+
+
+def _pump(client, args, seconds):
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        if not client.loop(int(min(left, 0.1) * 1000)) and not client.connected:
+            raise failure(client, args)
