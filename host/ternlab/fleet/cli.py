@@ -37,12 +37,24 @@ def add_subcommands(sub) -> None:
     r.add_argument("--quiet", action="store_true", help="no live progress, only faults and the summary")
     r.add_argument("--relay", action="store_true", help=RELAY_HELP)
     r.add_argument("--broker", type=broker_arg, default=None, metavar="HOST:PORT",
-                   help="a broker the team runs (plain MQTT; TLS and credentials are not taken yet): the "
-                        "fleet starts no Mosquitto, and its broker faults go to --broker-fault-hook or are "
-                        "skipped (said in the fault log and the summary)")
+                   help="a broker the team runs: the fleet starts no Mosquitto, and its broker faults go to "
+                        "--broker-fault-hook or are skipped (said in the fault log and the summary)")
     r.add_argument("--broker-fault-hook", default=None, metavar="CMD",
                    help="with --broker: shell command that restarts that broker (TERN_BROKER_FAULT=soft|hard, "
                         "TERN_BROKER=HOST:PORT in its environment), returning once it is back")
+    login = r.add_argument_group("with --broker: TLS and login, as tern pub takes them")
+    login.add_argument("--cafile", help="CA certificates (PEM) to verify the broker with: TLS on, for the "
+                       "boards, the observer and the collectors")
+    login.add_argument("-u", "--username", help="user name")
+    login.add_argument("-P", "--pw", dest="password", help="password (never printed; needs -u)")
+    spark = r.add_argument_group("across machines (docs/fleet.md)")
+    spark.add_argument("--master", default=None, metavar="URL",
+                       help="run the boards in slices as Spark barrier tasks on this cluster (spark://HOST:PORT, "
+                            "local[N]); the driver keeps the broker, collectors and observer. Default: one process")
+    spark.add_argument("--slices", type=int, default=None,
+                       help="with --master: number of slices (default: the cluster's cores, at most one per board)")
+    spark.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                       help="with --master: a Spark setting (repeatable)")
     r.set_defaults(func=run)
     p.set_defaults(func=lambda args: (p.print_usage(sys.stderr), 2)[1])
 
@@ -72,9 +84,12 @@ def broker_arg(text: str) -> tuple[str, int]:
 
 
 def replay_command(source: str, seed: int, boards: int, duration: float, relay: bool = False,
-                   broker: tuple | None = None, hook: str | None = None) -> str:
+                   broker: tuple | None = None, hook: str | None = None, master: str | None = None,
+                   slices: int | None = None) -> str:
+    """The command that replays a run; never its password (-P is left for the user to give again)."""
     extra = (" --relay" if relay else "") + (f" --broker {broker[0]}:{broker[1]}" if broker else "") + (
-        f" --broker-fault-hook {shlex.quote(hook)}" if hook else "")
+        f" --broker-fault-hook {shlex.quote(hook)}" if hook else "") + (
+        f" --master {shlex.quote(master)}" if master else "") + (f" --slices {slices}" if slices else "")
     return "tern fleet run %s --seed %d --boards %d --duration %g%s" % (
         shlex.quote(source), seed, boards, duration, extra)
 
@@ -94,9 +109,35 @@ def run(args) -> int:
     if args.broker_fault_hook and not args.broker:
         err.write("tern fleet run: --broker-fault-hook needs --broker (the fleet restarts its own broker itself)\n")
         return 2
+    given = [f for f, v in (("--cafile", args.cafile), ("-u", args.username), ("-P", args.password)) if v is not None]
+    if given and not args.broker:
+        err.write(f"tern fleet run: {given[0]} needs --broker (the fleet's own Mosquitto is plain MQTT without users)\n")
+        return 2
+    if (args.slices is not None or args.conf) and not args.master:
+        err.write(f"tern fleet run: {'--slices' if args.slices is not None else '--conf'} needs --master\n")
+        return 2
+    if args.slices is not None and not 1 <= args.slices <= scenario.boards:
+        err.write(f"tern fleet run: --slices must be 1..{scenario.boards} (one board a slice at least), "
+                  f"not {args.slices}\n")
+        return 2
+    from ..pipeline.spark import PipelineError, check_master, parse_confs
+    from .login import BrokerLogin, LoginError
+
+    confs = {}
+    try:
+        login = BrokerLogin(args.cafile, args.username, args.password) if given else None
+        if args.master:
+            check_master(args.master)
+            confs = parse_confs(args.conf)
+    except (LoginError, PipelineError, ValueError) as e:
+        err.write(f"tern fleet run: {e}\n")
+        return 2
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
     replay = replay_command(args.scenario, seed, scenario.boards, scenario.duration, args.relay,
-                            args.broker, args.broker_fault_hook)
+                            args.broker, args.broker_fault_hook, args.master, args.slices)
+    if login is not None:  # the replay names the TLS and user flags, never the password
+        replay += (f" --cafile {shlex.quote(args.cafile)}" if args.cafile else "") + (
+            f" -u {shlex.quote(args.username)} -P PASSWORD" if args.username else "")
     out = Path(args.out or Path("fleet-out") / f"{scenario.name}-seed{seed}")
     console.print(f"fleet [bold]{scenario.name}[/]: {scenario.boards} boards ({scenario.profile}), "
                   f"{scenario.duration:g} s, seed={seed}, output in {out}")
@@ -107,8 +148,16 @@ def run(args) -> int:
     t0 = time.monotonic()
     try:
         external = ExternalBroker(*args.broker, hook=args.broker_fault_hook) if args.broker else None
-        fleet = Fleet(scenario, seed=seed, out=out, replay=replay, callbacks=view, relay=args.relay,
-                      broker=external)
+        kw = dict(seed=seed, out=out, replay=replay, callbacks=view, relay=args.relay, broker=external, tls=login)
+        if args.master:
+            from .spread import DriverFleet, default_slices, spark_session
+
+            out.mkdir(parents=True, exist_ok=True)
+            spark = spark_session(args.master, confs, jvm_log=str(out / "spark.log"))
+            slices = min(scenario.boards, args.slices or default_slices(spark))
+            fleet = DriverFleet(scenario, spark=spark, slices=slices, **kw)
+        else:
+            fleet = Fleet(scenario, **kw)
         with view:
             result = fleet.run()
     except KeyboardInterrupt:

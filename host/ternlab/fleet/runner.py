@@ -64,6 +64,9 @@ FIRMWARE_DEFAULTS = {"version": 5, "keepalive": 10, "backoff_min_ms": 100, "back
 STOP_INTERVAL_MS = 86400000  # the firmware's largest interval: "stop measuring" for the settle phase
 OBSERVER_TOPIC = "tern/+/telemetry"
 KILL_WAIT = 3.0  # a collector_kill waits up to this long for the collector to hold an unwritten batch
+CONNECTION_EVENTS = ("connected", "disconnected", "boot", "connect_failed")  # firmware console events
+HOLD_EVERY = 50
+BOOT_TIMEOUT = 60.0  # a board's boot, on a host whose cores 100 boards and other work share (10 s was short)  # ticks (about a second) between custody's looks at a board whose console said nothing
 
 
 class Callbacks:
@@ -158,11 +161,11 @@ class FleetResult:
     landing: dict | None = None  # with collectors: rows, unique, lost, duplicates, per collector
 
 
-def send_commands(addr, messages, timeout=10.0):
+def send_commands(addr, messages, timeout=10.0, login=None, name="fleet-commander"):
     """Publish [(topic, payload)] at QoS 2 from a short-lived client and wait for each to complete."""
     from tern.client import Client
 
-    c = Client("fleet-commander", server=addr[0], port=addr[1], version=5)
+    c = Client(name, server=addr[0], port=addr[1], version=5, **(login.client_kwargs() if login else {}))
     c.connect()
     try:
         for topic, payload in messages:
@@ -227,18 +230,19 @@ class Fleet:
 
     def __init__(self, scenario: Scenario, seed: int, out, *, replay: str | None = None,
                  callbacks: Callbacks | None = None, first_board: int = 0, relay: bool = False,
-                 broker: "ExternalBroker | None" = None):
+                 broker: "ExternalBroker | None" = None, tls=None):
         self.scenario = scenario
         self.seed = check_seed(seed)
         self.out = Path(out)
         self.replay = replay
         self.cb = callbacks or Callbacks()
-        self.schedule = make_schedule(scenario, seed)
-        self.board_names = [f"board-{first_board + i:03d}" for i in range(scenario.boards)]
+        self.schedule = self._own_faults(make_schedule(scenario, seed))
+        self.board_names = [f"board-{first_board + i:03d}" for i in range(self._board_count())]
         self.slots = [_Slot(i, n) for i, n in enumerate(self.board_names)]
         self.records: list[FaultRecord] = []
         self.broker = None
         self.external = broker       # a broker the team runs: the fleet starts no Mosquitto
+        self.tls = tls               # fleet.login.BrokerLogin for it (TLS, user, password), or None
         self.observer = None
         self.observer_trouble = None  # why the observer's copies may be incomplete (Observer.stop)
         self.collectors: list[_CollectorSlot] = []
@@ -249,6 +253,30 @@ class Fleet:
         self.firmware = dict(FIRMWARE_DEFAULTS, **scenario.firmware)
         self.relay = relay
         self.custody = None  # SocketCustody unless the boards talk through relays
+        self._ticks = 0
+
+    # ------------------------------------------------------------ what a part of a spread fleet overrides
+    # (fleet/spread.py: the driver keeps the broker, the collectors and the observer; a slice its boards)
+    def _own_faults(self, schedule: list[Fault]) -> list[Fault]:
+        """The faults this process injects: all of them in a fleet of one process."""
+        return schedule
+
+    def _board_count(self) -> int:
+        return self.scenario.boards
+
+    def _clock_start(self) -> float:
+        """The monotonic time the schedule counts from: now, once the boards are up."""
+        return time.monotonic()
+
+    def _fault_rows(self) -> list[dict]:
+        return [r.as_dict() for r in self.records]
+
+    def _summary_extra(self) -> dict:
+        return {}
+
+    def _board_results(self) -> tuple[list, dict, list]:
+        """(ledger rows, name -> counters, failures) of the boards, checked: see _check_slots."""
+        return self._check_slots()
 
     # ------------------------------------------------------------ for callers and the pytest plugin
     def now(self) -> float:
@@ -345,7 +373,7 @@ class Fleet:
             self._record(f, "injected", s.name, f"SIGKILL, off {f.params['off']:.2f} s")
         else:
             n = f.params["flash_op"]
-            s.board.power_cycle(cut_at=n, seed=self.seed * 1009 + f.index)
+            s.board.power_cycle(cut_at=n, seed=self.seed * 1009 + f.index, timeout=BOOT_TIMEOUT)
             s.armed = self._record(f, "armed", s.name, f"power-cycled; power fails at flash operation {n} of this boot")
 
     def _housekeep(self, s: _Slot, restore_all: bool = False) -> None:
@@ -363,7 +391,7 @@ class Fleet:
                 s.unexpected.append(f"t={now:.2f}s {s.name} lost power without a fault")
                 s.off_until = now
         if s.off_until is not None and (restore_all or now >= s.off_until):
-            b.power_on()
+            b.power_on(timeout=BOOT_TIMEOUT)
             s.off_until = None
             s.expect_off = False
             self._record(self._last_power_fault(s), "restored", s.name, "power back")
@@ -463,24 +491,23 @@ class Fleet:
         if self.custody is not None:
             self.custody.sync(s.name, s.board.pid)
 
-    def _pump(self, s: _Slot) -> None:
+    def _pump(self, s: _Slot) -> bool:
+        """Feed the board's new console lines to its TelemetryLog; True when one says its connection
+        changed (custody looks at the board's sockets then)."""
         lines = s.board.log.lines
         n = len(lines)
+        changed = False
         for ln in lines[s.seen:n]:
             if ln.kind == "out":
                 for e in s.tlog.feed(ln.text):
+                    changed = changed or e["ev"] in CONNECTION_EVENTS
                     self.cb.on_event(s.name, e)
         s.seen = n
+        return changed
 
     # ------------------------------------------------------------ the run
     def _start(self) -> None:
-        from ..boards import load_profile
-        from ..boards.emulated import EmulatedBoard
         from ..brokers.mosquitto import Broker
-        from ..brokers.chaos import ChaosProxy
-        from ..app_events import TelemetryLog
-        from ..devset import compile_mpy, install_app as install
-        from .custody import SocketCustody, available as custody_available
 
         self.out.mkdir(parents=True, exist_ok=True)
         for old in ("boards", "broker", "landing", "collectors", "observer"):
@@ -488,12 +515,31 @@ class Fleet:
             # stop command they were sent), broker state and landed rows would leak into this one
             shutil.rmtree(self.out / old, ignore_errors=True)
         self.cb.on_phase("starting")
-        self.broker = self.external or Broker(self.out / "broker", persistence=self.scenario.persistence).start()
+        # no cap on a subscriber's queue (Mosquitto's default keeps 1,000 and drops the rest): on a busy
+        # machine the idle-priority observer falls seconds behind a large fleet, which is the host's
+        # lag, not a loss of the devices' (docs/fleet.md)
+        self.broker = self.external or Broker(self.out / "broker", persistence=self.scenario.persistence,
+                                              max_queued_messages=0).start()
+        self._start_services()
+        self._start_boards()
+
+    def _start_services(self) -> None:
+        """The collectors, then the observer (Mosquitto serves them in that order: observer.py)."""
         topic = self.firmware.get("topic", "tern/{id}/telemetry").replace("{id}", "+")
         self.observer = Observer(f"fleet-observer-{self.seed}", self.broker.host, self.broker.port,
-                                 self.out / "observer" / "copies.jsonl", self.out / "observer" / "observer.log")
+                                 self.out / "observer" / "copies.jsonl", self.out / "observer" / "observer.log",
+                                 tls=self.tls)
         self._start_collectors(topic)
-        self.observer.start(topic)  # after the collectors: Mosquitto serves them first (observer.py)
+        self.observer.start(topic)
+
+    def _start_boards(self) -> None:
+        from ..boards import load_profile
+        from ..boards.emulated import EmulatedBoard
+        from ..brokers.chaos import ChaosProxy
+        from ..app_events import TelemetryLog
+        from ..devset import compile_mpy, install_app as install
+        from .custody import SocketCustody, available as custody_available
+
         code = compile_mpy(self.out / "mpy")
         # A power cut ends the board's process, and the host kernel would tell the broker at once (FIN):
         # a real board vanishes, and the broker learns it from the keepalive or a takeover. Custody (or
@@ -508,12 +554,14 @@ class Fleet:
                 s.proxy.client_vanishes()
             host, port = s.proxy.address if s.proxy else self.broker.address
             s.board = EmulatedBoard(profile, workdir=self.out / "boards" / s.name, board_id=s.name,
-                                    host_paths=[code])
+                                    host_paths=[code], power=False)
+            s.board.power_on(timeout=BOOT_TIMEOUT)
             s.tlog = TelemetryLog()
-            install(s.board, dict(self.firmware, host=host, port=port, client_id=s.name))
+            install(s.board, dict(self.firmware, host=host, port=port, client_id=s.name,
+                                  **(self.tls.firmware(s.board) if self.tls else {})))
         self.cb.on_start(self)
         for s in self.slots:
-            s.board.power_cycle()  # boots into main.py: the app runs
+            s.board.power_cycle(timeout=BOOT_TIMEOUT)  # boots into main.py: the app runs
 
     def _start_collectors(self, topic) -> None:
         """Every collector subscribed before any board boots: none of the fleet's messages predates them."""
@@ -528,7 +576,9 @@ class Fleet:
             cid = collector_id(i)
             self.collectors.append(_CollectorSlot(CollectorProc(
                 cid, self.out / "landing", self.out / "collectors" / f"{cid}.log", host=self.broker.host,
-                port=self.broker.port, topic=topic, group=spec.group, batch_time=spec.batch_time)))
+                port=self.broker.port, topic=topic, group=spec.group, batch_time=spec.batch_time,
+                # TLS and the user by flags, the password by the environment (fleet/login.py), never argv
+                extra=self.tls.collect_args() if self.tls else (), env=self.tls.child_env() if self.tls else None)))
         for c in self.collectors:
             c.proc.launch()
         for c in self.collectors:
@@ -550,7 +600,7 @@ class Fleet:
         sys.setswitchinterval(0.0001)
         try:
             self._start()
-            self.t0 = time.monotonic()
+            self.t0 = self._clock_start()
             self.cb.on_phase("running")
             pending = list(self.schedule)
             next_tick = 0.0
@@ -574,8 +624,11 @@ class Fleet:
     def _cycle(self, restore_all=False):
         for s in self.slots:
             self._housekeep(s, restore_all)
-            self._hold(s)
-            self._pump(s)
+            # custody reads a board's /proc fd table when its console says the connection changed, and
+            # once a second in any case (every tick, it was most of this thread's work: docs/fleet.md)
+            if self._pump(s) or (self._ticks + s.index) % HOLD_EVERY == 0:
+                self._hold(s)
+        self._ticks += 1
         for c in self.collectors:
             self._collector_housekeep(c, restore_all)
         self._refresh_landing()
@@ -599,8 +652,10 @@ class Fleet:
         self.cb.on_phase("settling")
         self._cycle(restore_all=True)
         base = self.firmware.get("cmd_topic", "tern/{id}/cmd")
-        send_commands(self.broker.address, [(base.replace("{id}", s.name) + "/interval", str(STOP_INTERVAL_MS))
-                                            for s in self.slots])
+        if self.slots:  # one commander per process of a spread fleet: a client id of its own
+            send_commands(self.broker.address, [(base.replace("{id}", s.name) + "/interval", str(STOP_INTERVAL_MS))
+                                                for s in self.slots],
+                          login=self.tls, name=f"fleet-commander-{self.board_names[0]}")
         deadline = time.monotonic() + self.scenario.settle
         quiet_since, last = time.monotonic(), None
         while time.monotonic() < deadline:
@@ -660,11 +715,10 @@ class Fleet:
                 self.broker.stop()
 
     # ------------------------------------------------------------ output and verdict
-    def _judge(self, elapsed: float) -> FleetResult:
-        failures = [self.observer_trouble] if self.observer_trouble else []
-        ledger = []
-        boards = {}
-        seen = Counter(k[:4] for k in (self.observer.copies() if self.observer else []))
+    def _check_slots(self) -> tuple[list, dict, list]:
+        """This process's boards: their ledger rows, counters, and what their consoles say went wrong
+        (crashes, tracebacks, power lost without a fault, boot counters and sequence numbers)."""
+        ledger, boards, failures = [], {}, []
         for s in self.slots:
             t = s.tlog
             if t is None:
@@ -688,18 +742,29 @@ class Fleet:
             for (boot, q), seqs in sorted(streams.items()):
                 if seqs != list(range(len(seqs))):
                     failures.append(f"{s.name}: boot {boot} QoS {q}: sequence numbers are not 0..n-1: {seqs[:12]}")
-            mine, _ = tally(t.ledger, seen)
             boards[s.name] = {"boots": len(boots), "published": len(t.ledger), "acked": len(t.acked),
-                              "received": self.observer.received(s.name), "lost": len(mine),
                               "power_cuts": s.power_cuts, "network_cuts": s.network_cuts,
                               "recovered": t.recovered(), "torn_lines": t.torn}
+        return ledger, boards, failures
+
+    def _judge(self, elapsed: float) -> FleetResult:
+        failures = [self.observer_trouble] if self.observer_trouble else []
+        seen = Counter(k[:4] for k in (self.observer.copies() if self.observer else []))
+        ledger, boards, more = self._board_results()
+        failures += more
+        # without an observer (a slice of a spread fleet) the driver's observer judges the losses
+        lost = tally(ledger, seen)[0] if self.observer is not None else []
+        per_board = Counter(r["device"] for r in lost)
+        for name, b in boards.items():
+            b["received"] = self.observer.received(name) if self.observer else None
+            b["lost"] = per_board[name]
         def examples(rows):
             return f"e.g. {[(r['device'], r['boot'], r['qos'], r['seq']) for r in rows[:5]]}"
 
         # the observer's copies: what reached the broker's subscribers (its duplicates are the broker's
         # and the devices' doing, counted in the summary; the landing is where exactly once is judged)
-        lost, per_qos = tally(ledger, seen)
-        for why in verdict({q: {"lost": c["lost"]} for q, c in per_qos.items()})["reasons"]:
+        _, per_qos = tally(ledger, seen)
+        for why in verdict({q: {"lost": c["lost"]} for q, c in per_qos.items()})["reasons"] if self.observer else ():
             failures.append(f"observer: {why} (accepted, never reached the broker's subscriber), {examples(lost)}")
         dups = Counter({q: c["duplicated"] for q, c in per_qos.items() if c["duplicated"]})
         landing = None
@@ -719,8 +784,8 @@ class Fleet:
         self.out.mkdir(parents=True, exist_ok=True)
         write_ledger(ledger, self.out / "ledger.jsonl")
         with open(self.out / "faults.jsonl", "w") as f:
-            for r in self.records:
-                f.write(json.dumps(r.as_dict()) + "\n")
+            for r in self._fault_rows():
+                f.write(json.dumps(r) + "\n")
         with open(self.out / "received.jsonl", "w") as f:
             for d, b, q, sq, topic, ts in (self.observer.copies() if self.observer else []):
                 f.write(json.dumps({"device": d, "boot": b, "seq": sq, "qos": q, "topic": topic, "recv_ts": ts}) + "\n")
@@ -735,11 +800,13 @@ class Fleet:
                    # packets.jsonl times are time.monotonic(): this offset puts them on the wall clock
                    "wall_minus_monotonic": time.time() - time.monotonic(),
                    "schedule": [f.as_dict() for f in self.schedule], "landing": landing,
-                   "broker": (f"external {self.external.name}" if self.external is not None
+                   "broker": (f"external {self.external.name}" + (f" ({self.tls.describe()})" if self.tls else "")
+                              if self.external is not None
                               else f"own Mosquitto on {self.broker.host}:{self.broker.port}" if self.broker else None),
-                   "skipped_faults": [r.as_dict() for r in self.records if r.status == "skipped"]}
+                   "skipped_faults": [r for r in self._fault_rows() if r["status"] == "skipped"],
+                   **self._summary_extra()}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         return FleetResult(ok=not failures, seed=self.seed, failures=failures, replay=self.replay, out=self.out,
                            boards=boards, ledger_rows=len(ledger), lost=lost, duplicates=dups,
-                           faults=[r.as_dict() for r in self.records], elapsed=elapsed, summary=summary,
+                           faults=self._fault_rows(), elapsed=elapsed, summary=summary,
                            landing=landing)

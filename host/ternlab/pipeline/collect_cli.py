@@ -131,6 +131,10 @@ def check_args(args) -> str | None:
 
 
 def run(args) -> int:
+    if args.password is None and args.username is not None:
+        from ..fleet.login import env_password  # a fleet's collectors get it here, never in argv
+
+        args.password = env_password()
     add_secret(args.password)  # `tern collect` registers it before argparse (mqttcli.flags.register_passwords)
     problem = check_args(args)
     if problem:
