@@ -70,7 +70,7 @@ def _release():
 
     sys.modules.pop(__name__, None)
     try:
-        del tern.handshake
+        del tern.handshake  # pyright: ignore[reportAttributeAccessIssue]  (set by the import that loaded this module)
     except AttributeError:  # (released already, by a call nested in this one)
         pass
 

@@ -12,14 +12,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "bench"))
 import cpu_bench  # noqa: E402
 
-# instructions per message as measured on 2026-11-28 after the FlashStore changes (docs/benchmarks.md's
-# cpu_bench figures; window 8 over this test's 24 messages), rounded up
+# instructions per message as measured on 2026-11-28 after tern.handshake took CONNACK/AUTH out of the
+# session (issue 28; window 8 over this test's 24 messages), rounded up. That change cost the QoS 0 path
+# about 9 % (31,607 -> 34,402 in cpu_bench's 48 messages; likely because renamed Session fields probe a 92 %-full
+# instance table differently)
 BUDGET = {
-    "QoS 0 publish": ("tern_qos0", {}, 28_000),
-    "QoS 1 + PUBACK, MemoryStore": ("tern_qos1", {}, 151_000),
-    "QoS 1, window 8": ("tern_window", {}, 107_000),
-    "QoS 1 + PUBACK, FlashStore": ("tern_qos1", {"store": cpu_bench.FLASH}, 401_000),
-    "receive a QoS 1 message": ("tern_rx", {}, 117_000),
+    "QoS 0 publish": ("tern_qos0", {}, 35_000),
+    "QoS 1 + PUBACK, MemoryStore": ("tern_qos1", {}, 154_000),
+    "QoS 1, window 8": ("tern_window", {}, 109_000),
+    "QoS 1 + PUBACK, FlashStore": ("tern_qos1", {"store": cpu_bench.FLASH}, 404_000),
+    "receive a QoS 1 message": ("tern_rx", {}, 123_000),
 }
 HEADROOM = 1.25  # the heap's layout moves a count by a few per cent between builds; a GC inside a region more
 
