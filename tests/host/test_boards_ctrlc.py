@@ -142,3 +142,37 @@ def test_ctrl_c_under_load_seeded_sample(emu):
 @pytest.mark.slow
 def test_ctrl_c_under_load_stress(emu):
     _run_stress(emu, cycles=2000, seed=12)
+
+
+
+
+HELD = """
+from micropython import kbd_intr
+import time
+kbd_intr(-1)  # what emuboard does for a flash operation and for the boot's own file work
+print('held')
+t = time.ticks_ms()
+while time.ticks_diff(time.ticks_ms(), t) < 600:
+    pass
+kbd_intr(3)
+print('released')
+while True:
+    pass
+"""
+
+
+def test_a_ctrl_c_the_device_holds_waits_and_then_interrupts(emu):
+    """This unix port raises KeyboardInterrupt wherever its SIGINT lands, LittleFS's C code included;
+    LittleFS left torn in RAM loses the next file written (a fleet board's main.py, written right after
+    mpremote's Ctrl-C met the board's boot). So emuboard holds Ctrl-C (no SIGINT handler) during flash
+    operations and the boot's file work. The relay must then neither signal (SIG_DFL would kill the
+    process) nor send the byte (code that runs does not read it: the Ctrl-C would be lost and mpremote
+    would wait in vain): it waits until the device takes Ctrl-C again, and interrupts then."""
+    emu.exec("g = 3")
+    pid, m = emu.pid, emu.log.mark()
+    emu.exec_nowait(HELD)
+    emu.wait_for(r"^held$", since=m)
+    assert emu.exec("print(g * 14)").strip() == "42"  # "\r\x03" waited for 'released', then interrupted
+    texts = emu.log.texts(m)
+    assert texts.index("released") < texts.index("KeyboardInterrupt:")
+    assert emu.pid == pid and _deaths(emu, m) == []

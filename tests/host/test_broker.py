@@ -145,6 +145,52 @@ def test_kill9_and_restart_keep_a_queued_qos1_message_for_a_persistent_session(t
         b.stop()
 
 
+def test_a_broker_that_saves_every_minute_keeps_what_it_held_at_save_across_kill9(tmp_path):
+    """autosave_seconds: no save per change (a large fleet's broker would rewrite its database for every
+    message); save() writes it now, and a kill -9 after it keeps the queued message."""
+    b = Broker(tmp_path / "b", persistence=True, autosave_seconds=60).start()
+    try:
+        assert "autosave_on_changes false" in b.config() and "autosave_interval 60" in b.config()
+        sub = paho("sub-s", clean_session=False)
+        paho_connect(sub, b.address)
+        subscribe(sub, "q/saved", 1)
+        paho_close(sub)
+        pub = paho("pub-s")
+        paho_connect(pub, b.address)
+        publish(pub, "q/saved", b"kept by save()", qos=1)
+        paho_close(pub)
+        b.save()
+        b.kill()
+        b.restart()
+        sub = paho("sub-s", clean_session=False)
+        assert paho_connect(sub, b.address).session_present
+        m = sub.messages.get(timeout=TIMEOUT)
+        assert (m.topic, m.payload) == ("q/saved", b"kept by save()")
+        paho_close(sub)
+    finally:
+        b.stop()
+    with pytest.raises(ValueError, match="autosave_seconds must be a positive int"):
+        Broker(tmp_path / "c", autosave_seconds=0)
+    with pytest.raises(BrokerError, match="not running"):
+        Broker(tmp_path / "d", persistence=True).save()
+
+
+def test_without_packet_logging_the_log_keeps_connections_and_subscriptions_only(tmp_path):
+    with Broker(tmp_path / "b", log_packets=False) as b:
+        sub = paho("quiet-sub")
+        paho_connect(sub, b.address)
+        subscribe(sub, "quiet/#", 1)
+        pub = paho("quiet-pub")
+        paho_connect(pub, b.address)
+        publish(pub, "quiet/t", b"x", qos=1)
+        assert sub.messages.get(timeout=TIMEOUT).payload == b"x"
+        paho_close(pub)
+        paho_close(sub)
+        log = b.log_path.read_text()
+    assert "New client connected" in log and "quiet-pub" in log and "quiet/#" in log
+    assert "PUBLISH" not in log and "PUBACK" not in log
+
+
 def test_without_persistence_a_restart_forgets_the_session(tmp_path):
     b = Broker(tmp_path / "b").start()
     try:

@@ -30,6 +30,16 @@ firmware does before its REPL:
 - runs boot.py, then main.py (friendly REPL only, as boards do: a soft reset
   in raw REPL mode runs boot.py only), then hands over to the REPL.
 
+Ctrl-C and the filesystem. This unix port raises KeyboardInterrupt from its SIGINT handler at once,
+wherever the process is (MICROPY_ASYNC_KBD_INTR), so a Ctrl-C that lands inside LittleFS's C code
+unwinds through it and leaves its RAM state torn: a file written next can vanish (it did: the app's
+main.py, written by the host right after mpremote's Ctrl-C met a fresh board's boot). A board's Ctrl-C
+never lands inside its flash driver. So Ctrl-C is held (micropython.kbd_intr(-1): no SIGINT handler;
+the host's relay then waits while the process is not at a prompt) during every block-device call, and
+during the boot's own file work (finding and compiling boot.py and main.py, see _run). LittleFS's own C
+code between block-device calls is still exposed to a Ctrl-C from user code's file calls (the port
+gives no hook there); it is a small share of the time, as the block device is Python.
+
 A power cut kills the process with SIGKILL at once (no finally, no flush):
 at the N-th flash operation (the torn write is on the image first) or from
 the host at any time. reset() is machine.reset(): the process is killed
@@ -54,6 +64,7 @@ import os
 import sys
 
 import vfs
+from micropython import kbd_intr
 from time import ticks_ms, ticks_diff, sleep_ms
 from norflash import NorFlash, PowerCut
 
@@ -117,9 +128,11 @@ class Flash(NorFlash):
     def _check_program(self, pos, buf, n):
         s = self._s
         i = 0
+        f = self._f
         while i < n:
             k = min(_CHUNK, n - i)
-            self._chunk(pos + i, k)
+            f.seek(pos + i)
+            f.readinto(s, k)  # not _chunk: no slice, so no allocation (a GC finaliser may close a file here)
             for j in range(k):
                 if s[j] & buf[i + j] != buf[i + j]:
                     self._violation(pos + i + j, s[j], buf[i + j])
@@ -146,8 +159,13 @@ class Flash(NorFlash):
         raise PowerCut("power cut at flash operation %d" % self.ops)  # only if kill failed
 
 
+def _hold():
+    kbd_intr(-1)  # Ctrl-C held for one flash operation (see the module docstring)
+
+
 class Partition:
-    """A run of blocks of the flash, as its own block device (extended protocol)."""
+    """A run of blocks of the flash, as its own block device (extended protocol). Each call holds
+    Ctrl-C from its first bytecode to its last: kbd_intr(3) is the last call before the return."""
 
     def __init__(self, dev, label, start, blocks):
         self.dev = dev
@@ -161,14 +179,38 @@ class Partition:
             raise ValueError("%s: block %d offset %d length %d is outside the partition" % (self.label, block, offset, n))
 
     def readblocks(self, block, buf, offset=0):
-        self._check(block, offset, len(buf))
-        return self.dev.readblocks(self.start + block, buf, offset)
+        _hold()
+        try:
+            self._check(block, offset, len(buf))
+            r = self.dev.readblocks(self.start + block, buf, offset)
+        except BaseException:  # noqa: B036 - Ctrl-C back on, whatever failed
+            kbd_intr(3)
+            raise
+        kbd_intr(3)
+        return r
 
     def writeblocks(self, block, buf, offset=0):
-        self._check(block, offset, len(buf))
-        return self.dev.writeblocks(self.start + block, buf, offset)
+        _hold()
+        try:
+            self._check(block, offset, len(buf))
+            r = self.dev.writeblocks(self.start + block, buf, offset)
+        except BaseException:  # noqa: B036
+            kbd_intr(3)
+            raise
+        kbd_intr(3)
+        return r
 
     def ioctl(self, op, arg=0):
+        _hold()
+        try:
+            r = self._ioctl(op, arg)
+        except BaseException:  # noqa: B036
+            kbd_intr(3)
+            raise
+        kbd_intr(3)
+        return r
+
+    def _ioctl(self, op, arg):
         if op == 4:
             return self.blocks
         if op == 6:
@@ -245,12 +287,20 @@ def arm_cut(n, seed=None):
 
 
 def _run(name, g):
+    kbd_intr(-1)  # finding, reading and compiling the file: LittleFS at work (see the module docstring)
     try:
-        os.stat(name)
+        with open(name) as f:
+            code = compile(f.read(), name, "exec")
     except OSError:
+        kbd_intr(3)
         return
+    except BaseException as e:  # noqa: B036 - a SyntaxError, say: printed as a board prints it
+        kbd_intr(3)
+        sys.print_exception(e)
+        return
+    kbd_intr(3)
     try:
-        execfile(name, g)  # noqa: F821 - a MicroPython builtin
+        exec(code, g)
     except SystemExit:
         pass
     except BaseException as e:  # noqa: B036 - a board prints it (Ctrl-C too) and goes on to the REPL

@@ -11,7 +11,8 @@ terminal. The relay:
 - copies bytes both ways, turning the unix port's bare "\\n" into the "\\r\\n"
   a board prints, timestamps every line into the console log;
 - delivers Ctrl-C as a board does: as KeyboardInterrupt (SIGINT) while code
-  runs, as a byte to the REPL otherwise;
+  runs, as a byte to the REPL otherwise, and never inside a flash operation
+  (the device holds Ctrl-C there: the Ctrl-C, and the bytes after it, wait);
 - turns the process ending into what a board does: an exit (Ctrl-D at the
   REPL, machine.soft_reset(), sys.exit()) is a soft reboot -- it prints
   "MPY: soft reboot" and boots again, staying in the raw REPL if it was
@@ -37,6 +38,7 @@ freeze, cuts); this module knows the device process and the two ptys only.
 import fcntl
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -52,6 +54,8 @@ from .relay import BACKLOG, PortRelay
 
 _BOOT = "import gc;gc.collect();b=gc.mem_alloc();import emuboard;emuboard.boot(globals(),b);del emuboard,b"
 _SENT = b"\x00TERN:"
+_RETRY = 0.002  # seconds between tries of a Ctrl-C the device holds (a flash operation takes well under 1 ms)
+_READ_SYSCALL = {"x86_64": 0, "aarch64": 63, "riscv64": 63, "armv7l": 3, "i686": 3}  # read(2)'s number
 _RAW_BANNER = b"raw REPL; CTRL-B to exit"
 _FRIENDLY_BANNER = b'Type "help()" for more information.'
 
@@ -86,6 +90,8 @@ class Supervisor(PortRelay):
         self.last_out = 0
         self.start_time = None
         self.sigint_pid = None  # the process the relay last sent a SIGINT (Ctrl-C) to
+        self.held = bytearray()  # a Ctrl-C the device holds (a flash operation) and the host bytes after it
+        self.retry_at = None  # monotonic time to try that Ctrl-C again
         self.wdt_ms = None  # the watchdog's timeout once the device started it
         self.wdt_deadline = None  # monotonic time by which the next feed must arrive
         self.sleep_ms = None  # from the device's deep-sleep sentinel (-1: no wake-up timer)
@@ -138,6 +144,8 @@ class Supervisor(PortRelay):
         self.acc.clear()
         self.tail = b""  # the last process's REPL banner is not this one's (it would read as a failed boot)
         self.pending_in.clear()
+        self.held.clear()
+        self.retry_at = None
         self.state = "booting"
         self.cause = cause
         self.frozen = False
@@ -190,9 +198,12 @@ class Supervisor(PortRelay):
         return self.m_in
 
     def _deadlines(self):
-        return (self.wdt_deadline, self.wake_at)
+        return (self.wdt_deadline, self.wake_at, self.retry_at)
 
     def _timers(self):
+        if self.retry_at is not None and time.monotonic() >= self.retry_at:
+            with self.lock:
+                self._retry_interrupt()
         if self.wdt_deadline is not None and time.monotonic() >= self.wdt_deadline:
             self._bite()
         if self.wake_at is not None and time.monotonic() >= self.wake_at:
@@ -313,16 +324,46 @@ class Supervisor(PortRelay):
             if self.state == "booting":  # firmware init is not interruptible: held until it is up
                 self.pending_in += data
                 return
-            if b"\x03" in data and self._interrupt():
-                data = data.replace(b"\x03", b"")
+            if self.held:  # behind a Ctrl-C that waits: in order
+                self.held += data
+                return
+            self._deliver(data)
+
+    def _write_in(self, data):
+        if data:
             try:
                 os.write(self.m_in, data)
             except OSError:
                 pass
 
+    def _deliver(self, data):
+        """Host bytes to the device; a Ctrl-C as SIGINT while code runs (_interrupt). A Ctrl-C the
+        device holds (a flash operation under way) waits, with the bytes after it, for _retry_interrupt."""
+        i = data.find(b"\x03")
+        if i < 0:
+            self._write_in(data)
+            return
+        self._write_in(data[:i])
+        how = self._interrupt()
+        if how is None:
+            self.held[:] = data[i:]
+            self.retry_at = time.monotonic() + _RETRY
+            return
+        rest = data[i + 1:]
+        self._write_in(b"\x03" + rest if how is False else rest.replace(b"\x03", b""))
+
+    def _retry_interrupt(self):
+        """The time to try a held Ctrl-C again (the lock is held)."""
+        self.retry_at = None
+        data, self.held = bytes(self.held), bytearray()
+        if self.m_in is not None and self.state == "on":  # else off or rebooting: bytes sent then are lost
+            self._deliver(data)
+
     def _interrupt(self):
         """Ctrl-C from the host: a KeyboardInterrupt (SIGINT) if the device runs
-        code; True if sent, False if the Ctrl-C is to go to the REPL as a byte.
+        code; True if sent, False if the Ctrl-C is to go to the REPL as a byte,
+        None if the device holds Ctrl-C for now (it runs code, inside a flash
+        operation: emuboard's module docstring) and it is to be tried again.
 
         Reading the handler (_running_code) and then signalling would race with
         the code ending in between: the port puts SIG_DFL back as it finishes,
@@ -341,8 +382,10 @@ class Supervisor(PortRelay):
         except OSError:
             return False
         try:
-            if not (self._stopped(pid) and self._running_code()):
+            if not self._stopped(pid):
                 return False
+            if not self._running_code():
+                return None if self._at_prompt(pid) is False else False
             os.kill(pid, signal.SIGINT)
             self.sigint_pid = pid
             return True
@@ -372,6 +415,20 @@ class Supervisor(PortRelay):
                 return False
             time.sleep(pause)
             pause = min(pause * 2, 0.005)
+
+    @staticmethod
+    def _at_prompt(pid):
+        """Whether the stopped process waits in read(2) on its stdin (a prompt); None when this host
+        cannot tell (another architecture, /proc unreadable): then Ctrl-C goes as a byte, as before."""
+        nr = _READ_SYSCALL.get(platform.machine())
+        try:
+            with open("/proc/%d/syscall" % pid) as f:
+                fields = f.read().split()
+        except OSError:
+            return None
+        if nr is None or len(fields) < 2:
+            return None
+        return fields[0] == str(nr) and int(fields[1], 16) == 0
 
     def _running_code(self):
         """True while the unix port runs Python code: then (and only then) it

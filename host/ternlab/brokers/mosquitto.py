@@ -167,6 +167,13 @@ class Broker:
     listeners: extra `Listener`s (further ports, TLS with client certificates,
         WebSockets). Mosquitto cannot restrict the MQTT version per listener:
         see `Listener`.
+    log_packets: log every packet (mosquitto's `log_type all`, what tests read back); False keeps
+        connections, subscriptions and errors only: a large fleet's packets would be most of the
+        broker's work.
+    autosave_seconds: None saves the database after every change (a kill loses at most what was
+        acknowledged in the last few milliseconds); N saves every N seconds (a kill loses up to N s
+        of acknowledged state): a large fleet's broker would otherwise rewrite its whole database
+        for every message. save() saves now, before a planned kill.
     extra: further mosquitto.conf lines, appended verbatim.
     binary: the mosquitto executable (default: found on PATH or in sbin).
 
@@ -181,7 +188,8 @@ class Broker:
                  max_queued_messages: int | None = None, message_size_limit: int | None = None,
                  extra: list[str] | None = None, tls: bool = False, tls_port: int | None = None,
                  users: dict[str, str] | None = None, allow_anonymous: bool | None = None,
-                 listeners: list[Listener] | None = None,
+                 listeners: list[Listener] | None = None, log_packets: bool = True,
+                 autosave_seconds: int | None = None,
                  binary: str | os.PathLike | None = None):
         _check_port("port", port)
         _check_port("tls_port", tls_port)
@@ -205,6 +213,11 @@ class Broker:
             if not isinstance(spec, Listener):
                 raise ValueError(f"listeners must be Listener objects, not {spec!r}")
         _check_loopback("extra", extra or ())
+        if autosave_seconds is not None and (not isinstance(autosave_seconds, int) or isinstance(autosave_seconds, bool)
+                                             or autosave_seconds < 1):
+            raise ValueError(f"autosave_seconds must be a positive int or None, not {autosave_seconds!r}")
+        self.log_packets = log_packets
+        self.autosave_seconds = autosave_seconds
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tern-broker-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -265,7 +278,8 @@ class Broker:
             f"listener {self.port} {self.host}",
             f"allow_anonymous {'true' if self.allow_anonymous else 'false'}",
             f"log_dest file {self.log_path}",
-            "log_type all",
+        ] + (["log_type all"] if self.log_packets else
+             [f"log_type {t}" for t in ("error", "warning", "notice", "information", "subscribe", "unsubscribe")]) + [
             "connection_messages true",
             "log_timestamp_format %Y-%m-%dT%H:%M:%S",
         ]
@@ -275,9 +289,8 @@ class Broker:
             lines += [
                 "persistence true",
                 f"persistence_location {self.workdir}/",
-                "autosave_on_changes true",
-                "autosave_interval 1",
-            ]
+            ] + (["autosave_on_changes true", "autosave_interval 1"] if self.autosave_seconds is None else
+                 ["autosave_on_changes false", f"autosave_interval {self.autosave_seconds}"])
         else:
             lines.append("persistence false")
         for key, value in self.limits.items():
@@ -383,6 +396,14 @@ class Broker:
         except FileNotFoundError:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def save(self, timeout: float = 10.0) -> None:
+        """Have mosquitto write its persistence file now (SIGUSR1) and wait until it has."""
+        if not self.running():
+            raise BrokerError("the broker is not running")
+        mark = self.save_mark()
+        self.proc.send_signal(signal.SIGUSR1)
+        self.wait_saved(mark, timeout)
 
     def wait_saved(self, mark, timeout: float = 5.0) -> None:
         """Wait until mosquitto has written its persistence file since `mark`

@@ -18,6 +18,7 @@ Format (all keys but ``duration`` optional)::
 
     [broker]
     persistence = true             # Mosquitto keeps sessions across restarts
+    log_packets = false            # its log: connections and subscriptions (true: every packet too)
 
     [firmware]                     # merged into every board's config.json (see device/app/)
     interval_ms = 200
@@ -109,6 +110,7 @@ class Scenario:
     warmup: float | None = None  # None: min(2 s, duration / 5)
     settle: float = 20.0
     persistence: bool = True
+    log_packets: bool = False
     firmware: dict = field(default_factory=dict)
     faults: tuple[FaultSpec, ...] = ()
     source: str | None = None   # the file it came from, for messages and the replay command
@@ -273,10 +275,11 @@ def parse_scenario(data: dict, *, name: str = "scenario", source: str | None = N
     broker = data.get("broker", {})
     if not isinstance(broker, dict):
         raise _err(where, "broker", "must be a table ([broker])")
-    _known(where, "broker.", broker, ("persistence",))
-    persistence = broker.get("persistence", True)
-    if not isinstance(persistence, bool):
-        raise _err(where, "broker.persistence", f"must be true or false, not {persistence!r}")
+    _known(where, "broker.", broker, ("persistence", "log_packets"))
+    persistence, log_packets = broker.get("persistence", True), broker.get("log_packets", False)
+    for key, value in (("persistence", persistence), ("log_packets", log_packets)):
+        if not isinstance(value, bool):
+            raise _err(where, f"broker.{key}", f"must be true or false, not {value!r}")
     firmware = data.get("firmware", {})
     if not isinstance(firmware, dict):
         raise _err(where, "firmware", "must be a table ([firmware])")
@@ -292,6 +295,7 @@ def parse_scenario(data: dict, *, name: str = "scenario", source: str | None = N
         warmup=_num(where, "warmup", data["warmup"], 0.0, None) if "warmup" in data else None,
         settle=_num(where, "settle", data.get("settle", 20.0), 0.0, None),
         persistence=persistence,
+        log_packets=log_packets,
         firmware=dict(firmware),
         faults=tuple(_fault(where, i, t) for i, t in enumerate(faults)),
         source=source,
