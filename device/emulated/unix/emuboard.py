@@ -159,13 +159,26 @@ class Flash(NorFlash):
         raise PowerCut("power cut at flash operation %d" % self.ops)  # only if kill failed
 
 
+_held = 0  # depth of _hold(): a flash operation inside the boot's file work nests
+
+
 def _hold():
-    kbd_intr(-1)  # Ctrl-C held for one flash operation (see the module docstring)
+    global _held
+    kbd_intr(-1)  # first: Ctrl-C held for a flash operation or the boot's file work (module docstring)
+    _held += 1
+
+
+def _release():
+    # the last call before a return: from here Ctrl-C may land, outside the held work only
+    global _held
+    _held -= 1
+    if not _held:
+        kbd_intr(3)
 
 
 class Partition:
     """A run of blocks of the flash, as its own block device (extended protocol). Each call holds
-    Ctrl-C from its first bytecode to its last: kbd_intr(3) is the last call before the return."""
+    Ctrl-C from its first bytecode to its last: _release() is the last call before the return."""
 
     def __init__(self, dev, label, start, blocks):
         self.dev = dev
@@ -184,9 +197,9 @@ class Partition:
             self._check(block, offset, len(buf))
             r = self.dev.readblocks(self.start + block, buf, offset)
         except BaseException:  # noqa: B036 - Ctrl-C back on, whatever failed
-            kbd_intr(3)
+            _release()
             raise
-        kbd_intr(3)
+        _release()
         return r
 
     def writeblocks(self, block, buf, offset=0):
@@ -195,9 +208,9 @@ class Partition:
             self._check(block, offset, len(buf))
             r = self.dev.writeblocks(self.start + block, buf, offset)
         except BaseException:  # noqa: B036
-            kbd_intr(3)
+            _release()
             raise
-        kbd_intr(3)
+        _release()
         return r
 
     def ioctl(self, op, arg=0):
@@ -205,9 +218,9 @@ class Partition:
         try:
             r = self._ioctl(op, arg)
         except BaseException:  # noqa: B036
-            kbd_intr(3)
+            _release()
             raise
-        kbd_intr(3)
+        _release()
         return r
 
     def _ioctl(self, op, arg):
@@ -287,18 +300,18 @@ def arm_cut(n, seed=None):
 
 
 def _run(name, g):
-    kbd_intr(-1)  # finding, reading and compiling the file: LittleFS at work (see the module docstring)
+    _hold()  # finding, reading and compiling the file: LittleFS at work (see the module docstring)
     try:
         with open(name) as f:
             code = compile(f.read(), name, "exec")
     except OSError:
-        kbd_intr(3)
+        _release()
         return
     except BaseException as e:  # noqa: B036 - a SyntaxError, say: printed as a board prints it
-        kbd_intr(3)
+        _release()
         sys.print_exception(e)
         return
-    kbd_intr(3)
+    _release()
     try:
         exec(code, g)
     except SystemExit:
