@@ -474,20 +474,24 @@ class Client(_Driver):
                     return False
             elif not self._poll.poll(ms):
                 return False
-        while True:
-            rl = s.rx_len
-            room = len(s.rx) - rl  # what the driver may write at rx[rx_len:]
-            if room <= 0:
-                break
-            n = _read_into(sock, s.rxmv[rl:] if rl else s.rxmv, room)
-            if n < 0:
-                break
-            if n == 0:
-                raise OSError(_CLOSED)
-            s.feed_n(n, ticks_ms())
-            if self.sock is None or n < room:
-                break
+        while self._read(s, sock):
+            pass
         return True
+
+    def _read(self, s, sock):
+        # One read into the session's receive buffer, fed to it; True: there may be more to read.
+        # (Apart from _io: each of the two keeps a frame small enough for the stack.)
+        rl = s.rx_len
+        room = len(s.rx) - rl  # what the driver may write at rx[rx_len:]
+        if room <= 0:
+            return False
+        n = _read_into(sock, s.rxmv[rl:] if rl else s.rxmv, room)
+        if n < 0:
+            return False
+        if n == 0:
+            raise OSError(_CLOSED)
+        s.feed_n(n, ticks_ms())
+        return self.sock is not None and n == room
 
     def loop(self, timeout_ms=0, brief=False):
         """Do the client's work for up to timeout_ms (0: one pass without

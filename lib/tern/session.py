@@ -858,60 +858,77 @@ class Session:
         self.rx_len += n
         if n:
             self._ping_sent = -1
-        rx = self.rx
-        cap = len(rx)
         base = self._rpos
         top = base < 0
         if top:
             base = self._rpos = 0
         try:
-            while True:
-                pos = self._rpos
-                end = self.rx_len
-                k = self.skip
-                if k:  # an oversize PUBLISH (see _oversize), discarded as it arrives
-                    if end - pos < k:
-                        k = end - pos
-                    self._rpos = pos + k
-                    self.skip -= k
-                    if self.skip:
-                        break
-                    k = self.skip_id
-                    self.stats_dropped += 1
-                    if k >> 16 == 2 and not self.store.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 1, now):
-                        continue  # (kept as for any QoS 2 message, until PUBREL; else not acknowledged)
-                    if k >> 16:
-                        self._answer(_PUBACK if k >> 16 == 1 else _PUBREC, k & 0xFFFF, now)
-                    continue
-                if pos + 1 < end and rx[pos] > 15 and rx[pos + 1] < 128:
-                    size = rx[pos + 1] + 2  # (a one-byte remaining length: acknowledgements, short messages)
-                else:
-                    size = pkt.frame_size(rx, pos, end, 268435460) if pos < end else -1
-                if size > cap:
-                    from .fault import oversize
-
-                    if oversize(self, pos, end, size):
-                        continue
-                    break
-                if size < 0 or pos + size > end:
-                    break
-                self._rpos = pos + size  # consumed even if a handler raises: never handled twice
-                self._handle(pos, pos + size, now)
+            self._frames(now)
             self._pump(now)  # what the acknowledgements read let out of the window (see _on_ack)
         except MQTTError as e:
             self.violation(e.code, e.args[0], now)  # the unread rest is dropped
         finally:
-            pos = self._rpos
-            end = self.rx_len
+            n = self._rpos
             self._rpos = -1 if top else base
-            if pos > base:
-                left = end - pos if end > pos else 0
-                if left:
-                    rx[base : base + left] = self.rxmv[pos:end]
-                self.rx_len = base + left
+            if n > base:
+                self._compact(base, n)
             if top:
                 self.flush()
                 self._pump(now)  # (only after an exception has something to do: sent as it is, not queued)
+
+    def _compact(self, base, pos):
+        # What feed_n read is done with: the unread rest moves down to where it started reading.
+        end = self.rx_len
+        end = end - pos if end > pos else 0
+        if end:
+            self.rx[base : base + end] = self.rxmv[pos : pos + end]
+        self.rx_len = base + end
+
+    def _frames(self, now):
+        # Handle the whole frames from _rpos on (feed_n's loop, apart: feed_n's exception handling
+        # makes its frame one the heap gives; this one, of 11 words, the stack).
+        while True:
+            if self.skip and self._skip(now):
+                return
+            rx = self.rx
+            pos = self._rpos
+            if pos + 1 < self.rx_len and rx[pos] > 15 and rx[pos + 1] < 128:
+                k = rx[pos + 1] + 2  # (a one-byte remaining length: acknowledgements, short messages)
+            else:
+                k = self._size(pos)
+            if k > len(rx):
+                from .fault import oversize
+
+                if oversize(self, pos, self.rx_len, k):
+                    continue
+                return
+            if k < 0 or pos + k > self.rx_len:
+                return
+            self._rpos = pos + k  # consumed even if a handler raises: never handled twice
+            self._handle(pos, pos + k, now)
+
+    def _size(self, pos):
+        # The size of the frame at pos (-1: its fixed header is not all there yet).
+        return pkt.frame_size(self.rx, pos, self.rx_len, 268435460) if pos < self.rx_len else -1
+
+    def _skip(self, now):
+        # An oversize PUBLISH (see tern.fault.oversize), discarded as it arrives; True while more
+        # of it is to come.
+        pos = self._rpos
+        k = self.skip
+        if self.rx_len - pos < k:
+            k = self.rx_len - pos
+        self._rpos = pos + k
+        self.skip -= k
+        if self.skip:
+            return True
+        k = self.skip_id
+        self.stats_dropped += 1
+        if k >> 16 == 2 and not self.store.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 1, now):
+            return False  # (kept as for any QoS 2 message, until PUBREL; else not acknowledged)
+        if k >> 16:
+            self._answer(_PUBACK if k >> 16 == 1 else _PUBREC, k & 0xFFFF, now)
+        return False
 
     def _handle(self, pos, end, now):
         # The steady path's frames, in a frame of 11 words (one larger comes from the heap, some
