@@ -294,7 +294,7 @@ class Client(_Driver):
         # future); None after close() or disconnect(): not until connect().
         self._next_try = ticks_ms()
         self._replies = {}  # pid -> SUBACK/UNSUBACK reason codes, while a call waits for them
-        # _poll, _connack and _authed are set before use, by connect() and
+        # _poll, _pend, _connack and _authed are set before use, by connect() and
         # reauthenticate(): a smaller instance until then.
 
     # The session's default handler for messages no subscription handler took.
@@ -337,19 +337,22 @@ class Client(_Driver):
             self._next_try = ticks_add(ticks_ms(), self._backoff_ms(e))
 
     def _send(self, buf, off, n):
-        sock = self.sock
-        if sock is None:
+        if self.sock is None:
             raise OSError("not connected")
+        k = _write(self.sock, buf, off, n)
+        if k < n:  # the socket pushed back: the rest waits for room (kept apart: a small frame for this one)
+            self._send_rest(buf, off + k, n - k)
+
+    def _send_rest(self, buf, off, n):
+        sock = self.sock
         end = off + n
-        deadline = None  # taken when the socket first pushes back: a write that goes through reads no clock
+        deadline = ticks_add(ticks_ms(), self._ms(None))
         while off < end:
             k = _write(sock, buf, off, end - off)
             if k:
                 off += k
                 continue
-            if deadline is None:
-                deadline = ticks_add(ticks_ms(), self._ms(None))
-            elif ticks_diff(deadline, ticks_ms()) <= 0:
+            if ticks_diff(deadline, ticks_ms()) <= 0:
                 raise OSError("send timed out")
             p = self._poll  # the connection's own, for writing a moment: no poll object per wait
             p.modify(sock, select.POLLOUT)
@@ -390,6 +393,7 @@ class Client(_Driver):
         else:
             sock = self.stream if MICROPYTHON else _Stream(self.stream)
         self.sock = sock
+        self._pend = getattr(sock, "pending", None)  # TLS: bytes it holds decrypted (looked up once: see _io)
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
         s = self.session
@@ -459,7 +463,7 @@ class Client(_Driver):
         sock = self.sock
         if sock is None:
             return False
-        pend = getattr(sock, "pending", None)
+        pend = self._pend
         if not (pend and pend()):  # TLS may hold decrypted bytes the socket no longer shows
             if ms < 0:
                 ms = 0
@@ -470,20 +474,24 @@ class Client(_Driver):
                     return False
             elif not self._poll.poll(ms):
                 return False
-        while True:
-            rl = s.rx_len
-            room = len(s.rx) - rl  # what the driver may write at rx[rx_len:]
-            if room <= 0:
-                break
-            n = _read_into(sock, s.rxmv[rl:] if rl else s.rxmv, room)
-            if n < 0:
-                break
-            if n == 0:
-                raise OSError(_CLOSED)
-            s.feed_n(n, ticks_ms())
-            if self.sock is None or n < room:
-                break
+        while self._read(s, sock):
+            pass
         return True
+
+    def _read(self, s, sock):
+        # One read into the session's receive buffer, fed to it; True: there may be more to read.
+        # (Apart from _io: each of the two keeps a frame small enough for the stack.)
+        rl = s.rx_len
+        room = len(s.rx) - rl  # what the driver may write at rx[rx_len:]
+        if room <= 0:
+            return False
+        n = _read_into(sock, s.rxmv[rl:] if rl else s.rxmv, room)
+        if n < 0:
+            return False
+        if n == 0:
+            raise OSError(_CLOSED)
+        s.feed_n(n, ticks_ms())
+        return self.sock is not None and n == room
 
     def loop(self, timeout_ms=0, brief=False):
         """Do the client's work for up to timeout_ms (0: one pass without

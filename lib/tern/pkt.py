@@ -126,8 +126,9 @@ def frame_size(buf, pos, end, max_size):
 def publish_header_into(buf, topic, qos, retain, dup, pid, payload_len, version, props=None):
     """Write a PUBLISH's fixed and variable header; the payload follows it on
     the wire. `topic` is bytes, `props` an encoded property block or None.
-    Returns the header length. Allocates nothing. (Written out rather than
-    through put_*: it runs for every message, and each call counts there.)"""
+    Returns the header length. Allocates nothing. Checks its input, then
+    writes through pub_head (which the session calls itself, with input it
+    has checked)."""
     tl = len(topic)
     if tl > 65535 or not tl and version != _V5:
         check("topic length", tl, 0 if version == _V5 else 1, 65535)  # raises
@@ -136,33 +137,43 @@ def publish_header_into(buf, topic, qos, retain, dup, pid, payload_len, version,
         check("packet id", pid, 1, 65535)
     if dup and not qos:
         raise ValueError("DUP on QoS 0")
-    n = 2 + tl + payload_len
-    if qos:
+    return pub_head(buf, topic, 0x30 | (8 if dup else 0) | qos << 1 | (1 if retain else 0),
+                    pid if qos else 0, payload_len, (props or b"\x00") if version == _V5 else None)
+
+
+def pub_head(buf, topic, b0, pid, n, props):
+    """publish_header_into for checked input, the steady path's: b0 the first
+    byte, pid 0 for QoS 0, n the payload's length, props the encoded property
+    block (MQTT 5: b"\x00" when empty) or None (before MQTT 5). Kept within a
+    MicroPython frame of 11 words (a larger one comes from the heap at every
+    call, some 2,000 instructions on a Cortex-M3): few locals, short expressions."""
+    tl = len(topic)
+    n += 2 + tl
+    if pid:
         n += 2
-    if version == _V5:
-        n += len(props) if props else 1
-    buf[0] = 0x30 | (8 if dup else 0) | qos << 1 | (1 if retain else 0)
+    if props is not None:
+        n += len(props)
+    buf[0] = b0
     if n < 128:
         buf[1] = n
-        p = 2
+        n = 2
     else:
-        p = put_varint(buf, 1, n)  # checks the packet size
-    buf[p] = tl >> 8
-    buf[p + 1] = tl & 0xFF
-    p += 2 + tl
-    buf[p - tl : p] = topic
-    if qos:
-        buf[p] = pid >> 8
-        buf[p + 1] = pid & 0xFF
-        p += 2
-    if version == _V5:
-        if props:
-            buf[p : p + len(props)] = props
-            p += len(props)
-        else:
-            buf[p] = 0
-            p += 1
-    return p
+        n = put_varint(buf, 1, n)  # checks the packet size
+    buf[n] = tl >> 8
+    buf[n + 1] = tl & 0xFF
+    n += 2
+    tl += n
+    buf[n:tl] = topic
+    n = tl
+    if pid:
+        buf[n] = pid >> 8
+        buf[n + 1] = pid & 0xFF
+        n += 2
+    if props is not None:
+        tl = n + len(props)
+        buf[n:tl] = props
+        n = tl
+    return n
 
 
 def ack_into(buf, ptype, pid, reason, version, at=0):

@@ -512,27 +512,19 @@ class Session:
         topic: bytes (zero allocation) or str; props: a dict of MQTT 5
         properties or None.
         """
+        # (The steady path counts calls: on a Cortex-M3 a Python call costs some 700 instructions,
+        # a builtin such as len() 450, an attribute 150; what a message does not need is off it.)
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
         if self._txn:
             self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
         # Devices publish to a handful of topics: validate (and encode) each
         # once, so a str or bytes topic costs no allocation on the steady path.
-        c = self._cache
         try:
-            t = c.get(topic)
+            t = self._cache.get(topic)
         except TypeError:  # a bytearray or memoryview: not a key, checked every time
             t = None
-        if t is None:
-            if topic or not (props and _P_ALIAS in props):  # empty: by an alias set on this connection
-                t = validate_name(topic)
-                if isinstance(topic, str) or isinstance(topic, bytes):
-                    if len(c) >= 24:
-                        c.clear()
-                    c[topic] = t
-            else:
-                t = b""
-        topic = t
+        topic = self._topic(topic, props) if t is None else t
         # What the server's last CONNACK said it supports (MQTT 5; before any
         # CONNACK everything is allowed): refused here, before a byte is sent
         # or stored, rather than by a DISCONNECT from the server.
@@ -540,22 +532,25 @@ class Session:
             raise ValueError("the server accepts QoS up to %d (CONNACK Maximum QoS)" % self.max_qos)
         if retain and not self.retain_ok:
             raise ValueError("the server does not support retained messages (CONNACK Retain Available = 0)")
-        pblock = None
+        tx = self.tx
+        pblock = None  # the encoded properties: MQTT 5 only (b"\x00": none)
         if props:
             if self.version != _V5:
                 raise ValueError("properties need MQTT 5")
             self._P.client_publish(props, payload, qos, topic, self.server.get(_P_ALIAS_MAX, 0))
             pblock = self._P.encode(props, _PUBLISH)
+            if 2 + len(topic) + 2 + 5 + len(pblock) > len(tx):
+                raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(tx))
+        elif self.version == _V5:
+            pblock = b"\x00"
         plen = len(payload)
-        tx = self.tx
-        hlen = 2 + len(topic) + 2 + 5 + (len(pblock) if pblock else 1)
-        if hlen > len(tx):
-            raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(tx))
-        mx = self.server.get(_P_MAX_PACKET, 268435460)
-        n = hlen - (5 if qos else 7) + plen  # the remaining length (a maximum comes only from MQTT 5)
-        n += 1 + pkt.varint_size(n)  # and the fixed header
-        if n > mx:
-            raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (n, mx))
+        mx = self.server.get(_P_MAX_PACKET)  # (only an MQTT 5 CONNACK sets one)
+        n = 0
+        if mx:
+            n = 2 + len(topic) + (2 if qos else 0) + len(pblock) + plen  # the remaining length
+            n += 1 + pkt.varint_size(n)  # and the fixed header
+            if n > mx:
+                raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (n, mx))
         if not qos:
             if self.state != CONNECTED:
                 raise NotConnected("not connected: QoS 0 messages are not kept")
@@ -584,62 +579,91 @@ class Session:
                     if not new:
                         topic = b""
                         pblock = blk
-                    elif n + len(blk) - (len(pblock) if pblock else 1) + 1 <= mx:
+                    elif not mx or n + len(blk) - len(pblock) + 1 <= mx:
                         # (+1: the remaining length may take a byte more) a new alias only where
                         # its property keeps the packet within the server's maximum [MQTT-3.1.2-24]
                         d[topic] = ablk
                         pblock = blk
-            n = pkt.publish_header_into(tx, topic, 0, retain, False, 0, plen, self.version, pblock)
-            if n + plen <= len(tx):
-                # One write per packet: a header and a payload written apart
-                # leave as two segments, and where Nagle's algorithm is on the
-                # second waits for the peer's (delayed) ACK of the first.
-                self._txmv[n : n + plen] = payload
-                n += plen
-                plen = 0
-            try:
-                self.out(tx, 0, n)
-                if plen:
-                    self.out(payload, 0, plen)
-            except OSError as e:
-                # Part of the packet may have left: the connection cannot carry
-                # another. Not accepted (QoS 0 is not kept), so the caller hears.
-                self.connection_lost()
-                self.emit(EV_LOST, 0, e)
+            n = pkt.pub_head(tx, topic, 0x31 if retain else 0x30, 0, plen, pblock)
+            pid = 0
+        else:
+            if self._n >= self._cap:
+                return WOULD_BLOCK
+            pid = self._alloc_pid()
+            n = pkt.pub_head(tx, topic, 0x30 | qos << 1 | (1 if retain else 0), pid, plen, pblock)
+            # The store takes the encoded header as a buffer of exactly n bytes;
+            # one view of the transmit buffer per header length (a device has few
+            # topics), cached beside the topics (int keys, not str), keeps that
+            # allocation out of the steady path.
+            c = self._cache
+            v = c.get(n)
+            if v is None:
+                if len(c) >= 24:
+                    c.clear()
+                v = c[n] = memoryview(tx)[:n]
+            st = self.store
+            st.append(_PUBLISH, pid, v, payload)
+            # Durable before publish() returns, online or not (group commit: offline, no packet would
+            # commit it until the next CONNACK); a store failure is not an acceptance.
+            if st.dirty:
+                st.commit()
+            self._push(pid, _QOS2 if qos == 2 else 0)
+            if self.state != CONNECTED:
+                return pid
+            if self._unsent > 1 or self._inflight >= self._limit:
+                try:
+                    self._pump(now)  # (whatever the window lets out, in ring order)
+                except OSError as e:
+                    # Accepted: stored and queued; only the connection failed
+                    # under the send. It goes out after the next CONNACK. Raising
+                    # would say "not accepted", and a caller that publishes it
+                    # again would send the message twice.
+                    self.connection_lost()
+                    self.emit(EV_LOST, 0, e)
+                return pid
+            # The only message waiting, inside the window: sent as _send_ring would send it, from
+            # the header still in tx and the payload (the record's bytes, now stored), rather than
+            # read back from the store.
+            v = (self._head + self._n - 1) % self._cap
+            self._rflags[v] |= _SENT | _EVER
+            self._unsent = 0
+            self._inflight += 1
+        if n + plen <= len(tx):
+            # One write per packet: a header and a payload written apart
+            # leave as two segments, and where Nagle's algorithm is on the
+            # second waits for the peer's (delayed) ACK of the first.
+            self._txmv[n : n + plen] = payload
+            n += plen
+            plen = 0
+        try:
+            self.out(tx, 0, n)
+            if plen:
+                self.out(payload, 0, plen)
+        except OSError as e:
+            # Part of the packet may have left: the connection cannot carry
+            # another. QoS 0 is not accepted (it is not kept), so the caller
+            # hears; a QoS 1/2 message is (see above).
+            self.connection_lost()
+            self.emit(EV_LOST, 0, e)
+            if not qos:
                 raise
-            self.last_tx = now
-            return 0
-        if self._n >= self._cap:
-            return WOULD_BLOCK
-        pid = self._alloc_pid()
-        n = pkt.publish_header_into(tx, topic, qos, retain, False, pid, plen, self.version, pblock)
-        # The store takes the encoded header as a buffer of exactly n bytes;
-        # one view of the transmit buffer per header length (a device has few
-        # topics), cached beside the topics (int keys, not str), keeps that
-        # allocation out of the steady path.
-        v = self._cache.get(n)
-        if v is None:
-            if len(self._cache) >= 24:
-                self._cache.clear()
-            v = self._cache[n] = memoryview(tx)[:n]
-        st = self.store
-        st.append(_PUBLISH, pid, v, payload)
-        # Durable before publish() returns, online or not (group commit: offline, no packet would
-        # commit it until the next CONNACK); a store failure is not an acceptance.
-        if st.dirty:
-            st.commit()
-        self._push(pid, _QOS2 if qos == 2 else 0)
-        if self.state == CONNECTED:
-            try:
-                self._pump(now)
-            except OSError as e:
-                # Accepted: stored and queued; only the connection failed
-                # under the send. It goes out after the next CONNACK. Raising
-                # would say "not accepted", and a caller that publishes it
-                # again would send the message twice.
-                self.connection_lost()
-                self.emit(EV_LOST, 0, e)
+        self.last_tx = now
         return pid
+
+    def _topic(self, topic, props):
+        # A topic not in publish's cache: checked, encoded, and (str or bytes) cached. The
+        # transmit buffer must hold its header (properties: checked with them).
+        if not topic and props and _P_ALIAS in props:
+            return b""  # by an alias set on this connection
+        t = validate_name(topic)
+        if 2 + len(t) + 2 + 5 + 1 > len(self.tx):
+            raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(self.tx))
+        if isinstance(topic, str) or isinstance(topic, bytes):
+            c = self._cache
+            if len(c) >= 24:
+                c.clear()
+            c[topic] = t
+        return t
 
     def outbox_full(self):
         return self._n >= len(self._rflags)
@@ -834,62 +858,95 @@ class Session:
         self.rx_len += n
         if n:
             self._ping_sent = -1
-        rx = self.rx
-        cap = len(rx)
         base = self._rpos
         top = base < 0
         if top:
             base = self._rpos = 0
         try:
-            while True:
-                pos = self._rpos
-                end = self.rx_len
-                k = self.skip
-                if k:  # an oversize PUBLISH (see _oversize), discarded as it arrives
-                    if end - pos < k:
-                        k = end - pos
-                    self._rpos = pos + k
-                    self.skip -= k
-                    if self.skip:
-                        break
-                    k = self.skip_id
-                    self.stats_dropped += 1
-                    if k >> 16 == 2 and not self.store.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 1, now):
-                        continue  # (kept as for any QoS 2 message, until PUBREL; else not acknowledged)
-                    if k >> 16:
-                        self._answer(_PUBACK if k >> 16 == 1 else _PUBREC, k & 0xFFFF, now)
-                    continue
-                if pos + 1 < end and rx[pos] > 15 and rx[pos + 1] < 128:
-                    size = rx[pos + 1] + 2  # (a one-byte remaining length: acknowledgements, short messages)
-                else:
-                    size = pkt.frame_size(rx, pos, end, 268435460) if pos < end else -1
-                if size > cap:
-                    from .fault import oversize
-
-                    if oversize(self, pos, end, size):
-                        continue
-                    break
-                if size < 0 or pos + size > end:
-                    break
-                self._rpos = pos + size  # consumed even if a handler raises: never handled twice
-                self._handle(pos, pos + size, now)
+            self._frames(now)
             self._pump(now)  # what the acknowledgements read let out of the window (see _on_ack)
         except MQTTError as e:
             self.violation(e.code, e.args[0], now)  # the unread rest is dropped
         finally:
-            pos = self._rpos
-            end = self.rx_len
+            n = self._rpos
             self._rpos = -1 if top else base
-            if pos > base:
-                left = end - pos if end > pos else 0
-                if left:
-                    rx[base : base + left] = self.rxmv[pos:end]
-                self.rx_len = base + left
+            if n > base:
+                self._compact(base, n)
             if top:
                 self.flush()
                 self._pump(now)  # (only after an exception has something to do: sent as it is, not queued)
 
+    def _compact(self, base, pos):
+        # What feed_n read is done with: the unread rest moves down to where it started reading.
+        end = self.rx_len
+        end = end - pos if end > pos else 0
+        if end:
+            self.rx[base : base + end] = self.rxmv[pos : pos + end]
+        self.rx_len = base + end
+
+    def _frames(self, now):
+        # Handle the whole frames from _rpos on (feed_n's loop, apart: feed_n's exception handling
+        # makes its frame one the heap gives; this one, of 11 words, the stack).
+        while True:
+            if self.skip and self._skip(now):
+                return
+            rx = self.rx
+            pos = self._rpos
+            if pos + 1 < self.rx_len and rx[pos] > 15 and rx[pos + 1] < 128:
+                k = rx[pos + 1] + 2  # (a one-byte remaining length: acknowledgements, short messages)
+            else:
+                k = self._size(pos)
+            if k > len(rx):
+                from .fault import oversize
+
+                if oversize(self, pos, self.rx_len, k):
+                    continue
+                return
+            if k < 0 or pos + k > self.rx_len:
+                return
+            self._rpos = pos + k  # consumed even if a handler raises: never handled twice
+            self._handle(pos, pos + k, now)
+
+    def _size(self, pos):
+        # The size of the frame at pos (-1: its fixed header is not all there yet).
+        return pkt.frame_size(self.rx, pos, self.rx_len, 268435460) if pos < self.rx_len else -1
+
+    def _skip(self, now):
+        # An oversize PUBLISH (see tern.fault.oversize), discarded as it arrives; True while more
+        # of it is to come.
+        pos = self._rpos
+        k = self.skip
+        if self.rx_len - pos < k:
+            k = self.rx_len - pos
+        self._rpos = pos + k
+        self.skip -= k
+        if self.skip:
+            return True
+        k = self.skip_id
+        self.stats_dropped += 1
+        if k >> 16 == 2 and not self.store.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 1, now):
+            return False  # (kept as for any QoS 2 message, until PUBREL; else not acknowledged)
+        if k >> 16:
+            self._answer(_PUBACK if k >> 16 == 1 else _PUBREC, k & 0xFFFF, now)
+        return False
+
     def _handle(self, pos, end, now):
+        # The steady path's frames, in a frame of 11 words (one larger comes from the heap, some
+        # 2,000 instructions a call on a Cortex-M3): a PUBLISH, a PUBACK without a reason code
+        # (MQTT 3.1.1's; MQTT 5's for success). Everything else, and anything odd in these, goes
+        # to _handle_any, which says what is wrong.
+        t = self.rx[pos]
+        if t == 0x40 and end - pos == 4 and self._reads & 1 << _PUBACK:
+            t = self.rx[pos + 2] << 8 | self.rx[pos + 3]
+            if t:
+                self._on_ack(_PUBACK, t, 0, now)
+                return
+        elif t >> 4 == _PUBLISH and self._reads & 1 << _PUBLISH:
+            self._on_publish(pos, end, now)
+            return
+        self._handle_any(pos, end, now)
+
+    def _handle_any(self, pos, end, now):
         rx = self.rx
         b0 = rx[pos]
         t = b0 >> 4
@@ -1084,7 +1141,20 @@ class Session:
 
     def _on_ack(self, t, pid, reason, now):
         # An acknowledgement from the server; for SUBACK and UNSUBACK, reason
-        # is the list of reason codes.
+        # is the list of reason codes. The steady case first, in a small frame (see _handle):
+        # the PUBACK of the oldest message, a QoS 1 PUBLISH sent on this connection, ends it as
+        # _ack_any would.
+        if t == _PUBACK and self._n and self._ring[self._head] == pid and (
+                self._rflags[self._head] & (_SENT | _QOS2 | _CTRL) == _SENT):
+            self._free(self._head)
+            if self._late and self._n < self._cap:
+                self._send_late(now)  # what waited for room goes first
+            self._inflight -= 1
+            self.emit(EV_PUBLISHED, pid, reason)
+            return
+        self._ack_any(t, pid, reason, now)
+
+    def _ack_any(self, t, pid, reason, now):
         st = self.store
         if t == _PUBREL:
             # The server releases an inbound QoS 2 message.

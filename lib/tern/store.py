@@ -98,10 +98,10 @@ class MemoryStore:
         return b
 
     def _at(self, pid):
-        try:
-            return self._pids.index(pid)
-        except ValueError:
+        i = self._index(pid)
+        if i < 0:
             raise KeyError(pid)
+        return i
 
     def mark(self, pid):
         self._kind[self._at(pid)] |= 128
@@ -109,11 +109,16 @@ class MemoryStore:
     def unmark(self, pid):
         self._kind[self._at(pid)] &= 127
 
+    def _index(self, pid):
+        try:
+            return self._pids.index(pid)
+        except ValueError:
+            return -1
+
     def release(self, pid):
         p = self._pids
-        try:
-            i = p.index(pid)
-        except ValueError:
+        i = 0 if p and p[0] == pid else self._index(pid)  # (the oldest, mostly: found without a search)
+        if i < 0:
             return
         b = self._data.pop(i)
         del p[i], self._kind[i]
