@@ -124,7 +124,7 @@ def test_ordering_definition(spark):
 
 def _subscriber_cases(spark):
     """Landing rows with their collector, and an order reference (the observer's copies): each device
-    is one case, boot 1, QoS 2. ``(collector, seq, recv_ts)``; ``ref``: ``(seq, recv_ts)``."""
+    is one case, boot 1, QoS 2 (the resends: QoS 1). ``(collector, seq, recv_ts)``; ``ref``: ``(seq, recv_ts)``."""
     cases = {
         # a backlog the broker split between the two members of the shared subscription: each
         # collector's own stream is in order, across them it is not -- and the observer's is in order
@@ -137,12 +137,22 @@ def _subscriber_cases(spark):
         # 2 before 1: reordered once, though the landing alone could not show it
         "observer-out-of-order": ([("col-a", 0, 1.0), ("col-a", 1, 2.0), ("col-b", 2, 1.5)],
                                   [(0, 1.0), (2, 1.5), (1, 2.0)]),
+        # a publisher's resend after a power cut, which the shared subscription routed otherwise than
+        # the first copies: col-b holds 3's first copy, then 1's resend; 3's resend (its final copy)
+        # went to col-a. Each member's final copies are in order: no reordering (fleet, 2026-11-28)
+        "resend-split": ([("col-a", 0, 1.0), ("col-a", 1, 1.1), ("col-a", 2, 1.2), ("col-b", 3, 1.3),
+                          ("col-b", 1, 2.0), ("col-a", 2, 2.1), ("col-a", 3, 2.2)], []),
+        # the same, but col-a's final copies are out of order (3's resend before 2's): reordered once
+        "resend-split-out-of-order": ([("col-a", 0, 1.0), ("col-a", 1, 1.1), ("col-a", 2, 1.2),
+                                       ("col-b", 3, 1.3), ("col-b", 1, 2.0), ("col-a", 3, 2.1),
+                                       ("col-a", 2, 2.2)], []),
         # both a collector and the observer saw it: still one reordered message
         "both-out-of-order": ([("col-a", 0, 1.0), ("col-a", 2, 2.0), ("col-a", 1, 3.0)],
                               [(0, 1.0), (2, 2.0), (1, 3.0)]),
     }
-    rows = [{"device": d, "boot": 1, "qos": 2, "seq": s, "recv_ts": 100.0 + t, "sent_ts": 100.0,
-             "collector": c} for d, (land, _) in cases.items() for c, s, t in land]
+    rows = [{"device": d, "boot": 1, "qos": 1 if d.startswith("resend") else 2, "seq": s,  # resends: QoS 1
+             "recv_ts": 100.0 + t, "sent_ts": 100.0, "collector": c}
+            for d, (land, _) in cases.items() for c, s, t in land]
     ref = [(d, 1, 2, s, 100.0 + t) for d, (_, r) in cases.items() for s, t in r]
     return landing_frame(spark, rows), spark.createDataFrame(
         ref, "device string, boot int, qos int, seq long, recv_ts double")
@@ -156,15 +166,18 @@ def test_order_is_judged_per_subscriber_stream(spark):
     assert res["one-stream-out-of-order"]["reordered"] == 1
     assert res["observer-out-of-order"]["reordered"] == 1
     assert res["both-out-of-order"]["reordered"] == 1
+    assert res["resend-split"]["reordered"] == 0
+    assert res["resend-split-out-of-order"]["reordered"] == 1
     # the observer's copies are an order reference only: they are not landing copies
     assert {d: (r["received"], r["unique"], r["duplicated"]) for d, r in res.items()} == {
         "split-backlog": (4, 4, 0), "one-stream-out-of-order": (4, 4, 0),
-        "observer-out-of-order": (3, 3, 0), "both-out-of-order": (3, 3, 0)}
+        "observer-out-of-order": (3, 3, 0), "both-out-of-order": (3, 3, 0),
+        "resend-split": (7, 4, 3), "resend-split-out-of-order": (7, 4, 3)}
     # without the reference, only what the collectors' own streams show
     alone = {r["device"]: r["reordered"] for r in audit.audit_frame(land)
              .filter("level = 'device'").collect()}
     assert alone == {"split-backlog": 0, "one-stream-out-of-order": 1, "observer-out-of-order": 0,
-                     "both-out-of-order": 1}
+                     "both-out-of-order": 1, "resend-split": 0, "resend-split-out-of-order": 1}
 
 
 def test_order_reference_from_the_cli(spark, tmp_path, capsys):
@@ -182,9 +195,10 @@ def test_order_reference_from_the_cli(spark, tmp_path, capsys):
                      "--order-ref", str(tmp_path / "received.jsonl")]) == 0
     with open(tmp_path / "a" / "summary.json") as f:
         s = json.load(f)
-    assert s["totals"]["reordered"] == 3
+    assert s["totals"]["reordered"] == 4
     listed = {(r["device"], r["seq"]) for r in s["problems"]["reordered"]["listed"]}
-    assert listed == {("one-stream-out-of-order", 1), ("observer-out-of-order", 1), ("both-out-of-order", 1)}
+    assert listed == {("one-stream-out-of-order", 1), ("observer-out-of-order", 1), ("both-out-of-order", 1),
+                      ("resend-split-out-of-order", 2)}
 
 
 @pytest.mark.parametrize("per_qos, ok", [

@@ -17,7 +17,9 @@ Definitions (one *message* is a distinct ``(device, boot, qos, seq)``; a *copy* 
   message in that subscriber's stream (its last arrival there) is reordered when it arrives after
   the final copy there of a message with a higher ``seq``. Non-final copies (a duplicate of an
   earlier message that is delivered again later) never count, nor does a backlog that a shared
-  subscription split between its members (separate streams: MQTT orders per subscription);
+  subscription split between its members (separate streams: MQTT orders per subscription), nor a
+  copy whose message was delivered again to another member (the landing's collectors are one
+  shared subscription: a collector judges the messages whose final landing copy it holds);
 - ``latency_p50_ms`` / ``p95`` / ``p99`` -- ``recv_ts - sent_ts`` of each message's *first* arrival, in
   milliseconds (from KLL quantile sketches: exact for groups of up to about ``KLL_K`` messages,
   approximate beyond; messages without ``sent_ts`` are left out);
@@ -165,8 +167,11 @@ def messages(landing: DataFrame, order_ref: DataFrame | None = None) -> DataFram
     ``order_ref`` (rows ``device, boot, qos, seq, recv_ts`` of a subscriber of its own, the fleet's
     observer: the order reference for the whole stream). In a subscriber's stream of a (device, boot,
     qos), a message is reordered when its final copy there arrives after the final copy there of a
-    higher seq; it counts once however many streams show it. A backlog the broker split between the
-    members of a shared subscription is not a reordering. ``order_ref`` rows never count as copies.
+    higher seq; it counts once however many streams show it. The landing's collectors are taken as the
+    members of one shared subscription (what ``tern collect --group`` makes): a collector's stream
+    judges only the messages whose final copy in the whole landing it holds, so neither a backlog the
+    broker split between the members nor a publisher's resend routed to another member than its first
+    copy is a reordering. ``order_ref`` rows never count as copies.
 
     One shuffle (by stream); per subscriber the rows are grouped by ``(stream, subscriber, -seq)``,
     so the sort the aggregation needs is also the order the window needs, highest seq first. In that
@@ -195,6 +200,12 @@ def messages(landing: DataFrame, order_ref: DataFrame | None = None) -> DataFram
         F.max(F.when(copy, F.col("arr"))).alias("final"),
         F.max("arr").alias("_sub_final"),
     )
+    # A collector's copy takes part only if it is the message's final copy in the whole landing: the
+    # collectors are the members of one shared subscription, and a publisher's resend may go to another
+    # member than the first copy did (MQTT: the final copies are in order, per subscription)
+    whole = F.max("final").over(Window.partitionBy(*STREAM, "_nseq"))
+    per_sub = per_sub.withColumn("_sub_final", F.when((F.col("_sub") == "ref") | (F.col("final") == whole),
+                                                      F.col("_sub_final")))
     w = Window.partitionBy(*STREAM, "_sub").orderBy("_nseq")
     # (ts, idx) of the earliest final arrival among messages with a higher seq; ties go to the lower seq
     earliest_after = F.min("_sub_final").over(w.rowsBetween(Window.unboundedPreceding, -1))
