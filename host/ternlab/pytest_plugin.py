@@ -231,7 +231,7 @@ def fleet(request, tmp_path):
         if scenario is None:
             keys.setdefault("duration", 10.0)
             keys.setdefault("profile", selected_profile_name(request.config))
-            keys.setdefault("broker", {"log_packets": True})  # a failure's attached broker log shows the packets
+            keys["broker"] = {"log_packets": True, **keys.get("broker", {})}  # the attached broker log shows packets
             scenario = parse_scenario(keys, name=request.node.name)
         elif not isinstance(scenario, Scenario) or keys:
             raise TypeError("fleet(): pass a Scenario, or scenario keys as keyword arguments, not both")

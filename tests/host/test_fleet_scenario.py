@@ -41,6 +41,7 @@ def test_defaults_and_ranges(tmp_path):
     ('duration = 5\n[[faults]]\nkind = "network_cut"\n[[faults]]\nkind = "power_cut"\nlength = 1\n',
      "unknown key 'faults[1].length'"),
     ('duration = 5\n[broker]\npersist = true\n', "unknown key 'broker.persist'"),
+    ('duration = 5\n[broker]\nlog_packets = "yes"\n', "broker.log_packets must be true or false"),
     ('boards = 2\n', "duration is missing"),
     ('duration = "long"\n', "duration must be a number"),
     ('duration = 0\n', "duration must be > 0"),

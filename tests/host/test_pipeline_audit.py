@@ -146,6 +146,10 @@ def _subscriber_cases(spark):
         "resend-split-out-of-order": ([("col-a", 0, 1.0), ("col-a", 1, 1.1), ("col-a", 2, 1.2),
                                        ("col-b", 3, 1.3), ("col-b", 1, 2.0), ("col-a", 3, 2.1),
                                        ("col-a", 2, 2.2)], []),
+        # col-a's own copies out of order (2 before 1), and 1 was later delivered again to col-b: the
+        # resend does not hide col-a's reordering
+        "resend-after-reorder": ([("col-a", 0, 1.0), ("col-a", 2, 1.1), ("col-a", 1, 1.2),
+                                  ("col-b", 1, 2.0)], []),
         # both a collector and the observer saw it: still one reordered message
         "both-out-of-order": ([("col-a", 0, 1.0), ("col-a", 2, 2.0), ("col-a", 1, 3.0)],
                               [(0, 1.0), (2, 2.0), (1, 3.0)]),
@@ -168,16 +172,18 @@ def test_order_is_judged_per_subscriber_stream(spark):
     assert res["both-out-of-order"]["reordered"] == 1
     assert res["resend-split"]["reordered"] == 0
     assert res["resend-split-out-of-order"]["reordered"] == 1
+    assert res["resend-after-reorder"]["reordered"] == 1
     # the observer's copies are an order reference only: they are not landing copies
     assert {d: (r["received"], r["unique"], r["duplicated"]) for d, r in res.items()} == {
         "split-backlog": (4, 4, 0), "one-stream-out-of-order": (4, 4, 0),
         "observer-out-of-order": (3, 3, 0), "both-out-of-order": (3, 3, 0),
-        "resend-split": (7, 4, 3), "resend-split-out-of-order": (7, 4, 3)}
+        "resend-split": (7, 4, 3), "resend-split-out-of-order": (7, 4, 3), "resend-after-reorder": (4, 3, 1)}
     # without the reference, only what the collectors' own streams show
     alone = {r["device"]: r["reordered"] for r in audit.audit_frame(land)
              .filter("level = 'device'").collect()}
     assert alone == {"split-backlog": 0, "one-stream-out-of-order": 1, "observer-out-of-order": 0,
-                     "both-out-of-order": 1, "resend-split": 0, "resend-split-out-of-order": 1}
+                     "both-out-of-order": 1, "resend-split": 0, "resend-split-out-of-order": 1,
+                     "resend-after-reorder": 1}
 
 
 def test_order_reference_from_the_cli(spark, tmp_path, capsys):
@@ -195,10 +201,10 @@ def test_order_reference_from_the_cli(spark, tmp_path, capsys):
                      "--order-ref", str(tmp_path / "received.jsonl")]) == 0
     with open(tmp_path / "a" / "summary.json") as f:
         s = json.load(f)
-    assert s["totals"]["reordered"] == 4
+    assert s["totals"]["reordered"] == 5
     listed = {(r["device"], r["seq"]) for r in s["problems"]["reordered"]["listed"]}
     assert listed == {("one-stream-out-of-order", 1), ("observer-out-of-order", 1), ("both-out-of-order", 1),
-                      ("resend-split-out-of-order", 2)}
+                      ("resend-split-out-of-order", 2), ("resend-after-reorder", 1)}
 
 
 @pytest.mark.parametrize("per_qos, ok", [

@@ -304,8 +304,10 @@ def _run(name, g):
     try:
         with open(name) as f:
             code = compile(f.read(), name, "exec")
-    except OSError:
+    except OSError as e:
         _release()
+        if e.errno != 2:  # ENOENT: no such file, nothing to run; anything else a board would print
+            sys.print_exception(e)
         return
     except BaseException as e:  # noqa: B036 - a SyntaxError, say: printed as a board prints it
         _release()

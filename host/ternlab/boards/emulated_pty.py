@@ -54,6 +54,7 @@ from .relay import BACKLOG, PortRelay
 
 _BOOT = "import gc;gc.collect();b=gc.mem_alloc();import emuboard;emuboard.boot(globals(),b);del emuboard,b"
 _SENT = b"\x00TERN:"
+_HOLD_MAX = 5.0  # seconds a Ctrl-C waits for the device at most (its flash operations take well under 1 ms)
 _RETRY = 0.002  # seconds between tries of a Ctrl-C the device holds (a flash operation takes well under 1 ms)
 _READ_SYSCALL = {"x86_64": 0, "aarch64": 63, "riscv64": 63, "armv7l": 3, "i686": 3}  # read(2)'s number
 _RAW_BANNER = b"raw REPL; CTRL-B to exit"
@@ -92,6 +93,7 @@ class Supervisor(PortRelay):
         self.sigint_pid = None  # the process the relay last sent a SIGINT (Ctrl-C) to
         self.held = bytearray()  # a Ctrl-C the device holds (a flash operation) and the host bytes after it
         self.retry_at = None  # monotonic time to try that Ctrl-C again
+        self.held_since = None  # when the device first held the Ctrl-C that waits
         self.wdt_ms = None  # the watchdog's timeout once the device started it
         self.wdt_deadline = None  # monotonic time by which the next feed must arrive
         self.sleep_ms = None  # from the device's deep-sleep sentinel (-1: no wake-up timer)
@@ -146,6 +148,7 @@ class Supervisor(PortRelay):
         self.pending_in.clear()
         self.held.clear()
         self.retry_at = None
+        self.held_since = None
         self.state = "booting"
         self.cause = cause
         self.frozen = False
@@ -345,10 +348,18 @@ class Supervisor(PortRelay):
             return
         self._write_in(data[:i])
         how = self._interrupt()
+        now = time.monotonic()
         if how is None:
-            self.held[:] = data[i:]
-            self.retry_at = time.monotonic() + _RETRY
-            return
+            if self.held_since is None:
+                self.held_since = now
+            if now - self.held_since < _HOLD_MAX:
+                self.held[:] = data[i:]
+                self.retry_at = now + _RETRY
+                return
+            # code that holds Ctrl-C for good (its own kbd_intr(-1)): the byte, as a board's UART gives it
+            self.log.event("Ctrl-C held by the board for %g s: sent as a byte" % _HOLD_MAX)
+            how = False
+        self.held_since = None
         rest = data[i + 1:]
         self._write_in(b"\x03" + rest if how is False else rest.replace(b"\x03", b""))
 

@@ -420,7 +420,8 @@ class Fleet:
         else:
             if f.params["hard"] and self.broker.persistence:
                 # what it acknowledged is on disk first, as a broker that syncs each message would have
-                # it: the fleet tests the devices and collectors, not Mosquitto's save interval
+                # it: the fleet tests the devices and collectors, not Mosquitto's save interval. Nothing
+                # new is acknowledged after the save only because every board's link went down above.
                 self.broker.save()
             self._record(f, "injected", "broker", "SIGKILL" if f.params["hard"] else "SIGTERM")
             self.broker.restart(hard=f.params["hard"])

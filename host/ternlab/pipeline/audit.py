@@ -18,8 +18,9 @@ Definitions (one *message* is a distinct ``(device, boot, qos, seq)``; a *copy* 
   the final copy there of a message with a higher ``seq``. Non-final copies (a duplicate of an
   earlier message that is delivered again later) never count, nor does a backlog that a shared
   subscription split between its members (separate streams: MQTT orders per subscription), nor a
-  copy whose message was delivered again to another member (the landing's collectors are one
-  shared subscription: a collector judges the messages whose final landing copy it holds);
+  first copy left behind in one member when the publisher's resend went to another (the landing's
+  collectors are one shared subscription: a higher seq outruns a message only with its final copy
+  in the whole landing);
 - ``latency_p50_ms`` / ``p95`` / ``p99`` -- ``recv_ts - sent_ts`` of each message's *first* arrival, in
   milliseconds (from KLL quantile sketches: exact for groups of up to about ``KLL_K`` messages,
   approximate beyond; messages without ``sent_ts`` are left out);
@@ -168,10 +169,11 @@ def messages(landing: DataFrame, order_ref: DataFrame | None = None) -> DataFram
     observer: the order reference for the whole stream). In a subscriber's stream of a (device, boot,
     qos), a message is reordered when its final copy there arrives after the final copy there of a
     higher seq; it counts once however many streams show it. The landing's collectors are taken as the
-    members of one shared subscription (what ``tern collect --group`` makes): a collector's stream
-    judges only the messages whose final copy in the whole landing it holds, so neither a backlog the
-    broker split between the members nor a publisher's resend routed to another member than its first
-    copy is a reordering. ``order_ref`` rows never count as copies.
+    members of one shared subscription (what ``tern collect --group`` makes): in a collector's stream a
+    higher seq outruns a message only with its final copy in the whole landing, so neither a backlog the
+    broker split between the members nor a publisher's resend routed to another member than the first
+    copy is a reordering, while a collector whose own copies came out of order still is.
+    ``order_ref`` rows never count as copies.
 
     One shuffle (by stream); per subscriber the rows are grouped by ``(stream, subscriber, -seq)``,
     so the sort the aggregation needs is also the order the window needs, highest seq first. In that
@@ -200,15 +202,16 @@ def messages(landing: DataFrame, order_ref: DataFrame | None = None) -> DataFram
         F.max(F.when(copy, F.col("arr"))).alias("final"),
         F.max("arr").alias("_sub_final"),
     )
-    # A collector's copy takes part only if it is the message's final copy in the whole landing: the
-    # collectors are the members of one shared subscription, and a publisher's resend may go to another
-    # member than the first copy did (MQTT: the final copies are in order, per subscription)
+    # A higher seq's copy in a collector's stream outruns a message only if it is that higher seq's
+    # final copy in the whole landing: the collectors are the members of one shared subscription, and a
+    # publisher's resend may go to another member than its first copy did, after which the first copy
+    # that stayed behind says nothing about order (a collector's own final copies are still judged)
     whole = F.max("final").over(Window.partitionBy(*STREAM, "_nseq"))
-    per_sub = per_sub.withColumn("_sub_final", F.when((F.col("_sub") == "ref") | (F.col("final") == whole),
-                                                      F.col("_sub_final")))
+    per_sub = per_sub.withColumn("_lead", F.when((F.col("_sub") == "ref") | (F.col("final") == whole),
+                                                 F.col("_sub_final")))
     w = Window.partitionBy(*STREAM, "_sub").orderBy("_nseq")
-    # (ts, idx) of the earliest final arrival among messages with a higher seq; ties go to the lower seq
-    earliest_after = F.min("_sub_final").over(w.rowsBetween(Window.unboundedPreceding, -1))
+    # (ts, idx) of the earliest such arrival among messages with a higher seq; ties go to the lower seq
+    earliest_after = F.min("_lead").over(w.rowsBetween(Window.unboundedPreceding, -1))
     flagged = per_sub.select(
         "*", F.coalesce(earliest_after < F.col("_sub_final"), F.lit(False)).cast("int").alias("_reo"))
     msgs = (flagged.groupBy(*STREAM, "_nseq")
