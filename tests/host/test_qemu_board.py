@@ -285,3 +285,68 @@ def test_a_new_dial_after_a_hang_up_drops_what_the_old_connection_left_unread(qb
     out = qb.exec("time.sleep_ms(200)\n" + _DIAL + _READ_TO_EOF.replace("PAYLOAD", "b'new'"), timeout=30)
     assert out.split() == ["3", "3", "0", "True"], out
     assert qb.link_dials == 2
+
+
+
+def test_a_hang_up_notice_that_crosses_the_boards_own_hang_up_does_not_end_the_next_connection(qb, monkeypatch):
+    # The far end hangs up just as the board, having read its last bytes, drops the line itself and
+    # dials again. The far end's notice then reaches the board after its own hang-up (here the
+    # control line is made slow, in order, to make that happen every time): it is the dropped
+    # connection's, and must not end the next one (it did, once the next one's first bytes were
+    # read), and the new CONNECT must not overtake the hang-up on its way to the bridge (it could
+    # dial a connection the hang-up then closed).
+    import queue
+    import socket
+    import threading
+    import time
+
+    from ternlab.boards import qemu
+
+    line = queue.Queue()
+
+    def slow_line():
+        while True:
+            dcd, data = line.get()
+            time.sleep(0.3)
+            try:
+                dcd.sendall(data)
+            except OSError:
+                pass
+
+    threading.Thread(target=slow_line, daemon=True).start()
+
+    def notify_late(self, kind):
+        if self.dcd is not None:
+            line.put((self.dcd, bytes((kind,)) + (self.sent & 0xFFFFFFFF).to_bytes(4, "little")))
+
+    monkeypatch.setattr(qemu._Bridge, "_notify", notify_late)
+    srv = socket.create_server(("127.0.0.1", 0))
+    dials = []
+
+    def serve():
+        for p, hold in ((b"old", 0), (b"new", 3)):
+            conn, _ = srv.accept()
+            with conn:
+                got = b""
+                while len(got) < 5:
+                    more = conn.recv(64)
+                    if not more:
+                        break
+                    got += more
+                dials.append(got)
+                conn.sendall(p)
+                time.sleep(hold)  # the second connection stays open while the board reads
+        srv.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    qb.link(srv.getsockname())
+    out = qb.exec(
+        "import emuboard, time\nu = emuboard.uart()\n" + _DIAL
+        + "got = b''\nwhile len(got) < 3:\n got += u.read(3) or b''\n"
+        "u.close()\n" + _DIAL
+        + "buf = bytearray(64)\ngot = bytearray()\neofs = 0\nt = time.ticks_ms()\n"
+        "while time.ticks_diff(time.ticks_ms(), t) < 1500:\n"
+        " n = u.readinto(buf)\n if n == 0:\n  eofs += 1\n elif n:\n  got += buf[:n]\n"
+        "print(bytes(got), eofs)\n", timeout=30)
+    assert out.split() == ["b'new'", "0"], out
+    assert dials == [b"\x10\x03\x00\x01x"] * 2 and qb.link_dials == 2

@@ -73,6 +73,8 @@ class ScriptedBroker:
                 chunk = conn.recv(65536)
             except socket.timeout:
                 return None
+            except OSError:  # reset: the connection ended all the same
+                return None
             if not chunk:
                 return None
             buf += chunk
