@@ -60,18 +60,24 @@ def connect(s, now):
 
 
 def _release():
-    # Forget this module once its packets are read: its code is heap a
-    # connected client need not keep (a .mpy on the filesystem is loaded onto
-    # the heap; the next connect loads it again). Safe while a call of it is
-    # still under way (a handler that reconnects from EV_CONNACK): a function
-    # keeps its module's globals.
+    # Forget this module once its packets are read, and tern.props with it
+    # (the CONNACK's properties are read): code a connected client need not
+    # keep (a .mpy on the filesystem is loaded onto the heap; the next
+    # connect, or the first property block, loads it again). Safe while a
+    # call of it is still under way (a handler that reconnects from
+    # EV_CONNACK): a function keeps its module's globals.
     import sys
     import tern
 
     sys.modules.pop(__name__, None)
+    sys.modules.pop("tern.props", None)
     try:
         del tern.handshake  # pyright: ignore[reportAttributeAccessIssue]  (set by the import that loaded this module)
     except AttributeError:  # (released already, by a call nested in this one)
+        pass
+    try:
+        del tern.props  # pyright: ignore[reportAttributeAccessIssue]
+    except (AttributeError, KeyError):  # (not loaded: a CONNACK without properties; MicroPython says KeyError)
         pass
 
 

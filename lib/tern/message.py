@@ -33,6 +33,8 @@ class Message:
     @property
     def properties(self):
         """MQTT 5 properties as a dict {identifier: value} (None when there are none)."""
+        if self.props_end == self.props_start:
+            return None  # (without loading tern.props)
         from .props import of_message
 
         return of_message(self)

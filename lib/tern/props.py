@@ -256,9 +256,7 @@ def encode(props, ptype):
 
 def of_message(m):
     """Message.properties: the properties of the PUBLISH in m (checked by
-    scan_publish when it arrived) as a dict, None when there are none."""
-    if m.props_end == m.props_start:
-        return None
+    scan_publish when it arrived; not empty) as a dict."""
     out = {}
     _walk(m.buf, m.props_start, m.props_end, _PUBLISH, out, None, None)
     return out

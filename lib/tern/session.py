@@ -201,12 +201,6 @@ class Session:
         self._oalias = None  # topic bytes -> encoded property block with its alias (this connection)
         self._oalias_cap = 0
         self.reauthing = False  # a re-authentication is under way (the drivers wait for its end)
-        # MQTT 5 properties are loaded only for MQTT 5 (or when properties are given)
-        self._P = None
-        if version == _V5:
-            from . import props
-
-            self._P = props
         self.ping_timeout = ping_timeout
         self.send = None  # send(buf, off, n), set by the driver
         self.on_message = None  # default handler
@@ -537,8 +531,10 @@ class Session:
         if props:
             if self.version != _V5:
                 raise ValueError("properties need MQTT 5")
-            self._P.client_publish(props, payload, qos, topic, self.server.get(_P_ALIAS_MAX, 0))
-            pblock = self._P.encode(props, _PUBLISH)
+            from . import props as P  # (loaded when properties are sent or received: see _on_publish)
+
+            P.client_publish(props, payload, qos, topic, self.server.get(_P_ALIAS_MAX, 0))
+            pblock = P.encode(props, _PUBLISH)
             if 2 + len(topic) + 2 + 5 + len(pblock) > len(tx):
                 raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(tx))
         elif self.version == _V5:
@@ -575,7 +571,9 @@ class Session:
                     if props:
                         pp = dict(props)
                         pp[_P_ALIAS] = blk[2] << 8 | blk[3]
-                        blk = self._P.encode(pp, _PUBLISH)
+                        from . import props as P
+
+                        blk = P.encode(pp, _PUBLISH)
                     if not new:
                         topic = b""
                         pblock = blk
@@ -1255,7 +1253,15 @@ class Session:
         m.buf = m.tbuf = rx
         m.version = v
         if v == _V5:
-            self._P.scan_publish(m, rx, m.sub_ids)
+            # tern.props is loaded when a property block is not empty: a
+            # connected client whose messages carry none does not hold it
+            # (the handshake lets it go after the CONNACK).
+            if m.props_end > m.props_start:
+                import tern.props
+
+                tern.props.scan_publish(m, rx, m.sub_ids)
+            else:
+                m.alias = m.n_sub_ids = m.pfi = 0
             if m.alias or m.topic_end == m.topic_start:
                 # `import tern.v5`, not `from .v5 import alias_in`: that one
                 # builds its tuple of names (32 bytes) at every message.
@@ -1424,7 +1430,9 @@ class Session:
     def disconnect(self, now, reason=0, props=None):
         """Send DISCONNECT (the will is discarded) and close the session."""
         if self.version == _V5 and (reason or props):
-            self._P.client_disconnect(reason, props, self.connect_props)
+            from . import props as P
+
+            P.client_disconnect(reason, props, self.connect_props)
         if self.state == CONNECTED:
             self.send_packet(Packet(_DISCONNECT, reason=reason, props=props), now)
         self.connection_lost()

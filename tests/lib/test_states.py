@@ -43,6 +43,29 @@ def test_connack_connects_and_the_handshake_code_is_not_kept():
         assert s.state == CONNECTED and "tern.handshake" not in sys.modules
 
 
+def test_mqtt5_property_code_is_kept_only_while_property_blocks_come():
+    # The CONNACK's properties are read with tern.props, released with the handshake; a message
+    # without properties is read without it, one with properties loads it, and the rules that
+    # need no property still hold (an empty topic needs a Topic Alias).
+    s, out, ev = session(5)
+    got = []
+    s.on_message = lambda m: got.append((m.topic, m.payload, m.properties))
+    s.connect_packet(0)
+    feed(s, Packet(CONNACK, props={0x22: 10, 0x21: 20}))  # Topic Alias Maximum, Receive Maximum
+    assert s.state == CONNECTED and s.server.get(0x21) == 20
+    assert "tern.props" not in sys.modules, "a connected MQTT 5 client keeps tern.props"
+    feed(s, Packet(PUBLISH, topic="a/b", payload=b"plain", qos=1, pid=7))
+    assert got == [("a/b", b"plain", None)] and out[-1] == b"\x40\x02\x00\x07", (got, out)
+    assert "tern.props" not in sys.modules
+    feed(s, Packet(PUBLISH, topic="a/c", payload=b"x", qos=0, props={0x26: [("k", "v")], 0x03: "text/plain"}))
+    assert got[-1] == ("a/c", b"x", {0x26: [("k", "v")], 0x03: "text/plain"}), got
+    b = b"\x30\x04\x00\x00\x00x"  # an empty topic, no properties: no Topic Alias
+    s.rx[s.rx_len : s.rx_len + len(b)] = b
+    e = raises(MQTTError, s.feed_n, len(b), 0)
+    assert e.code == 0x82 and "topic alias" in e.args[0], e
+    assert len(got) == 2
+
+
 def test_a_refusal_ends_the_attempt():
     for v, code in ((4, 5), (5, 0x87)):
         s, out, ev = session(v)
