@@ -63,11 +63,12 @@ def _config(broker, n):
             "count": n, "window": 8}
 
 
-def run_profile(profile, broker, mpy, n, boots, workdir):
-    """One profile's figures, or raises RuntimeError if the app cannot run on it."""
-    board = _board(profile, workdir, mpy, link=broker.address)
+def run_profile(profile, broker, mpy, n, boots, workdir, romfs=None):
+    """One profile's figures, or raises RuntimeError if the app cannot run on it. romfs: see _in_place."""
+    romfs = _in_place(profile, romfs)
+    board = _board(profile, workdir, mpy, link=broker.address, romfs=romfs)
     try:
-        install(board, _config(broker, n), romfs=mpy if profile.get("romfs") else None)
+        install(board, _config(broker, n), romfs=mpy if romfs else None)
         board.power_cycle()
         warm = min(100, n // 5)
         _wait(board, lambda t: len(t.ledger) >= warm, 60, "warm-up readings")
@@ -99,15 +100,23 @@ def run_profile(profile, broker, mpy, n, boots, workdir):
         board.close()
 
 
-def _board(prof, workdir, mpy, link=None):
-    # A profile with a ROMFS partition runs the .mpy files in place from it (deployed by install());
-    # any other loads them from the host path onto its heap, as from a board's filesystem. A qemu-m3
-    # board runs them frozen in its firmware (tools/bench/qemu_bench.py), MQTT over its link UART.
+def _in_place(prof, romfs=None):
+    # Whether the .mpy files run in place from the board's ROMFS partition (deployed by install()): by
+    # default on a unix-port profile that has one; a qemu-m3 board runs its frozen copy unless asked
+    # (romfs=True: its ROMFS image comes before the frozen modules).
+    if romfs is None:
+        romfs = prof.get("kind") != "qemu-m3"
+    return bool(romfs and prof.get("romfs"))
+
+
+def _board(prof, workdir, mpy, link=None, romfs=False):
+    # A unix-port board not running from ROMFS loads the .mpy files from the host path onto its heap,
+    # as from a board's filesystem. A qemu-m3 board (tools/bench/qemu_bench.py): MQTT over its link UART.
     if prof.get("kind") == "qemu-m3":
         from ternlab.boards.qemu import QemuBoard
 
         return QemuBoard(prof, workdir=workdir, board_id="bench-1", link=link)
-    return EmulatedBoard(prof, workdir=workdir, board_id="bench-1", host_paths=[] if prof.get("romfs") else [str(mpy)])
+    return EmulatedBoard(prof, workdir=workdir, board_id="bench-1", host_paths=[] if romfs else [str(mpy)])
 
 
 def _first_pub(board, mark):
@@ -117,11 +126,11 @@ def _first_pub(board, mark):
     return None
 
 
-def _runs(prof, heap, broker, mpy, workdir, n):
+def _runs(prof, heap, broker, mpy, workdir, n, romfs):
     prof = dict(prof, heap_bytes=heap)
-    board = _board(prof, Path(workdir) / f"heap-{heap}", mpy, link=broker.address)
+    board = _board(prof, Path(workdir) / f"heap-{heap}", mpy, link=broker.address, romfs=romfs)
     try:
-        install(board, _config(broker, n), romfs=mpy if prof.get("romfs") else None)
+        install(board, _config(broker, n), romfs=mpy if romfs else None)
         board.power_cycle()
         _wait(board, lambda t: t.counts["done"], 60, "readings")
         return True
@@ -131,17 +140,18 @@ def _runs(prof, heap, broker, mpy, workdir, n):
         board.close()
 
 
-def min_heap(prof, broker, mpy, workdir, lo=16384, hi=512 * 1024, step=4096, n=200):
+def min_heap(prof, broker, mpy, workdir, lo=16384, hi=512 * 1024, step=4096, n=200, romfs=None):
     """The smallest heap (a multiple of `step`, by bisection) at which the app boots and completes
     n readings -- imports included, so it covers the peak the steady-state mark misses; None if not
-    even `hi`."""
-    if not _runs(prof, hi, broker, mpy, workdir, n):
+    even `hi`. romfs: see _in_place."""
+    romfs = _in_place(prof, romfs)
+    if not _runs(prof, hi, broker, mpy, workdir, n, romfs):
         return None
     lo //= step
     hi //= step
     while lo < hi:
         mid = (lo + hi) // 2
-        if _runs(prof, mid * step, broker, mpy, workdir, n):
+        if _runs(prof, mid * step, broker, mpy, workdir, n, romfs):
             hi = mid
         else:
             lo = mid + 1

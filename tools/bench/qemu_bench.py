@@ -38,8 +38,9 @@ from tern.client import Client  # noqa: E402
 
 import firmware_bench  # noqa: E402
 
-# where `tern` comes from: a sys.path entry put first (frozen: the firmware's own, ".frozen" is first)
-SOURCES = {"frozen": "", ".mpy on the filesystem": "sys.path.insert(0, '/lib')",
+# where `tern` comes from: a sys.path entry put first (the board has all three: a ROMFS image mounted
+# at /rom comes before the firmware's frozen modules, see device/emulated/qemu/emuboard.py)
+SOURCES = {"frozen": "sys.path.insert(0, '.frozen')", ".mpy on the filesystem": "sys.path.insert(0, '/lib')",
            "ROMFS (in place)": "sys.path.insert(0, '/rom/lib')"}
 
 HEAP = """import gc, sys, emuboard
@@ -54,10 +55,12 @@ print('HEAP', gc.mem_alloc() - a, __import__('tern.session').session.__file__)
 c.disconnect()
 """
 
-# Where the bytes of the .mpy and frozen figures go (MQTT 3.1.1): each module of the client's import
-# path imported one after another (its own heap, its tern dependencies already in), then Client()
-# (buffers, session, MemoryStore) and connect(); last, the tern modules a connect has loaded.
-MODULES = ("wire", "pkt", "topic", "message", "store", "session", "client")
+# Where the bytes of the heap figures go (MQTT 3.1.1), from each source: each module of the client's
+# import path imported one after another (its own heap, its tern dependencies already in), then
+# Client() (buffers, session, MemoryStore) and connect(), the tern modules a connect has loaded, and
+# then the telemetry app's own modules (what the tight profile's app adds: its FlashStore outbox).
+MODULES = ("tern.wire", "tern.pkt", "tern.topic", "tern.message", "tern.store", "tern.session", "tern.client")
+APP_MODULES = ("tern.logrec", "tern.flashstore", "hal", "telemetry")
 PER_MODULE = """import gc, sys, emuboard
 %s
 at = [0]
@@ -69,7 +72,7 @@ def step(name):
     at[0] = b
 step(None)
 for m in %r:
-    step(__import__('tern.' + m) and m)
+    step(__import__(m) and m)
 from tern.client import Client
 c = Client('heap-m', version=4, stream=emuboard.uart())
 step('Client()')
@@ -77,6 +80,8 @@ c.connect()
 step('connect()')
 print('LOADED', ' '.join(sorted(k[5:] for k in sys.modules if k.startswith('tern.'))))
 c.disconnect()
+for m in %r:
+    step(__import__(m) and m)
 """
 
 # N QoS 1 publishes (window 8), then a backlog of M QoS 1 messages the host queued for this session
@@ -130,16 +135,18 @@ def heaps(broker, mpy, workdir):
                 board.mkdir("lib/tern")
             board.write_file("lib/tern/" + p.name, p.read_bytes())
         h = {(src, v): heap_row(board, src, v) for src in SOURCES for v in (4, 5)}
-        sizes = {p.stem: p.stat().st_size for p in (mpy / "tern").glob("*.mpy")}
+        sizes = {str(p.relative_to(mpy))[:-4].replace("/", "."): p.stat().st_size for p in mpy.rglob("*.mpy")}
+        for p in sorted(mpy.glob("*.mpy")):  # the app's modules, beside lib/
+            board.write_file("lib/" + p.name, p.read_bytes())
         steps = {}
-        for src in ("frozen", ".mpy on the filesystem"):
+        for src in SOURCES:
             board.power_cycle()
-            out = board.exec(PER_MODULE % (SOURCES[src], MODULES), timeout=30).splitlines()
+            out = board.exec(PER_MODULE % (SOURCES[src], MODULES, APP_MODULES), timeout=60).splitlines()
             steps[src] = [(ln.split()[1], int(ln.split()[2])) for ln in out if ln.startswith("MOD")]
         loaded = [ln.split()[1:] for ln in out if ln.startswith("LOADED")][0]
-        # (step, .mpy bytes, heap from .mpy, heap frozen)
-        mods = [(name, sizes.get(name), heap, f) for (name, heap), (_, f) in
-                zip(steps[".mpy on the filesystem"], steps["frozen"])]
+        # (step, .mpy bytes, {source: heap})
+        mods = [(name, sizes.get(name), {src: steps[src][i][1] for src in SOURCES})
+                for i, (name, _) in enumerate(steps["frozen"])]
         return h, mods, loaded
     finally:
         board.close()
@@ -165,12 +172,17 @@ def main(argv=None):
     ap.add_argument("--messages", type=int, default=500, help="QoS 1 messages timed each way (default 500)")
     ap.add_argument("--step", type=int, default=2048, help="heap step of the smallest-heap search (default 2048)")
     ap.add_argument("--write", metavar="FILE", help="rewrite this file's qemu_bench section")
+    ap.add_argument("--smallest-only", action="store_true",
+                    help="find and print the smallest heap the app runs in on qemu-m3-tight, frozen and from ROMFS, only")
     ap.add_argument("--heaps-only", action="store_true",
                     help="measure and print the two heap tables only (no app run, no timing; --write is ignored)")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, Broker(Path(tmp) / "broker") as broker:
         tmp = Path(tmp)
         mpy = compile_mpy(tmp / "mpy", march="armv7m")
+        if a.smallest_only:
+            print(smallest_heaps(broker, mpy, tmp, a.step))
+            return 0
         h, mods, loaded = heaps(broker, mpy, tmp)
         print(h, mods, loaded, file=sys.stderr)
         if a.heaps_only:
@@ -180,9 +192,7 @@ def main(argv=None):
         for name in ("qemu-m3-tight", "qemu-m3-esp32"):
             apps[name] = firmware_bench.run_profile(load_profile(name), broker, mpy, a.readings, a.boots, tmp / name)
             print(name, apps[name], file=sys.stderr)
-        # the smallest heap the frozen app runs in (a firmware built per heap size tried)
-        smallest = firmware_bench.min_heap(load_profile("qemu-m3-tight"), broker, mpy, tmp / "min", lo=8192,
-                                           hi=32768, step=a.step)
+        smallest = smallest_heaps(broker, mpy, tmp, a.step)
         print("smallest", smallest, file=sys.stderr)
         times = {}
         qb = QemuBoard("qemu-m3-esp32", workdir=tmp / "t-qemu", board_id="bench-t", link=broker.address)
@@ -208,6 +218,15 @@ def main(argv=None):
     return 0
 
 
+def smallest_heaps(broker, mpy, tmp, step):
+    """The smallest heaps the app runs in on qemu-m3-tight's settings (a firmware built per heap size
+    tried): frozen, and in place from its ROMFS partition (ahead of the frozen copy, as on a firmware
+    without it)."""
+    prof = load_profile("qemu-m3-tight")
+    return (firmware_bench.min_heap(prof, broker, mpy, tmp / "min", lo=8192, hi=32768, step=step, romfs=False),
+            firmware_bench.min_heap(prof, broker, mpy, tmp / "min-rom", lo=16384, hi=65536, step=step, romfs=True))
+
+
 def render_heaps(h, mods, loaded):
     """The heap after import + connect, and where the .mpy figure goes (markdown rows)."""
     out = ["| where `tern` runs from | MQTT 3.1.1 | MQTT 5.0 |", "|---|---:|---:|"]
@@ -218,10 +237,12 @@ def render_heaps(h, mods, loaded):
 
 
 def _step_table(mods):
-    out = ["| step | .mpy bytes | heap from .mpy (bytes) | heap frozen (bytes) |", "|---|---:|---:|---:|"]
-    for name, size, heap, frozen in mods:
-        out.append(f"| {'`tern.' + name + '`' if size else name} | {f'{size:,}' if size else ''} | {heap:,}"
-                   f" | {frozen:,} |")
+    out = ["| step | .mpy bytes | " + " | ".join(f"heap, {src} (bytes)" for src in SOURCES) + " |",
+           "|---|---:|" + "---:|" * len(SOURCES)]
+    for name, size, heap in mods:
+        app = " (app)" if name in APP_MODULES else ""
+        out.append(f"| {'`' + name + '`' + app if size else name} | {f'{size:,}' if size else ''} | "
+                   + " | ".join(f"{heap[src]:,}" for src in SOURCES) + " |")
     return out
 
 
@@ -246,9 +267,10 @@ def render(h, mods, loaded, apps, smallest, times, a):
         out.append(f"| {src} | {h[(src, 4)]:,} | {h[(src, 5)]:,} |")
     out += ["", "Targets (issue 26): frozen <= 10 KiB (10,240 bytes), .mpy on a 32-bit board <= 32 KiB (32,768 bytes),"
             " MQTT 5 within 1 KiB of MQTT 3.1.1.", "",
-            "Where the .mpy and frozen figures go (MQTT 3.1.1; each module imported after the one before, so its figure"
+            "Where the heap figures go (MQTT 3.1.1; each module imported after the one before, so its figure"
             " is its own; .mpy compiled by `compile_mpy`, mpy-cross -O3 -march=armv7m; Client(): its 4 KiB receive and"
-            " 512-byte transmit buffers, the send ring for 256 messages, the session, the MemoryStore):", "",
+            " 512-byte transmit buffers, the send ring for 256 messages, the session, the MemoryStore; then the"
+            " telemetry app's own modules, what the tight profile's app adds):", "",
             *_step_table(mods)]
     out += ["", "Loaded after the connect: " + ", ".join(f"`tern.{m}`" for m in loaded) + " (`handshake` and, under"
             " MQTT 5, `props` are loaded by connect() and let go after the CONNACK; `props` comes back with the"
@@ -262,9 +284,12 @@ def render(h, mods, loaded, apps, smallest, times, a):
         f = r["flash"]
         out.append(f"| {name} | {r['heap']:,} | {r['heap'] - r['low']:,} | {f['bytes']:.1f} | {f['programs']:.2f} |"
                    f" {f['erases']:.4f} | {r['boot_ms']:.0f} |")
-    out += ["", f"Smallest heap the frozen app runs in (qemu-m3-tight's settings, a firmware built for each heap"
-            f" tried, bisection in {a.step:,}-byte steps, 200 readings): "
-            + (f"{smallest:,} bytes." if smallest else "more than 32,768 bytes."),
+    frozen, rom = smallest
+    out += ["", f"Smallest heap the app runs in (qemu-m3-tight's settings, a firmware built for each heap"
+            f" tried, bisection in {a.step:,}-byte steps, 200 readings): frozen "
+            + (f"{frozen:,} bytes" if frozen else "more than 32,768 bytes") + "; `tern` and the app in place from"
+            " the ROMFS partition (ahead of the frozen copy) " + (f"{rom:,} bytes" if rom else "more than 65,536 bytes")
+            + " (target: 32,768).",
             "", "The heap figures are the firmware's own, byte for byte as on a 32-bit board with the same build;"
             " the app's high-water mark is the profile's heap minus the lowest free heap seen after a"
             " `gc.collect()` at each reading."]

@@ -6,8 +6,10 @@ The firmware runs `_boot.py` (which calls boot()) before boot.py and main.py. bo
 host's board.json (ARM semihosting: the host's board directory is QEMU's working directory),
 opens the NOR flash (module `qboard`: native memory, written through to the host's flash.img),
 mounts its LittleFS region at "/" (formatting an erased one, as boards do), keeps the raw outbox
-partition for partition(), mounts a ROMFS image at /rom when the host gave one, and prints the
-"up" sentinel the host waits for. PROFILE is read from board.json when first asked for, so the
+partition for partition(), mounts a ROMFS image at /rom when the host gave one (/rom and /rom/lib
+then come before .frozen on sys.path: the image's modules are what a firmware without them frozen
+in would run, and this firmware has `tern` and the app frozen in), and prints the "up" sentinel the
+host waits for. PROFILE is read from board.json when first asked for, so the
 board's heap does not hold it.
 
 reset() is machine.reset(): QEMU exits with status 0 and the host boots the board again. A power
@@ -100,7 +102,7 @@ def boot():
         m = qboard.romfs(rom)
         if m is not None:
             vfs.mount(vfs.VfsRom(m), "/rom")
-            sys.path[2:2] = ["/rom", "/rom/lib"]
+            sys.path[1:1] = ["/rom", "/rom/lib"]
     import gc
 
     gc.collect()
