@@ -237,8 +237,7 @@ class _Driver:
 
 # What _wait() waits for, as a number rather than a closure (a closure is a
 # function object more, and an allocation per wait).
-_ACKED = const(1)  # the message with packet id `pid` is acknowledged
-_IDLE = const(2)  # nothing is pending
+_ACKED = const(1)  # the message with packet id `pid` is acknowledged (pid 0: every message)
 _REPLIED = const(3)  # the SUBACK/UNSUBACK for packet id `pid` arrived
 _AUTHED = const(4)  # the re-authentication ended, accepted or not
 
@@ -546,9 +545,6 @@ class Client(_Driver):
                 if kind == _ACKED:
                     if not s.is_pending(pid):
                         return
-                elif kind == _IDLE:
-                    if not s.pending():
-                        return
                 elif kind == _REPLIED:
                     if r[pid] is not None:
                         return r[pid]
@@ -579,15 +575,22 @@ class Client(_Driver):
         if isinstance(payload, str):
             payload = payload.encode()
         s = self.session
-        if not (qos or retain or props):
+        if (qos == 0 or qos == 1) and not (retain or props):
+            # the steady cases (Session.pub0, pub1); else, or -2 from them, Session.publish
             try:
-                pid = s.pub0(topic, payload, ticks_ms())  # the steady case (see there)
+                pid = s.pub1(topic, payload, ticks_ms()) if qos else s.pub0(topic, payload, ticks_ms())
             except TypeError:
-                pid = _SLOW  # a topic that is no dict key: publish() checks it
+                pid = _SLOW  # a topic that is no dict key: Session.publish checks it
             except OSError as e:
-                self._drop(e)  # what publish() does for a failed QoS 0 send (EV_LOST)
-                raise
+                if not qos:
+                    self._drop(e)  # pub0's send failed: what Session.publish does (EV_LOST)
+                raise  # (pub1: the store failed; nothing accepted)
             if pid != _SLOW:
+                if pid:
+                    try:
+                        s.flush()  # pub1's packet
+                    except OSError as e:
+                        self._drop(e)  # accepted (stored): it goes out after the next CONNACK
                 return pid
         start = None  # the wait for room, timed from the first refusal (no clock read for a message that goes)
         while True:
@@ -606,10 +609,10 @@ class Client(_Driver):
         # loop() runs a pass when the keepalive is due. Offline, and at the deadline: _wait's.
         s = self.session
         timeout = ticks_add(ticks_ms(), self._ms(timeout))  # the deadline
-        while s.is_pending(pid):
+        while s.is_pending(pid):  # (pid 0, from wait_all: any message)
             left = ticks_diff(timeout, ticks_ms())
             if left <= 0 or s.state != _CONNECTED:
-                return self._wait(_ACKED, pid, left if left > 0 else 0, "wait_published")
+                return self._wait(_ACKED, pid, left if left > 0 else 0, "wait_published" if pid else "wait_all")
             if ticks_diff(self._due, ticks_ms()) < 50:
                 self.loop()  # one pass: the keepalive poll (and what it reads)
             else:
@@ -625,7 +628,7 @@ class Client(_Driver):
 
     def wait_all(self, timeout=None):
         """Block until nothing is pending (everything published is acknowledged)."""
-        self._wait(_IDLE, 0, self._ms(timeout), "wait_all")
+        self.wait_published(0, timeout)
 
     def subscribe(self, topic_filter, qos=0, handler=None, timeout=None, **opts):
         """Subscribe and wait for SUBACK; returns its reason codes (granted QoS

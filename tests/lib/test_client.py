@@ -246,6 +246,57 @@ def test_qos0_send_that_fails_is_raised_and_ends_the_connection(broker_addr):
         pub.close()
 
 
+def test_qos1_send_that_fails_is_still_accepted_and_goes_after_the_reconnect(broker_addr):
+    # A stored QoS 1 message is accepted even if the send under publish() fails (Session.pub1's
+    # route, the topic cached, as Session.publish's): its id is returned, it stays pending, and it
+    # reaches a subscriber once the client is connected again.
+    got = []
+    sub = client(broker_addr, "s1sub", version=4)
+    sub.subscribe("s1/#", 1, handler=collect(got))
+    pub = client(broker_addr, "s1fail", version=4, reconnect=False)
+    pub.wait_published(pub.publish("s1/a", b"first", qos=1), 5)
+    pub.sock.close()  # the transport fails under the next send
+    pid = pub.publish("s1/a", b"kept", qos=1)
+    assert pid and not pub.connected and pub.session.pending() == [pid]
+    pub.connect()
+    pub.wait_published(pid, 5)
+    until([sub], lambda: len(got) == 2, what="the kept message")
+    assert [m[1] for m in got] == [b"first", b"kept"], got
+    pub.disconnect()
+    sub.disconnect()
+
+
+def test_qos1_store_refusal_is_raised_and_nothing_is_sent(broker_addr):
+    # A full outbox store (a FlashStore on a 4 KiB partition) refuses a message with ENOSPC:
+    # publish() raises it, nothing of that message is queued or sent, and the messages it
+    # accepted before all arrive (the steady route stores before it sends).
+    from norflash import NorFlash
+    from tern.flashstore import FlashStore
+
+    got = []
+    sub = client(broker_addr, "s1full", version=4)
+    sub.subscribe("s1full/#", 1, handler=collect(got))
+    st = FlashStore(NorFlash(None, blocks=4, block_size=1024), verbose=False)
+    pub = client(broker_addr, "s1pub", version=4, store=st, window=64, max_pending=64)
+    n = 0
+    while True:
+        try:
+            pub.publish("s1full/t", b"m%d" % n + b"." * 100, qos=1)
+        except OSError as e:
+            assert e.args[0] == 28, e
+            break
+        n += 1
+        assert n < 64, "the store never refused"
+    assert n >= 4 and len(pub.session.pending()) == n, (n, pub.session.pending())
+    assert pub.connected
+    pub.wait_all(10)
+    until([sub], lambda: len(got) >= n, what="%d messages" % n)
+    sub.loop(300)
+    assert [m[1][:4].rstrip(b".") for m in got] == [b"m%d" % i for i in range(n)], got
+    pub.disconnect()
+    sub.disconnect()
+
+
 def test_wait_published_keeps_the_keepalive(scripted_addr):
     # The broker answers the PUBLISH only after a PINGREQ: a wait for its PUBACK must still send
     # the keepalive's PINGREQ (wait_published reads without polling the keepalive until it is due).
