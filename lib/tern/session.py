@@ -954,6 +954,8 @@ class Session:
             pos = self._rpos
             if pos + 1 < self.rx_len and rx[pos] > 15 and rx[pos + 1] < 128:
                 k = rx[pos + 1] + 2  # (a one-byte remaining length: acknowledgements, short messages)
+            elif pos >= self.rx_len:
+                return  # all read: every feed ends here (without _size's call)
             else:
                 k = self._size(pos)
             if k > len(rx):
