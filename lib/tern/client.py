@@ -237,8 +237,7 @@ class _Driver:
 
 # What _wait() waits for, as a number rather than a closure (a closure is a
 # function object more, and an allocation per wait).
-_ACKED = const(1)  # the message with packet id `pid` is acknowledged
-_IDLE = const(2)  # nothing is pending
+_ACKED = const(1)  # the message with packet id `pid` is acknowledged (pid 0: every message)
 _REPLIED = const(3)  # the SUBACK/UNSUBACK for packet id `pid` arrived
 _AUTHED = const(4)  # the re-authentication ended, accepted or not
 
@@ -254,6 +253,7 @@ GRACE_MS = const(250)
 _DISCONNECTED = const(0)
 _CONNECTED = const(2)
 _WOULD_BLOCK = const(-1)
+_SLOW = const(-2)
 _EV_CONNACK = const(1)
 _EV_PUBLISHED = const(2)
 _EV_SUBACK = const(3)
@@ -294,7 +294,7 @@ class Client(_Driver):
         # future); None after close() or disconnect(): not until connect().
         self._next_try = ticks_ms()
         self._replies = {}  # pid -> SUBACK/UNSUBACK reason codes, while a call waits for them
-        # _poll, _pend, _connack and _authed are set before use, by connect() and
+        # _poll, _pend, _due, _connack and _authed are set before use, by connect() and
         # reauthenticate(): a smaller instance until then.
 
     # The session's default handler for messages no subscription handler took.
@@ -394,6 +394,7 @@ class Client(_Driver):
             sock = self.stream if MICROPYTHON else _Stream(self.stream)
         self.sock = sock
         self._pend = getattr(sock, "pending", None)  # TLS: bytes it holds decrypted (looked up once: see _io)
+        self._due = ticks_ms()  # the keepalive poll: due at once (see loop)
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
         s = self.session
@@ -523,6 +524,7 @@ class Client(_Driver):
                 continue
             try:
                 nxt = s.poll(now)
+                self._due = ticks_add(now, nxt)  # when poll() is next needed (see wait_published)
                 got = self._io(nxt if nxt < left else left)
             except (OSError, MQTTError) as e:
                 self._drop(e)
@@ -530,11 +532,9 @@ class Client(_Driver):
             if brief and got or ticks_diff(ticks_ms(), start) >= timeout_ms:
                 return self.connected
 
-    def _wait(self, kind, pid, timeout, what):
+    def _wait(self, kind, pid, t, what):
         # loop() until the condition holds; OSError "<what> timed out" after
-        # timeout seconds (None: connect_timeout). Returns the reason codes
-        # of the SUBACK/UNSUBACK it waited for.
-        t = self._ms(timeout)
+        # t ms. Returns the reason codes of the SUBACK/UNSUBACK it waited for.
         s = self.session
         r = self._replies
         start = ticks_ms()
@@ -544,9 +544,6 @@ class Client(_Driver):
             while True:
                 if kind == _ACKED:
                     if not s.is_pending(pid):
-                        return
-                elif kind == _IDLE:
-                    if not s.pending():
                         return
                 elif kind == _REPLIED:
                     if r[pid] is not None:
@@ -578,6 +575,23 @@ class Client(_Driver):
         if isinstance(payload, str):
             payload = payload.encode()
         s = self.session
+        if (qos == 0 or qos == 1) and not (retain or props):
+            # the steady cases (Session.pub0, pub1); else, or -2 from them, Session.publish
+            try:
+                pid = s.pub1(topic, payload, ticks_ms()) if qos else s.pub0(topic, payload, ticks_ms())
+            except TypeError:
+                pid = _SLOW  # a topic that is no dict key: Session.publish checks it
+            except OSError as e:
+                if not qos:
+                    self._drop(e)  # pub0's send failed: what Session.publish does (EV_LOST)
+                raise  # (pub1: the store failed; nothing accepted)
+            if pid != _SLOW:
+                if pid:
+                    try:
+                        s.flush()  # pub1's packet
+                    except OSError as e:
+                        self._drop(e)  # accepted (stored): it goes out after the next CONNACK
+                return pid
         start = None  # the wait for room, timed from the first refusal (no clock read for a message that goes)
         while True:
             pid = s.publish(topic, payload, qos, retain, ticks_ms(), props)
@@ -590,11 +604,31 @@ class Client(_Driver):
 
     def wait_published(self, pid, timeout=None):
         """Block until the message with this packet id is acknowledged."""
-        self._wait(_ACKED, pid, timeout, "wait_published")
+        # The steady case in a frame of 11 words (see Session.pub0): while connected, what
+        # arrives is read and handled (_recv) without loop()'s clock reads and keepalive poll;
+        # loop() runs a pass when the keepalive is due. Offline, and at the deadline: _wait's.
+        s = self.session
+        timeout = ticks_add(ticks_ms(), self._ms(timeout))  # the deadline
+        while s.is_pending(pid):  # (pid 0, from wait_all: any message)
+            left = ticks_diff(timeout, ticks_ms())
+            if left <= 0 or s.state != _CONNECTED:
+                return self._wait(_ACKED, pid, left if left > 0 else 0, "wait_published" if pid else "wait_all")
+            if ticks_diff(self._due, ticks_ms()) < 50:
+                self.loop()  # one pass: the keepalive poll (and what it reads)
+            else:
+                self._recv(left if left < 50 else 50)
+
+    def _recv(self, ms):
+        # loop()'s read step for wait_published: what arrives within ms read and handled; a lost
+        # connection dropped as loop() drops it (loop() then reconnects).
+        try:
+            self._io(ms)
+        except (OSError, MQTTError) as e:
+            self._drop(e)
 
     def wait_all(self, timeout=None):
         """Block until nothing is pending (everything published is acknowledged)."""
-        self._wait(_IDLE, 0, timeout, "wait_all")
+        self.wait_published(0, timeout)
 
     def subscribe(self, topic_filter, qos=0, handler=None, timeout=None, **opts):
         """Subscribe and wait for SUBACK; returns its reason codes (granted QoS
@@ -604,11 +638,11 @@ class Client(_Driver):
         handler(msg) gets each message of this subscription (MQTT 5:
         by subscription identifier; otherwise by topic matching)."""
         pid = self.session.subscribe(topic_filter, qos, ticks_ms(), handler, **opts)
-        return self._wait(_REPLIED, pid, timeout, "subscribe") if pid else None
+        return self._wait(_REPLIED, pid, self._ms(timeout), "subscribe") if pid else None
 
     def unsubscribe(self, topic_filter, timeout=None, **opts):
         pid = self.session.unsubscribe(topic_filter, ticks_ms(), **opts)
-        return self._wait(_REPLIED, pid, timeout, "unsubscribe") if pid else None
+        return self._wait(_REPLIED, pid, self._ms(timeout), "unsubscribe") if pid else None
 
     def ack(self, ack_id):
         """Manual acknowledgement mode: acknowledge a message (msg.ack_id)."""
@@ -629,7 +663,7 @@ class Client(_Driver):
         DISCONNECT reason when it refused."""
         self._authed = False
         self.session.reauthenticate(ticks_ms(), props)
-        self._wait(_AUTHED, 0, timeout, "reauthenticate")
+        self._wait(_AUTHED, 0, self._ms(timeout), "reauthenticate")
         if not self._authed:
             raise self.last_error or OSError("re-authentication failed")
 

@@ -141,7 +141,7 @@ def publish_header_into(buf, topic, qos, retain, dup, pid, payload_len, version,
                     pid if qos else 0, payload_len, (props or b"\x00") if version == _V5 else None)
 
 
-def pub_head(buf, topic, b0, pid, n, props):
+def pub_head(buf, topic, b0, pid, n, props=None):
     """publish_header_into for checked input, the steady path's: b0 the first
     byte, pid 0 for QoS 0, n the payload's length, props the encoded property
     block (MQTT 5: b"\x00" when empty) or None (before MQTT 5). Kept within a

@@ -27,7 +27,7 @@ for applications that make their own write durable first.
 
 from .wire import const, MQTTError
 from . import pkt
-from .pkt import Packet
+from .pkt import Packet, pub_head
 from .topic import matches_bytes, parse_shared, validate_filter, validate_name
 
 try:
@@ -99,6 +99,7 @@ _GONE = const(64)  # given back at a CONNACK, released once the application was 
 _TOLD = const(128)  # and told
 
 WOULD_BLOCK = const(-1)
+_SLOW = const(-2)  # pub0: not the steady case, publish() is to do it (the drivers know the value)
 
 
 class NotConnected(OSError):
@@ -648,6 +649,62 @@ class Session:
         self.last_tx = now
         return pid
 
+    def pub0(self, topic, payload, now):
+        """publish() of a QoS 0 message without retain or properties, the steady way, in a frame of
+        11 words (publish()'s comes from the heap, some 2,000+ instructions a call on a Cortex-M3):
+        MQTT 3.1.x, connected, nothing queued ahead of it or for a feed (_txn), no outbound
+        aliases, a topic publish() has cached, the packet within the transmit buffer; sent in
+        one write. Returns 0 once sent, or -2 with nothing sent: anything else goes through
+        publish(), which does it or says what is wrong. A topic that is no dict key (a bytearray,
+        a memoryview) raises TypeError before anything is written: the caller's cue for
+        publish(). An OSError from the send: the connection is over (the caller treats it as
+        publish() does)."""
+        if self._txn or self._unsent or self._oalias_cap or self.state != CONNECTED or self.version == _V5:
+            return _SLOW
+        if self._inflight and self._limit == 1:
+            return _SLOW
+        topic = self._cache.get(topic)
+        if topic is None:
+            return _SLOW
+        self.last_tx = now  # (set before the send: `now` becomes the payload's length)
+        now = len(payload)
+        topic = pub_head(self.tx, topic, 0x30, 0, now)  # (the header's length)
+        if topic + now > len(self.tx):
+            return _SLOW
+        self._txmv[topic : topic + now] = payload
+        self.out(self.tx, 0, topic + now)
+        return 0
+
+    def pub1(self, topic, payload, now):
+        """pub0's QoS 1 sibling (same conditions, and room in the window and the ring): the message
+        stored and committed (write-ahead), in the ring as sent, the packet left in the transmit
+        buffer as a feed's queued packets are (_txn): the caller hands it over with flush() and
+        treats a failed send as publish() does (accepted: the connection is over). Returns its packet
+        id, or -2 with nothing stored. An OSError from the store: not accepted, nothing queued."""
+        if self._txn or self._unsent or self.state != CONNECTED or self.version == _V5:
+            return _SLOW
+        if self._inflight >= self._limit or self._n >= self._cap:
+            return _SLOW
+        topic = self._cache.get(topic)
+        if topic is None:
+            return _SLOW
+        self.last_tx = now  # (set before the send, as in pub0: `now` becomes the packet id)
+        now = self._alloc_pid()
+        topic = pub_head(self.tx, topic, 0x32, now, len(payload))  # (the header's length)
+        if topic + len(payload) > len(self.tx) or self._cache.get(topic) is None:
+            return _SLOW  # (publish() makes the header's view the store takes: see there)
+        self.store.append(_PUBLISH, now, self._cache.get(topic), payload)
+        if self.store.dirty:
+            self.store.commit()
+        # _push's work and publish()'s direct send in one: sent (by the caller) and in flight
+        self._ring[(self._head + self._n) % self._cap] = now
+        self._rflags[(self._head + self._n) % self._cap] = _SENT | _EVER
+        self._n += 1
+        self._inflight += 1
+        self._txmv[topic : topic + len(payload)] = payload
+        self._txn = topic + len(payload)
+        return now
+
     def _topic(self, topic, props):
         # A topic not in publish's cache: checked, encoded, and (str or bytes) cached. The
         # transmit buffer must hold its header (properties: checked with them).
@@ -667,7 +724,10 @@ class Session:
         return self._n >= len(self._rflags)
 
     def is_pending(self, pid):
-        return self._find(pid) >= 0
+        """Whether the message (or SUBSCRIBE, UNSUBSCRIBE) with this packet id awaits its
+        acknowledgement; pid 0: whether anything does."""
+        # (the oldest, mostly: answered without _find's walk)
+        return self._n > 0 and (not pid or self._ring[self._head] == pid or self._find(pid) >= 0)
 
     # ---------------------------------------------------------- subscriptions
 
@@ -892,6 +952,8 @@ class Session:
             pos = self._rpos
             if pos + 1 < self.rx_len and rx[pos] > 15 and rx[pos + 1] < 128:
                 k = rx[pos + 1] + 2  # (a one-byte remaining length: acknowledgements, short messages)
+            elif pos >= self.rx_len:
+                return  # all read: every feed ends here (without _size's call)
             else:
                 k = self._size(pos)
             if k > len(rx):

@@ -201,6 +201,113 @@ def test_qos0_offline_is_refused_and_bad_input_is_named(broker_addr):
     assert "topic" in str(raises(ValueError, c.subscribe, "a/#/b", 1))
 
 
+def test_qos0_messages_arrive_whole_and_in_order_through_every_topic_and_payload_form(broker_addr):
+    # publish() sends a QoS 0 message of a topic it has seen before through Session.pub0 (issue 26:
+    # fewer instructions); whatever that path does not take (a bytearray topic, no dict key; a
+    # packet over the transmit buffer, retain, a str payload with non-ASCII text, a message behind
+    # a queued QoS 1 one) goes the full way. Each form twice: the second is the cached one.
+    got = []
+    sub = client(broker_addr, "s0sub", version=4)
+    sub.subscribe("s0/#", 0, handler=collect(got))
+    pub = client(broker_addr, "s0pub", version=4, tx_size=64, window=1)
+    sent = []
+    for topic, payload in (("s0/a", b"1"), (b"s0/b", b"2"), (bytearray(b"s0/c"), b"3"),
+                           ("s0/e", "\u00e9t\u00e9"), ("s0/f", b"x" * 100)):
+        for _ in range(2):
+            assert pub.publish(topic, payload) == 0
+            t = topic if isinstance(topic, str) else bytes(topic).decode()
+            sent.append((t, payload.encode() if isinstance(payload, str) else payload, 0, False))
+    pub.publish("s0/r", b"kept", retain=True)
+    sent.append(("s0/r", b"kept", 0, False))
+    pid = pub.publish("s0/q", b"first", qos=1)  # in flight, window 1: the QoS 0 message waits behind it
+    pub.publish("s0/a", b"after")
+    sent += [("s0/q", b"first", 0, False), ("s0/a", b"after", 0, False)]
+    pub.wait_published(pid, 5)
+    until([sub, pub], lambda: len(got) == len(sent), what="%d messages" % len(sent))
+    assert got == sent, got
+    pub.publish("s0/r", b"", retain=True)
+    pub.disconnect()
+    sub.disconnect()
+
+
+def test_qos0_send_that_fails_is_raised_and_ends_the_connection(broker_addr):
+    # A QoS 0 message is not kept: a failed send is the caller's to hear, and the connection, part
+    # of a packet perhaps gone, is over (the cached topic's steady path as the first send's).
+    from tern.session import NotConnected
+
+    for n in range(2):
+        pub = client(broker_addr, "s0fail", version=4, reconnect=False)
+        if n:
+            pub.publish("s0/fail", b"cached")
+        pub.sock.close()  # the transport fails under the next send
+        raises(OSError, pub.publish, "s0/fail", b"lost")
+        assert not pub.connected
+        raises(NotConnected, pub.publish, "s0/fail", b"offline")
+        pub.close()
+
+
+def test_qos1_send_that_fails_is_still_accepted_and_goes_after_the_reconnect(broker_addr):
+    # A stored QoS 1 message is accepted even if the send under publish() fails (Session.pub1's
+    # route, the topic cached, as Session.publish's): its id is returned, it stays pending, and it
+    # reaches a subscriber once the client is connected again.
+    got = []
+    sub = client(broker_addr, "s1sub", version=4)
+    sub.subscribe("s1/#", 1, handler=collect(got))
+    pub = client(broker_addr, "s1fail", version=4, reconnect=False)
+    pub.wait_published(pub.publish("s1/a", b"first", qos=1), 5)
+    pub.sock.close()  # the transport fails under the next send
+    pid = pub.publish("s1/a", b"kept", qos=1)
+    assert pid and not pub.connected and pub.session.pending() == [pid]
+    pub.connect()
+    pub.wait_published(pid, 5)
+    until([sub], lambda: len(got) == 2, what="the kept message")
+    assert [m[1] for m in got] == [b"first", b"kept"], got
+    pub.disconnect()
+    sub.disconnect()
+
+
+def test_qos1_store_refusal_is_raised_and_nothing_is_sent(broker_addr):
+    # A full outbox store (a FlashStore on a 4 KiB partition) refuses a message with ENOSPC:
+    # publish() raises it, nothing of that message is queued or sent, and the messages it
+    # accepted before all arrive (the steady route stores before it sends).
+    from norflash import NorFlash
+    from tern.flashstore import FlashStore
+
+    got = []
+    sub = client(broker_addr, "s1full", version=4)
+    sub.subscribe("s1full/#", 1, handler=collect(got))
+    st = FlashStore(NorFlash(None, blocks=4, block_size=1024), verbose=False)
+    pub = client(broker_addr, "s1pub", version=4, store=st, window=64, max_pending=64)
+    n = 0
+    while True:
+        try:
+            pub.publish("s1full/t", b"m%d" % n + b"." * 100, qos=1)
+        except OSError as e:
+            assert e.args[0] == 28, e
+            break
+        n += 1
+        assert n < 64, "the store never refused"
+    assert n >= 4 and len(pub.session.pending()) == n, (n, pub.session.pending())
+    assert pub.connected
+    pub.wait_all(10)
+    until([sub], lambda: len(got) >= n, what="%d messages" % n)
+    sub.loop(300)
+    assert [m[1][:4].rstrip(b".") for m in got] == [b"m%d" % i for i in range(n)], got
+    pub.disconnect()
+    sub.disconnect()
+
+
+def test_wait_published_keeps_the_keepalive(scripted_addr):
+    # The broker answers the PUBLISH only after a PINGREQ: a wait for its PUBACK must still send
+    # the keepalive's PINGREQ (wait_published reads without polling the keepalive until it is due).
+    c = Client("ka", server=scripted_addr[0], port=scripted_addr[1], keepalive=1)
+    c.connect()
+    pid = c.publish("ka/t", b"x", qos=1)
+    c.wait_published(pid, 5)
+    assert not c.session.is_pending(pid)
+    c.disconnect()
+
+
 def test_refused_connection_is_permanent_for_bad_protocol(scripted_addr):
     # Identifier rejected (3.1.1: 0x02; the script's broker refuses every client id). An empty
     # client id with clean session off, which Mosquitto refuses so, is refused before sending now
@@ -214,6 +321,10 @@ def test_refused_connection_is_permanent_for_bad_protocol(scripted_addr):
 
 # Played by the scripted_addr fixture (tests/lib/conftest.py).
 SCRIPTS = {
+    "test_wait_published_keeps_the_keepalive": ([
+        [("recv_type", 1), ("send", b"\x20\x02\x00\x00"), ("recv_type", 3), ("recv_type", 12),
+         ("send", b"\xd0\x00"), ("send", b"\x40\x02\x00\x01"), ("recv_type", 14)],
+    ], 4),
     "test_refused_connection_is_permanent_for_bad_protocol": ([
         [("recv_type", 1), ("send", b"\x20\x02\x00\x02"), ("close",)],
     ], 4),
