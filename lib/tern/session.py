@@ -223,7 +223,8 @@ class Session:
         self._msg = Message()
         self._depth = 0  # message handlers under way: >0 while a handler's blocking call reads on
         self._held = []  # acks of messages read under a handler: they leave after its own (arrival order)
-        self._cache = {}  # steady-path allocations made once: see publish
+        self._cache = {}  # steady-path allocations made once, by topic (str or bytes): see publish
+        self._hviews = {}  # views of the transmit buffer by header length (see publish): not in _cache, where an int topic would find one
         self._head = 0
         self._n = 0  # ring slots in use (released ones inside count until trimmed)
         self._inflight = 0
@@ -592,9 +593,8 @@ class Session:
             n = pkt.pub_head(tx, topic, 0x30 | qos << 1 | (1 if retain else 0), pid, plen, pblock)
             # The store takes the encoded header as a buffer of exactly n bytes;
             # one view of the transmit buffer per header length (a device has few
-            # topics), cached beside the topics (int keys, not str), keeps that
-            # allocation out of the steady path.
-            c = self._cache
+            # topics), kept, keeps that allocation out of the steady path.
+            c = self._hviews
             v = c.get(n)
             if v is None:
                 if len(c) >= 24:
@@ -691,9 +691,9 @@ class Session:
         self.last_tx = now  # (set before the send, as in pub0: `now` becomes the packet id)
         now = self._alloc_pid()
         topic = pub_head(self.tx, topic, 0x32, now, len(payload))  # (the header's length)
-        if topic + len(payload) > len(self.tx) or self._cache.get(topic) is None:
+        if topic + len(payload) > len(self.tx) or self._hviews.get(topic) is None:
             return _SLOW  # (publish() makes the header's view the store takes: see there)
-        self.store.append(_PUBLISH, now, self._cache.get(topic), payload)
+        self.store.append(_PUBLISH, now, self._hviews.get(topic), payload)
         if self.store.dirty:
             self.store.commit()
         # _push's work and publish()'s direct send in one: sent (by the caller) and in flight

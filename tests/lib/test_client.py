@@ -433,3 +433,26 @@ def test_any_stream_is_a_transport_and_stays_open(broker_addr):
         assert c.sock is None
         stream.write(b"")  # the client never closes the application's stream
         sock.close()
+
+
+def test_a_topic_that_is_not_str_or_bytes_is_refused_whatever_was_published_before(broker_addr):
+    # publish() caches what it builds per topic (and per header length); nothing in that cache may
+    # stand in for a topic name that is neither str nor bytes (an int, say: `publish(40, ...)`),
+    # on the steady path or the full one, and nothing of such a call is sent or stored.
+    got = []
+    sub = client(broker_addr, "badtsub", version=4)
+    sub.subscribe("badt/#", 1, handler=collect(got))
+    pub = client(broker_addr, "badtpub", version=4)
+    for t in ("badt/a", "badt/sensors/room-1/temperature", b"badt/x"):
+        for q in (0, 1, 2):
+            pub.wait_published(pub.publish(t, b"payload", qos=q), 5)
+    for bad in list(range(80)) + [None, 1.5, ("a", "b")]:
+        for q in (0, 1, 2):
+            e = raises(TypeError, pub.publish, bad, b"y", qos=q)
+            assert "topic name must be str or bytes" in str(e), (bad, q, str(e))
+    assert not pub.session.pending()  # nothing stored by the refused calls
+    pub.wait_published(pub.publish("badt/end", b"end", qos=1), 5)
+    until([sub, pub], lambda: len(got) == 10, what="10 messages")
+    assert [m[1] for m in got] == [b"payload"] * 9 + [b"end"], got
+    pub.disconnect()
+    sub.disconnect()
