@@ -71,6 +71,7 @@ Write-ahead and recovery:
 """
 
 from binascii import crc32
+from struct import pack_into
 
 from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
 from .logrec import (
@@ -113,6 +114,11 @@ _MKEEP = const(64)  # what an inbound QoS 2 id leaves of it: a meta value
 _WIN = const(512)
 _SMALL = const(24)  # _rsize(0): a body-less record (OP, INID, INCLEAR)
 _FF8 = b"\xff" * 8
+try:  # CPython's struct packs bytes only ("s"); MicroPython's any buffer, as _write needs
+    pack_into("<1s", bytearray(1), 0, memoryview(_FF8))
+    _bs = None
+except Exception:  # pragma: no cover - CPython
+    _bs = bytes
 _CHUNK = const(64)  # index growth step (entries)
 ENOSPC = const(28)
 
@@ -169,6 +175,7 @@ class FlashStore(Log):
         self._mask = bs - 1
         self._limit = bs - _FLOOR_SZ  # normal records end here; a FLOOR may use the rest
         self._maxrec = self._limit - _SH
+        self._cap = (n - 2) * (self._maxrec - _FLOOR_SZ)  # live bytes at most (see _alloc)
         # per sector
         self._sseq = array("I", [0] * n)  # sequence of a data sector, 0 = free
         self._live = array("H", [0] * n)  # live record bytes
@@ -183,6 +190,9 @@ class FlashStore(Log):
         self._win = bytearray(_WIN)
         self._winmv = memoryview(self._win)
         self._smv = self._winmv[0:_SMALL]  # a body-less record, staged (see _write)
+        self._hmv = self._winmv[0:_RH]  # a record header, staged
+        self._fk = -1  # _write's last record format: its key and the format
+        self._fmt = None
         self._stmv = self._smv
         self._stsz = _SMALL
         self._wa = 0
@@ -483,10 +493,11 @@ class FlashStore(Log):
 
     def _written_end(self, s, off, first=False):
         """Where the bytes of sector s that are not erased end, from off on
-        (off itself when all are erased). first: stop at the first that is not
-        (a sector being reused is known from its header's first byte, where the
-        whole scan cost a board about 2.3 million instructions a sector switch:
-        docs/benchmarks.md)."""
+        (off itself when all are erased); first: any end past off will do.
+        A window is known erased from its first byte and one compare of the
+        window with itself shifted by a byte (a memcmp): byte by byte, a
+        blank sector cost a board 2.3 million instructions at each sector
+        switch (docs/benchmarks.md)."""
         base = s * self.bs
         end = off
         while off < self.bs:
@@ -494,12 +505,14 @@ class FlashStore(Log):
             if k > _WIN:
                 k = _WIN
             i = self._at(base + off, k)
-            w = self._win
-            for j in range(i, i + k):
-                if w[j] != 0xFF:
-                    end = off + j - i + 1
-                    if first:
-                        return end
+            mv = self._winmv
+            if mv[i] != 0xFF or mv[i + 1 : i + k] != mv[i : i + k - 1]:
+                if first:
+                    return off + 1
+                j = i + k - 1
+                while mv[j] == 0xFF:
+                    j -= 1
+                end = off + j - i + 1
             off += k
         return end
 
@@ -693,8 +706,18 @@ class FlashStore(Log):
         _MKEEP of it, so ids the broker holds cannot use it all up."""
         if size > self._maxrec:
             raise ValueError("record of %d bytes does not fit a %d-byte sector" % (size, self.bs))
-        if keep is not None and self._total + size + keep > (self.nsec - 2) * (self._maxrec - _FLOOR_SZ):
+        if keep is not None and self._total + size + keep > self._cap:
             raise OSError(ENOSPC, "flash outbox full")
+        off = self._off
+        if self._nfree > 1 and not self._sealed and self._head >= 0 and off + size <= self._limit:
+            # the steady case, as _room would find it: a spare sector (so no reclaim to keep room
+            # for) and room in the head
+            self._off = off + size
+            return self._head * self.bs + off
+        return self._room(size, keep)
+
+    def _room(self, size, keep):
+        """_alloc's room for a record, making it first: reclaim, sector switch."""
         for _ in range(4 * self.nsec + 4):
             if self._sealed == 1 and not self._free():
                 self._unseal()
@@ -922,65 +945,67 @@ class FlashStore(Log):
 
     # ------------------------------------------------------------ writing
     def _write(self, t, flags, rseq, pid, head, body, addr):
-        """Program one record (or stage it in the group buffer)."""
+        """Program one record (or stage it in the group buffer). Built in the
+        read window (which any write leaves stale) by two struct pack_into
+        calls, copies in C (a slice store cost a board 2,850 instructions
+        whatever its length), and programmed by one writeblocks call, not two
+        to four; the padding is written erased-looking, as a group write has
+        it. The views of the window are kept per size (body-less records and
+        the last message size), and so is the format, so same-sized messages
+        allocate nothing but what crc32 returns."""
         lh = len(head)
         lb = len(body)
         ln = lh + lb
-        self._mkhdr(t, flags, ln, rseq, pid, addr)
-        c = crc32(body, crc32(head, hcrc(self._hdr, 12, 0))) & 0xFFFFFFFF
-        _put32(self._crcb, 0, c)
+        size = (ln + 27) & ~7  # _rsize(ln)
+        if rseq > 0x3FFFFFFF:  # (a 32-bit sequence; below, a small int: no long-int arithmetic)
+            rseq &= 0xFFFFFFFF
+        self._wl = 0
+        w = self._win
+        h = self._hmv
+        pack_into("<BBHIHhi", w, 0, t, flags, ln, rseq, pid, -1, -1)
+        # the header check: seeded as _seed says (crc32 takes the seed modulo 2^32)
+        pack_into("<H", w, 10, crc32(h, self._sseq[addr >> self._shift] * 4099 + (addr & self._mask)) & 0xFFFF)
+        if _bs:
+            head = _bs(head)
+            body = _bs(body)
+        c = crc32(body, crc32(head, crc32(h)))
+        if size > _WIN:
+            if self.group:
+                self._gflush()
+            pack_into("<I", self._crcb, 0, c)
+            self._prog(addr, h)
+            if lh:
+                self._prog(addr + _RH, head)
+            if lb:
+                self._prog(addr + _RH + lh, body)
+            self._prog(addr + _RH + ln, self._crcb)
+            return
+        k = lh | lb << 16
+        if k != self._fk:
+            self._fmt = "<%ds%dsI%ds" % (lh, lb, size - ln - 20)
+            self._fk = k
+        pack_into(self._fmt, w, _RH, head, body, c, _FF8)
+        if size == _SMALL:
+            mv = self._smv
+        else:
+            if size != self._stsz:
+                self._stmv = self._winmv[0:size]
+                self._stsz = size
+            mv = self._stmv
         if self.group:
             g = self._gbuf
-            size = _rsize(ln)
-            if self._glen and (self._gaddr + self._glen != addr or self._glen + size > len(g)):
+            p = self._glen
+            if p and (self._gaddr + p != addr or p + size > len(g)):
                 self._gflush()
+                p = 0
             if size <= len(g):
-                if not self._glen:
+                if not p:
                     self._gaddr = addr
-                p = self._glen
-                g[p : p + _RH] = self._hdr
-                p += _RH
-                g[p : p + lh] = head
-                p += lh
-                g[p : p + lb] = body
-                p += lb
-                g[p : p + 4] = self._crcb
-                p += 4
-                while p < self._glen + size:
-                    g[p] = 0xFF
-                    p += 1
-                self._glen = p
+                g[p : p + size] = mv
+                self._glen = p + size
                 self.dirty = True
                 return
-        size = _rsize(ln)
-        if size <= _WIN:
-            # One program for the whole record (padding erased-looking, as a group write has it),
-            # staged in the read window, which any write leaves stale anyway: one writeblocks call,
-            # not two to four. The views of the window are kept per size (body-less records and the
-            # last message size), so same-sized messages allocate nothing.
-            w = self._win
-            w[size - 8 : size] = _FF8
-            w[0:_RH] = self._hdr
-            p = _RH + lh
-            w[_RH:p] = head
-            w[p : p + lb] = body
-            p += lb
-            w[p : p + 4] = self._crcb
-            if size == _SMALL:
-                mv = self._smv
-            else:
-                if size != self._stsz:
-                    self._stmv = self._winmv[0:size]
-                    self._stsz = size
-                mv = self._stmv
-            self._prog(addr, mv)
-            return
-        self._prog(addr, self._hdr)
-        if lh:
-            self._prog(addr + _RH, head)
-        if lb:
-            self._prog(addr + _RH + lh, body)
-        self._prog(addr + _RH + ln, self._crcb)
+        self._prog(addr, mv)
 
     def _gflush(self):
         # clean only once programmed: a program that raised leaves the store
@@ -1056,18 +1081,21 @@ class FlashStore(Log):
     # ------------------------------------------------------------ contract
     def append(self, kind, pid, head, body=b""):
         kc = self._check(kind, pid)
-        size = _rsize(len(head) + len(body))
+        size = (len(head) + len(body) + 27) & ~7  # _rsize
         a = self._alloc(size)
         self._write(kind, 0, self._rseq, pid, head, body, a)
         self._rseq += 1
         self._last = pid
-        i = self._slot()
+        i = self._n
+        if i == len(self._ipid):
+            i = self._slot()
         self._ipid[i] = pid
-        self._iaddr[i] = a | (kc << 1)
+        self._iaddr[i] = a | kc << 1
         self._isz[i] = size
         self._n = i + 1
         self._count += 1
-        self._lv(a, size)
+        self._live[a >> self._shift] += size  # _lv
+        self._total += size
 
     def _setmark(self, pid, want):
         """Flip the mark: in place, program the next erased mark byte (12, 14,
@@ -1106,7 +1134,8 @@ class FlashStore(Log):
         self._iaddr[i] = (self._iaddr[i] & ~1) | want
 
     def release(self, pid):
-        self._gflush()
+        if self._glen:
+            self._gflush()
         i = self._find(pid) if pid else -1
         if i < 0:
             return
@@ -1117,12 +1146,15 @@ class FlashStore(Log):
             i = self._find(pid)
             a = self._iaddr[i] & ~7
         else:
-            self._zero[0] = 0
             self._prog(a + 13, self._zero)
-        self._lv(a, -size)
+        s = a >> self._shift
+        self._live[s] -= size  # _lv
+        self._total -= size
         self._drop(i)
-        self._maybe_retire(a >> self._shift)
-        self._early()
+        if s != self._head and not self._live[s]:
+            self._maybe_retire(s)
+        if self._nfree < 2:  # (-1: not known)
+            self._early()
 
     def size(self, pid):
         self._gflush()
