@@ -94,7 +94,6 @@ from .logrec import (
     Log,
     u16 as _u16,
     u32 as _u32,
-    put16 as _put16,
     put32 as _put32,
     hcrc,
     make_header,
@@ -192,6 +191,8 @@ class FlashStore(Log):
         self._smv = self._winmv[0:_SMALL]  # a body-less record, staged (see _write)
         self._hmv = self._winmv[0:_RH]  # a record header, staged
         self._fk = -1  # _write's last record format: its key and the format
+        self._ra = 0  # the room _alloc took last, and its size
+        self._rs = 0
         self._fmt = None
         self._stmv = self._smv
         self._stsz = _SMALL
@@ -215,6 +216,7 @@ class FlashStore(Log):
         self._inn = 0
         self._meta = {}  # key bytes -> [value, address, record bytes]
         self._head = -1
+        self._hseed = 0
         self._off = 0
         self._sealed = False
         self._nextseq = 1
@@ -247,8 +249,7 @@ class FlashStore(Log):
         wa = self._wa
         if wa <= addr and addr + n <= wa + self._wl:
             return addr - wa
-        end = (addr | self._mask) + 1
-        ln = end - addr
+        ln = (addr | self._mask) + 1 - addr  # to the sector's end
         if ln > _WIN:
             ln = _WIN
         self._read(addr, self._win if ln == _WIN else self._winmv[0:ln])
@@ -355,6 +356,7 @@ class FlashStore(Log):
                 self._sealed = torn
         if head >= 0:
             self._head = head
+            self._hseed = self._sseq[head] * 4099 - head * bs  # _seed of the head's records, less their address
             self._ret[head] = 0
             if not self._sealed and self._written_end(head, self._off) > self._off:
                 self._sealed = True
@@ -713,8 +715,12 @@ class FlashStore(Log):
             # the steady case, as _room would find it: a spare sector (so no reclaim to keep room
             # for) and room in the head
             self._off = off + size
-            return self._head * self.bs + off
-        return self._room(size, keep)
+            off += self._head * self.bs
+        else:
+            off = self._room(size, keep)
+        self._ra = off  # the room just taken (where _write programs) and its size
+        self._rs = size
+        return off
 
     def _room(self, size, keep):
         """_alloc's room for a record, making it first: reclaim, sector switch."""
@@ -781,18 +787,10 @@ class FlashStore(Log):
             self._erase(s)
         old = self._head
         sh = self._sh
-        for i in range(_SH):
-            sh[i] = 0xFF
-        sh[0:4] = _MAGIC
-        sh[4] = _VERSION
-        sh[5] = 1 if self.append_acks else 0
-        sh[6] = self._shift
-        _put16(sh, 22, self.nsec)
-        _put32(sh, 8, self._nextseq)
-        _put32(sh, 12, self._floor)
-        _put32(sh, 16, self._rseq)
-        _put16(sh, 20, self._last)
-        _put32(sh, 24, crc32(memoryview(sh)[0:24]) & 0xFFFFFFFF)
+        pack_into(
+            "<4sBBBBIIIHHIi", sh, 0, _MAGIC, _VERSION, 1 if self.append_acks else 0, self._shift, 0xFF,
+            self._nextseq, self._floor, self._rseq & 0xFFFFFFFF, self._last, self.nsec & 0xFFFF, 0, -1)
+        pack_into("<I", sh, 24, crc32(memoryview(sh)[0:24]))
         self._sseq[s] = self._nextseq  # before programming: a torn header is junk
         self._nfree = -1
         self._old = -2
@@ -809,6 +807,7 @@ class FlashStore(Log):
             self._old = -2
             raise
         self._head = s
+        self._hseed = self._sseq[s] * 4099 - s * self.bs  # _seed of the head's records, less their address
         self._off = _SH
         self._sealed = False
         if old >= 0:
@@ -944,8 +943,10 @@ class FlashStore(Log):
         return self._early()
 
     # ------------------------------------------------------------ writing
-    def _write(self, t, flags, rseq, pid, head, body, addr):
-        """Program one record (or stage it in the group buffer). Built in the
+    def _write(self, tf, pid, head, body, rseq=-1):
+        """Program one record (type | flags << 8; sequence rseq, or the next
+        one) into the room _alloc just took (or stage it in the group
+        buffer). Built in the
         read window (which any write leaves stale) by two struct pack_into
         calls, copies in C (a slice store cost a board 2,850 instructions
         whatever its length), and programmed by one writeblocks call, not two
@@ -957,14 +958,20 @@ class FlashStore(Log):
         lb = len(body)
         ln = lh + lb
         size = (ln + 27) & ~7  # _rsize(ln)
+        if rseq < 0:
+            rseq = self._rseq
         if rseq > 0x3FFFFFFF:  # (a 32-bit sequence; below, a small int: no long-int arithmetic)
             rseq &= 0xFFFFFFFF
+        addr = self._ra
         self._wl = 0
         w = self._win
         h = self._hmv
-        pack_into("<BBHIHhi", w, 0, t, flags, ln, rseq, pid, -1, -1)
-        # the header check: seeded as _seed says (crc32 takes the seed modulo 2^32)
-        pack_into("<H", w, 10, crc32(h, self._sseq[addr >> self._shift] * 4099 + (addr & self._mask)) & 0xFFFF)
+        pack_into("<HHIHhi", w, 0, tf, ln, rseq, pid, -1, -1)
+        # the header check, seeded as _seed says (crc32 takes the seed modulo 2^32; the record is
+        # in the head), its low 16 bits (packed as 32, two status bytes then erased again: no
+        # long-int arithmetic on a board)
+        pack_into("<I", w, 10, crc32(h, self._hseed + addr))
+        w[12] = w[13] = 0xFF
         if _bs:
             head = _bs(head)
             body = _bs(body)
@@ -1005,7 +1012,8 @@ class FlashStore(Log):
                 self._glen = p + size
                 self.dirty = True
                 return
-        self._prog(addr, mv)
+        # _prog without its call (the head sector's header is programmed, so it is not blank)
+        self.dev.writeblocks(addr >> self._shift, mv, addr & self._mask)
 
     def _gflush(self):
         # clean only once programmed: a program that raised leaves the store
@@ -1025,7 +1033,7 @@ class FlashStore(Log):
         else:
             r = self._rseq
             self._rseq += 1
-        self._write(t, flags, r, pid, b"", b"", a)
+        self._write(t | flags << 8, pid, b"", b"", r)
         if t != T_INID:
             self._pin[a >> self._shift] = 1  # what it says must be read at boot
         return a
@@ -1080,22 +1088,23 @@ class FlashStore(Log):
 
     # ------------------------------------------------------------ contract
     def append(self, kind, pid, head, body=b""):
-        kc = self._check(kind, pid)
-        size = (len(head) + len(body) + 27) & ~7  # _rsize
-        a = self._alloc(size)
-        self._write(kind, 0, self._rseq, pid, head, body, a)
+        # A frame of 11 words, so not taken from the heap: no locals (head holds the index entry
+        # once written); the room's address and size are _ra and _rs.
+        self._check(kind, pid)
+        self._alloc((len(head) + len(body) + 27) & ~7)  # _rsize
+        self._write(kind, pid, head, body)
         self._rseq += 1
         self._last = pid
-        i = self._n
-        if i == len(self._ipid):
-            i = self._slot()
-        self._ipid[i] = pid
-        self._iaddr[i] = a | kc << 1
-        self._isz[i] = size
-        self._n = i + 1
+        head = self._n
+        if head == len(self._ipid):
+            head = self._slot()
+        self._ipid[head] = pid
+        self._iaddr[head] = self._ra | (kind // 3 - 1) << 1  # the kind code, as _check returns it
+        self._isz[head] = self._rs
+        self._n = head + 1
         self._count += 1
-        self._live[a >> self._shift] += size  # _lv
-        self._total += size
+        self._live[self._ra >> self._shift] += self._rs  # _lv
+        self._total += self._rs
 
     def _setmark(self, pid, want):
         """Flip the mark: in place, program the next erased mark byte (12, 14,
@@ -1129,7 +1138,7 @@ class FlashStore(Log):
             # later, so it gets none (nothing was written in its room)
             self._off -= _FLOOR_SZ
             return self._setmark(pid, want)
-        self._write(T_OP, OP_MARK if want else OP_UNMARK, r, pid, b"", b"", na)
+        self._write(T_OP | (OP_MARK if want else OP_UNMARK) << 8, pid, b"", b"", r)
         self._pin[na >> self._shift] = 1
         self._iaddr[i] = (self._iaddr[i] & ~1) | want
 
@@ -1139,17 +1148,16 @@ class FlashStore(Log):
         i = self._find(pid) if pid else -1
         if i < 0:
             return
-        a = self._iaddr[i] & ~7
-        size = self._isz[i]
         if self.append_acks:
             self._small(T_OP, OP_RELEASE, pid)
             i = self._find(pid)
-            a = self._iaddr[i] & ~7
-        else:
-            self._prog(a + 13, self._zero)
+        a = self._iaddr[i] & ~7
         s = a >> self._shift
-        self._live[s] -= size  # _lv
-        self._total -= size
+        if not self.append_acks:
+            self._wl = 0  # (_prog without its call: the record's sector is not blank)
+            self.dev.writeblocks(s, self._zero, (a & self._mask) + 13)
+        self._live[s] -= self._isz[i]  # _lv
+        self._total -= self._isz[i]
         self._drop(i)
         if s != self._head and not self._live[s]:
             self._maybe_retire(s)
@@ -1251,7 +1259,7 @@ class FlashStore(Log):
         size = _rsize(1 + len(k) + len(v))
         a = self._alloc(size, 0 if cur is None else -cur[2])  # (a new value replaces the old one)
         r = self._rseq
-        self._write(T_META, 0, r, 0, bytes((len(k),)) + k, v, a)
+        self._write(T_META, 0, bytes((len(k),)) + k, v, r)
         self._rseq += 1
         cur = self._meta.get(k)  # the reclaim may have moved the old one
         self._meta[k] = [v, a, size, r]
