@@ -946,14 +946,13 @@ class FlashStore(Log):
     def _write(self, tf, pid, head, body, rseq=-1):
         """Program one record (type | flags << 8; sequence rseq, or the next
         one) into the room _alloc just took (or stage it in the group
-        buffer). Built in the
-        read window (which any write leaves stale) by two struct pack_into
-        calls, copies in C (a slice store cost a board 2,850 instructions
-        whatever its length), and programmed by one writeblocks call, not two
-        to four; the padding is written erased-looking, as a group write has
-        it. The views of the window are kept per size (body-less records and
-        the last message size), and so is the format, so same-sized messages
-        allocate nothing but what crc32 returns."""
+        buffer). Built in the read window (which any write leaves stale) by
+        struct's pack_into, a copy in C (a slice store cost a board 2,850
+        instructions whatever its length), and programmed by one writeblocks
+        call, not two to four; the padding is written erased-looking, as a
+        group write has it. The views of the window are kept per size
+        (body-less records and the last message size), and so is the format,
+        so same-sized messages allocate nothing but what crc32 returns."""
         lh = len(head)
         lb = len(body)
         ln = lh + lb
