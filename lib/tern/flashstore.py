@@ -71,6 +71,7 @@ Write-ahead and recovery:
 """
 
 from binascii import crc32
+from struct import pack_into
 
 from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
 from .logrec import (
@@ -93,7 +94,6 @@ from .logrec import (
     Log,
     u16 as _u16,
     u32 as _u32,
-    put16 as _put16,
     put32 as _put32,
     hcrc,
     make_header,
@@ -113,6 +113,11 @@ _MKEEP = const(64)  # what an inbound QoS 2 id leaves of it: a meta value
 _WIN = const(512)
 _SMALL = const(24)  # _rsize(0): a body-less record (OP, INID, INCLEAR)
 _FF8 = b"\xff" * 8
+try:  # CPython's struct packs bytes only ("s"); MicroPython's any buffer, as _write needs
+    pack_into("<1s", bytearray(1), 0, memoryview(_FF8))
+    _bs = None
+except Exception:  # pragma: no cover - CPython
+    _bs = bytes
 _CHUNK = const(64)  # index growth step (entries)
 ENOSPC = const(28)
 
@@ -169,6 +174,7 @@ class FlashStore(Log):
         self._mask = bs - 1
         self._limit = bs - _FLOOR_SZ  # normal records end here; a FLOOR may use the rest
         self._maxrec = self._limit - _SH
+        self._cap = (n - 2) * (self._maxrec - _FLOOR_SZ)  # live bytes at most (see _alloc)
         # per sector
         self._sseq = array("I", [0] * n)  # sequence of a data sector, 0 = free
         self._live = array("H", [0] * n)  # live record bytes
@@ -183,6 +189,11 @@ class FlashStore(Log):
         self._win = bytearray(_WIN)
         self._winmv = memoryview(self._win)
         self._smv = self._winmv[0:_SMALL]  # a body-less record, staged (see _write)
+        self._hmv = self._winmv[0:_RH]  # a record header, staged
+        self._fk = -1  # _write's last record format: its key and the format
+        self._ra = 0  # the room _alloc took last, and its size
+        self._rs = 0
+        self._fmt = None
         self._stmv = self._smv
         self._stsz = _SMALL
         self._wa = 0
@@ -205,6 +216,7 @@ class FlashStore(Log):
         self._inn = 0
         self._meta = {}  # key bytes -> [value, address, record bytes]
         self._head = -1
+        self._hseed = 0
         self._off = 0
         self._sealed = False
         self._nextseq = 1
@@ -237,8 +249,7 @@ class FlashStore(Log):
         wa = self._wa
         if wa <= addr and addr + n <= wa + self._wl:
             return addr - wa
-        end = (addr | self._mask) + 1
-        ln = end - addr
+        ln = (addr | self._mask) + 1 - addr  # to the sector's end
         if ln > _WIN:
             ln = _WIN
         self._read(addr, self._win if ln == _WIN else self._winmv[0:ln])
@@ -345,6 +356,7 @@ class FlashStore(Log):
                 self._sealed = torn
         if head >= 0:
             self._head = head
+            self._hseed = self._sseq[head] * 4099 - head * bs  # _seed of the head's records, less their address
             self._ret[head] = 0
             if not self._sealed and self._written_end(head, self._off) > self._off:
                 self._sealed = True
@@ -483,10 +495,11 @@ class FlashStore(Log):
 
     def _written_end(self, s, off, first=False):
         """Where the bytes of sector s that are not erased end, from off on
-        (off itself when all are erased). first: stop at the first that is not
-        (a sector being reused is known from its header's first byte, where the
-        whole scan cost a board about 2.3 million instructions a sector switch:
-        docs/benchmarks.md)."""
+        (off itself when all are erased); first: any end past off will do.
+        A window is known erased from its first byte and one compare of the
+        window with itself shifted by a byte (a memcmp): byte by byte, a
+        blank sector cost a board 2.3 million instructions at each sector
+        switch (docs/benchmarks.md)."""
         base = s * self.bs
         end = off
         while off < self.bs:
@@ -494,12 +507,14 @@ class FlashStore(Log):
             if k > _WIN:
                 k = _WIN
             i = self._at(base + off, k)
-            w = self._win
-            for j in range(i, i + k):
-                if w[j] != 0xFF:
-                    end = off + j - i + 1
-                    if first:
-                        return end
+            mv = self._winmv
+            if mv[i] != 0xFF or mv[i + 1 : i + k] != mv[i : i + k - 1]:
+                if first:
+                    return off + 1
+                j = i + k - 1
+                while mv[j] == 0xFF:
+                    j -= 1
+                end = off + j - i + 1
             off += k
         return end
 
@@ -693,8 +708,22 @@ class FlashStore(Log):
         _MKEEP of it, so ids the broker holds cannot use it all up."""
         if size > self._maxrec:
             raise ValueError("record of %d bytes does not fit a %d-byte sector" % (size, self.bs))
-        if keep is not None and self._total + size + keep > (self.nsec - 2) * (self._maxrec - _FLOOR_SZ):
+        if keep is not None and self._total + size + keep > self._cap:
             raise OSError(ENOSPC, "flash outbox full")
+        off = self._off
+        if self._nfree > 1 and not self._sealed and self._head >= 0 and off + size <= self._limit:
+            # the steady case, as _room would find it: a spare sector (so no reclaim to keep room
+            # for) and room in the head
+            self._off = off + size
+            off += self._head * self.bs
+        else:
+            off = self._room(size, keep)
+        self._ra = off  # the room just taken (where _write programs) and its size
+        self._rs = size
+        return off
+
+    def _room(self, size, keep):
+        """_alloc's room for a record, making it first: reclaim, sector switch."""
         for _ in range(4 * self.nsec + 4):
             if self._sealed == 1 and not self._free():
                 self._unseal()
@@ -758,18 +787,10 @@ class FlashStore(Log):
             self._erase(s)
         old = self._head
         sh = self._sh
-        for i in range(_SH):
-            sh[i] = 0xFF
-        sh[0:4] = _MAGIC
-        sh[4] = _VERSION
-        sh[5] = 1 if self.append_acks else 0
-        sh[6] = self._shift
-        _put16(sh, 22, self.nsec)
-        _put32(sh, 8, self._nextseq)
-        _put32(sh, 12, self._floor)
-        _put32(sh, 16, self._rseq)
-        _put16(sh, 20, self._last)
-        _put32(sh, 24, crc32(memoryview(sh)[0:24]) & 0xFFFFFFFF)
+        pack_into(
+            "<4sBBBBIIIHHIi", sh, 0, _MAGIC, _VERSION, 1 if self.append_acks else 0, self._shift, 0xFF,
+            self._nextseq, self._floor, self._rseq & 0xFFFFFFFF, self._last, self.nsec & 0xFFFF, 0, -1)
+        pack_into("<I", sh, 24, crc32(memoryview(sh)[0:24]))
         self._sseq[s] = self._nextseq  # before programming: a torn header is junk
         self._nfree = -1
         self._old = -2
@@ -786,6 +807,7 @@ class FlashStore(Log):
             self._old = -2
             raise
         self._head = s
+        self._hseed = self._sseq[s] * 4099 - s * self.bs  # _seed of the head's records, less their address
         self._off = _SH
         self._sealed = False
         if old >= 0:
@@ -921,66 +943,76 @@ class FlashStore(Log):
         return self._early()
 
     # ------------------------------------------------------------ writing
-    def _write(self, t, flags, rseq, pid, head, body, addr):
-        """Program one record (or stage it in the group buffer)."""
+    def _write(self, tf, pid, head, body, rseq=-1):
+        """Program one record (type | flags << 8; sequence rseq, or the next
+        one) into the room _alloc just took (or stage it in the group
+        buffer). Built in the read window (which any write leaves stale) by
+        struct's pack_into, a copy in C (a slice store cost a board 2,850
+        instructions whatever its length), and programmed by one writeblocks
+        call, not two to four; the padding is written erased-looking, as a
+        group write has it. The views of the window are kept per size
+        (body-less records and the last message size), and so is the format,
+        so same-sized messages allocate nothing but what crc32 returns."""
         lh = len(head)
         lb = len(body)
         ln = lh + lb
-        self._mkhdr(t, flags, ln, rseq, pid, addr)
-        c = crc32(body, crc32(head, hcrc(self._hdr, 12, 0))) & 0xFFFFFFFF
-        _put32(self._crcb, 0, c)
+        size = (ln + 27) & ~7  # _rsize(ln)
+        if rseq < 0:
+            rseq = self._rseq
+        if rseq > 0x3FFFFFFF:  # (a 32-bit sequence; below, a small int: no long-int arithmetic)
+            rseq &= 0xFFFFFFFF
+        addr = self._ra
+        self._wl = 0
+        w = self._win
+        h = self._hmv
+        pack_into("<HHIHhi", w, 0, tf, ln, rseq, pid, -1, -1)
+        # the header check, seeded as _seed says (crc32 takes the seed modulo 2^32; the record is
+        # in the head), its low 16 bits (packed as 32, two status bytes then erased again: no
+        # long-int arithmetic on a board)
+        pack_into("<I", w, 10, crc32(h, self._hseed + addr))
+        w[12] = w[13] = 0xFF
+        if _bs:
+            head = _bs(head)
+            body = _bs(body)
+        c = crc32(body, crc32(head, crc32(h)))
+        if size > _WIN:
+            if self.group:
+                self._gflush()
+            pack_into("<I", self._crcb, 0, c)
+            self._prog(addr, h)
+            if lh:
+                self._prog(addr + _RH, head)
+            if lb:
+                self._prog(addr + _RH + lh, body)
+            self._prog(addr + _RH + ln, self._crcb)
+            return
+        k = lh | lb << 16
+        if k != self._fk:
+            self._fmt = "<%ds%dsI%ds" % (lh, lb, size - ln - 20)
+            self._fk = k
+        pack_into(self._fmt, w, _RH, head, body, c, _FF8)
+        if size == _SMALL:
+            mv = self._smv
+        else:
+            if size != self._stsz:
+                self._stmv = self._winmv[0:size]
+                self._stsz = size
+            mv = self._stmv
         if self.group:
             g = self._gbuf
-            size = _rsize(ln)
-            if self._glen and (self._gaddr + self._glen != addr or self._glen + size > len(g)):
+            p = self._glen
+            if p and (self._gaddr + p != addr or p + size > len(g)):
                 self._gflush()
+                p = 0
             if size <= len(g):
-                if not self._glen:
+                if not p:
                     self._gaddr = addr
-                p = self._glen
-                g[p : p + _RH] = self._hdr
-                p += _RH
-                g[p : p + lh] = head
-                p += lh
-                g[p : p + lb] = body
-                p += lb
-                g[p : p + 4] = self._crcb
-                p += 4
-                while p < self._glen + size:
-                    g[p] = 0xFF
-                    p += 1
-                self._glen = p
+                g[p : p + size] = mv
+                self._glen = p + size
                 self.dirty = True
                 return
-        size = _rsize(ln)
-        if size <= _WIN:
-            # One program for the whole record (padding erased-looking, as a group write has it),
-            # staged in the read window, which any write leaves stale anyway: one writeblocks call,
-            # not two to four. The views of the window are kept per size (body-less records and the
-            # last message size), so same-sized messages allocate nothing.
-            w = self._win
-            w[size - 8 : size] = _FF8
-            w[0:_RH] = self._hdr
-            p = _RH + lh
-            w[_RH:p] = head
-            w[p : p + lb] = body
-            p += lb
-            w[p : p + 4] = self._crcb
-            if size == _SMALL:
-                mv = self._smv
-            else:
-                if size != self._stsz:
-                    self._stmv = self._winmv[0:size]
-                    self._stsz = size
-                mv = self._stmv
-            self._prog(addr, mv)
-            return
-        self._prog(addr, self._hdr)
-        if lh:
-            self._prog(addr + _RH, head)
-        if lb:
-            self._prog(addr + _RH + lh, body)
-        self._prog(addr + _RH + ln, self._crcb)
+        # _prog without its call (the head sector's header is programmed, so it is not blank)
+        self.dev.writeblocks(addr >> self._shift, mv, addr & self._mask)
 
     def _gflush(self):
         # clean only once programmed: a program that raised leaves the store
@@ -1000,7 +1032,7 @@ class FlashStore(Log):
         else:
             r = self._rseq
             self._rseq += 1
-        self._write(t, flags, r, pid, b"", b"", a)
+        self._write(t | flags << 8, pid, b"", b"", r)
         if t != T_INID:
             self._pin[a >> self._shift] = 1  # what it says must be read at boot
         return a
@@ -1055,19 +1087,23 @@ class FlashStore(Log):
 
     # ------------------------------------------------------------ contract
     def append(self, kind, pid, head, body=b""):
-        kc = self._check(kind, pid)
-        size = _rsize(len(head) + len(body))
-        a = self._alloc(size)
-        self._write(kind, 0, self._rseq, pid, head, body, a)
+        # A frame of 11 words, so not taken from the heap: no locals (head holds the index entry
+        # once written); the room's address and size are _ra and _rs.
+        self._check(kind, pid)
+        self._alloc((len(head) + len(body) + 27) & ~7)  # _rsize
+        self._write(kind, pid, head, body)
         self._rseq += 1
         self._last = pid
-        i = self._slot()
-        self._ipid[i] = pid
-        self._iaddr[i] = a | (kc << 1)
-        self._isz[i] = size
-        self._n = i + 1
+        head = self._n
+        if head == len(self._ipid):
+            head = self._slot()
+        self._ipid[head] = pid
+        self._iaddr[head] = self._ra | (kind // 3 - 1) << 1  # the kind code, as _check returns it
+        self._isz[head] = self._rs
+        self._n = head + 1
         self._count += 1
-        self._lv(a, size)
+        self._live[self._ra >> self._shift] += self._rs  # _lv
+        self._total += self._rs
 
     def _setmark(self, pid, want):
         """Flip the mark: in place, program the next erased mark byte (12, 14,
@@ -1101,28 +1137,31 @@ class FlashStore(Log):
             # later, so it gets none (nothing was written in its room)
             self._off -= _FLOOR_SZ
             return self._setmark(pid, want)
-        self._write(T_OP, OP_MARK if want else OP_UNMARK, r, pid, b"", b"", na)
+        self._write(T_OP | (OP_MARK if want else OP_UNMARK) << 8, pid, b"", b"", r)
         self._pin[na >> self._shift] = 1
         self._iaddr[i] = (self._iaddr[i] & ~1) | want
 
     def release(self, pid):
-        self._gflush()
+        if self._glen:
+            self._gflush()
         i = self._find(pid) if pid else -1
         if i < 0:
             return
-        a = self._iaddr[i] & ~7
-        size = self._isz[i]
         if self.append_acks:
             self._small(T_OP, OP_RELEASE, pid)
             i = self._find(pid)
-            a = self._iaddr[i] & ~7
-        else:
-            self._zero[0] = 0
-            self._prog(a + 13, self._zero)
-        self._lv(a, -size)
+        a = self._iaddr[i] & ~7
+        s = a >> self._shift
+        if not self.append_acks:
+            self._wl = 0  # (_prog without its call: the record's sector is not blank)
+            self.dev.writeblocks(s, self._zero, (a & self._mask) + 13)
+        self._live[s] -= self._isz[i]  # _lv
+        self._total -= self._isz[i]
         self._drop(i)
-        self._maybe_retire(a >> self._shift)
-        self._early()
+        if s != self._head and not self._live[s]:
+            self._maybe_retire(s)
+        if self._nfree < 2:  # (-1: not known)
+            self._early()
 
     def size(self, pid):
         self._gflush()
@@ -1219,7 +1258,7 @@ class FlashStore(Log):
         size = _rsize(1 + len(k) + len(v))
         a = self._alloc(size, 0 if cur is None else -cur[2])  # (a new value replaces the old one)
         r = self._rseq
-        self._write(T_META, 0, r, 0, bytes((len(k),)) + k, v, a)
+        self._write(T_META, 0, bytes((len(k),)) + k, v, r)
         self._rseq += 1
         cur = self._meta.get(k)  # the reclaim may have moved the old one
         self._meta[k] = [v, a, size, r]

@@ -30,8 +30,8 @@ from tern.flashstore import FlashStore
 def tr(res, b):
     s = None
     gc.collect()
-    ball = bytearray(b)
     try:
+        ball = bytearray(b)  # (in the try: a ballast the heap cannot place is a failure too)
         s = FlashStore(emuboard.partition("outbox"), verbose=False)
         if res:
             s.reserve(res)
