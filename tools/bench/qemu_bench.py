@@ -18,6 +18,8 @@ Measured:
     python tools/bench/qemu_bench.py                            # print the tables
     python tools/bench/qemu_bench.py --write docs/benchmarks.md  # and rewrite its section
     python tools/bench/qemu_bench.py --heaps-only                # the two heap tables alone (~1 min)
+    python tools/bench/qemu_bench.py --smallest-only             # the smallest heap the app runs in (~15 min)
+    python tools/bench/qemu_bench.py --sources qemu-m3-rp2       # the sources route's heap on that profile
 """
 
 import argparse
@@ -33,7 +35,8 @@ from ternlab.boards import load_profile  # noqa: E402
 from ternlab.boards.emulated import EmulatedBoard  # noqa: E402
 from ternlab.boards.qemu import QemuBoard  # noqa: E402
 from ternlab.brokers.mosquitto import Broker  # noqa: E402
-from ternlab.devset import app_romfs, compile_mpy  # noqa: E402
+from ternlab.boards.errors import DeviceError  # noqa: E402
+from ternlab.devset import app_romfs, compile_mpy, device_files  # noqa: E402
 from tern.client import Client  # noqa: E402
 
 import firmware_bench  # noqa: E402
@@ -174,11 +177,17 @@ def main(argv=None):
     ap.add_argument("--write", metavar="FILE", help="rewrite this file's qemu_bench section")
     ap.add_argument("--smallest-only", action="store_true",
                     help="find and print the smallest heap the app runs in on qemu-m3-tight, frozen and from ROMFS, only")
+    ap.add_argument("--sources", metavar="PROFILE",
+                    help="measure and print only the heap after import + connect with the library's sources in /lib"
+                         " (package-src.json's route), compiled on the board of this qemu-m3 profile")
     ap.add_argument("--heaps-only", action="store_true",
                     help="measure and print the two heap tables only (no app run, no timing; --write is ignored)")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, Broker(Path(tmp) / "broker") as broker:
         tmp = Path(tmp)
+        if a.sources:
+            print(sources_heap(broker, a.sources, tmp))
+            return 0
         mpy = compile_mpy(tmp / "mpy", march="armv7m")
         if a.smallest_only:
             print(smallest_heaps(broker, mpy, tmp, a.step))
@@ -216,6 +225,28 @@ def main(argv=None):
 
         write_section(a.write, "qemu_bench", text)
     return 0
+
+
+def sources_heap(broker, profile, tmp):
+    """Heap after import + connect, MQTT 3.1.1 and 5.0, with the device set's sources in /lib: what
+    the board compiles at import (package-src.json's route). A MemoryError is reported as such."""
+    board = QemuBoard(profile, workdir=tmp / "src", board_id="bench-src", link=broker.address)
+    try:
+        board.mkdir("lib")
+        board.mkdir("lib/tern")
+        for src, rel in device_files():
+            board.write_file("lib/" + rel, Path(src).read_bytes())
+        out = {}
+        for v in (4, 5):
+            board.power_cycle()
+            try:
+                got = board.exec(HEAP.format(path="sys.path.insert(0, '/lib')", v=v), timeout=120)
+                out[v] = int([x for x in got.splitlines() if x.startswith("HEAP")][0].split()[1])
+            except DeviceError as e:
+                out[v] = str(e).strip().splitlines()[-1]
+        return f"{profile}, sources in /lib: MQTT 3.1.1 {out[4]}, MQTT 5.0 {out[5]}"
+    finally:
+        board.close()
 
 
 def smallest_heaps(broker, mpy, tmp, step):
