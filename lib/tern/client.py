@@ -579,8 +579,11 @@ class Client(_Driver):
             # the steady cases (Session.pub0, pub1); else, or -2 from them, Session.publish
             try:
                 pid = s.pub1(topic, payload, ticks_ms()) if qos else s.pub0(topic, payload, ticks_ms())
-            except TypeError:
-                pid = _SLOW  # a topic that is no dict key: Session.publish checks it
+            except (TypeError, NotImplementedError):
+                # a topic that is no dict key, a payload that is no buffer (MicroPython's slice
+                # store says NotImplementedError), both before anything is stored or sent:
+                # Session.publish says what is wrong
+                pid = _SLOW
             except OSError as e:
                 if not qos:
                     self._drop(e)  # pub0's send failed: what Session.publish does (EV_LOST)
@@ -603,16 +606,20 @@ class Client(_Driver):
             self.loop(20, True)
 
     def wait_published(self, pid, timeout=None):
-        """Block until the message with this packet id is acknowledged."""
+        """Block until the message with this packet id is acknowledged (0, what publish() returns
+        for QoS 0: at once)."""
         # The steady case in a frame of 11 words (see Session.pub0): while connected, what
         # arrives is read and handled (_recv) without loop()'s clock reads and keepalive poll;
         # loop() runs a pass when the keepalive is due. Offline, and at the deadline: _wait's.
         s = self.session
-        timeout = ticks_add(ticks_ms(), self._ms(timeout))  # the deadline
-        while s.is_pending(pid):  # (pid 0, from wait_all: any message)
+        timeout = self._ms(timeout)
+        if timeout > 0x1FFFFFFF:  # beyond what ticks_add takes on MicroPython (2**29 ms, 6.2 days)
+            return self._wait(_ACKED, pid, timeout, "wait_published" if pid > 0 else "wait_all")
+        timeout = ticks_add(ticks_ms(), timeout)  # the deadline
+        while s.is_pending(pid):  # (pid -1, from wait_all: any message)
             left = ticks_diff(timeout, ticks_ms())
             if left <= 0 or s.state != _CONNECTED:
-                return self._wait(_ACKED, pid, left if left > 0 else 0, "wait_published" if pid else "wait_all")
+                return self._wait(_ACKED, pid, left if left > 0 else 0, "wait_published" if pid > 0 else "wait_all")
             if ticks_diff(self._due, ticks_ms()) < 50:
                 self.loop()  # one pass: the keepalive poll (and what it reads)
             else:
@@ -628,7 +635,7 @@ class Client(_Driver):
 
     def wait_all(self, timeout=None):
         """Block until nothing is pending (everything published is acknowledged)."""
-        self.wait_published(0, timeout)
+        self.wait_published(-1, timeout)
 
     def subscribe(self, topic_filter, qos=0, handler=None, timeout=None, **opts):
         """Subscribe and wait for SUBACK; returns its reason codes (granted QoS

@@ -512,6 +512,10 @@ class Session:
         # a builtin such as len() 450, an attribute 150; what a message does not need is off it.)
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            # (before anything is stored: a store that took room for a record it then could not
+            # build would leave a gap in its log)
+            raise TypeError("payload must be bytes, bytearray, memoryview or str, not %s" % type(payload).__name__)
         if self._txn:
             self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
         # Devices publish to a handful of topics: validate (and encode) each
@@ -693,6 +697,9 @@ class Session:
         topic = pub_head(self.tx, topic, 0x32, now, len(payload))  # (the header's length)
         if topic + len(payload) > len(self.tx) or self._hviews.get(topic) is None:
             return _SLOW  # (publish() makes the header's view the store takes: see there)
+        # The payload into the packet first: one that is no buffer raises TypeError here, before
+        # anything is stored (Client.publish then takes publish(), which says what is wrong).
+        self._txmv[topic : topic + len(payload)] = payload
         self.store.append(_PUBLISH, now, self._hviews.get(topic), payload)
         if self.store.dirty:
             self.store.commit()
@@ -701,7 +708,6 @@ class Session:
         self._rflags[(self._head + self._n) % self._cap] = _SENT | _EVER
         self._n += 1
         self._inflight += 1
-        self._txmv[topic : topic + len(payload)] = payload
         self._txn = topic + len(payload)
         return now
 
@@ -725,9 +731,9 @@ class Session:
 
     def is_pending(self, pid):
         """Whether the message (or SUBSCRIBE, UNSUBSCRIBE) with this packet id awaits its
-        acknowledgement; pid 0: whether anything does."""
+        acknowledgement; pid -1: whether anything does (0, a QoS 0 message's: never)."""
         # (the oldest, mostly: answered without _find's walk)
-        return self._n > 0 and (not pid or self._ring[self._head] == pid or self._find(pid) >= 0)
+        return self._n > 0 and pid != 0 and (pid < 0 or self._ring[self._head] == pid or self._find(pid) >= 0)
 
     # ---------------------------------------------------------- subscriptions
 

@@ -303,6 +303,7 @@ def test_a_hang_up_notice_that_crosses_the_boards_own_hang_up_does_not_end_the_n
     from ternlab.boards import qemu
 
     line = queue.Queue()
+    kinds = []
 
     def slow_line():
         while True:
@@ -316,6 +317,7 @@ def test_a_hang_up_notice_that_crosses_the_boards_own_hang_up_does_not_end_the_n
     threading.Thread(target=slow_line, daemon=True).start()
 
     def notify_late(self, kind):
+        kinds.append(kind)
         if self.dcd is not None:
             line.put((self.dcd, bytes((kind,)) + (self.sent & 0xFFFFFFFF).to_bytes(4, "little")))
 
@@ -348,5 +350,6 @@ def test_a_hang_up_notice_that_crosses_the_boards_own_hang_up_does_not_end_the_n
         "while time.ticks_diff(time.ticks_ms(), t) < 1500:\n"
         " n = u.readinto(buf)\n if n == 0:\n  eofs += 1\n elif n:\n  got += buf[:n]\n"
         "print(bytes(got), eofs)\n", timeout=30)
+    assert kinds[:2] == [0, 1], kinds  # the far end's hang-up notice, then the answer to the board's
     assert out.split() == ["b'new'", "0"], out
     assert dials == [b"\x10\x03\x00\x01x"] * 2 and qb.link_dials == 2

@@ -456,3 +456,49 @@ def test_a_topic_that_is_not_str_or_bytes_is_refused_whatever_was_published_befo
     assert [m[1] for m in got] == [b"payload"] * 9 + [b"end"], got
     pub.disconnect()
     sub.disconnect()
+
+
+def test_a_payload_that_is_no_buffer_is_refused_before_anything_is_stored(broker_addr):
+    # publish() takes bytes, bytearray, memoryview or str; anything else is a TypeError that names
+    # it, raised before a byte is stored or sent, on the steady route or not, online or off: a
+    # flash log that took room for a record it could not build keeps a gap, and its scan at the
+    # next boot stops there (a message accepted after it would be lost).
+    from norflash import NorFlash
+    from storekit import tmppath, rm
+    from tern.flashstore import FlashStore
+
+    bad = ([1, 2, 3], 7, None, {"k": 1}, 1.5)
+    path = tmppath("badpayload")
+    try:
+        st = FlashStore(NorFlash(path, blocks=8, fresh=True), verbose=False)
+        off = Client("badoff", store=st)  # offline: QoS 1/2 are stored
+        first = off.publish("bp/t", b"one", qos=1)
+        for b in bad:
+            for q in (0, 1, 2):
+                e = raises(TypeError, off.publish, "bp/t", b, qos=q)
+                assert "payload must be" in str(e) and type(b).__name__ in str(e), str(e)
+        last = off.publish("bp/t", b"two", qos=2)
+        assert off.session.pending() == [first, last]
+        off.wait_published(0, 0.5)  # QoS 0's id: nothing to wait for, whatever else is pending
+        st.close()
+        st = FlashStore(NorFlash(path, blocks=8), verbose=False).open()  # the next boot
+        assert st.pending() == [first, last], st.pending()
+        st.close()
+    finally:
+        rm(path)
+    got = []
+    sub = client(broker_addr, "bpsub", version=4)
+    sub.subscribe("bp/#", 1, handler=collect(got))
+    pub = client(broker_addr, "bppub", version=4)
+    for q in (0, 1):
+        pub.wait_published(pub.publish("bp/on", b"cached %d" % q, qos=q), 5)  # the steady route's topic
+    for b in bad:
+        for q in (0, 1, 2):
+            raises(TypeError, pub.publish, "bp/on", b, qos=q)
+    assert not pub.session.pending()
+    pub.wait_published(pub.publish("bp/on", b"end", qos=1), 1e7)  # a timeout past ticks_add's range
+    until([sub, pub], lambda: len(got) == 3, what="3 messages")
+    sub.loop(200)
+    assert [m[1] for m in got] == [b"cached 0", b"cached 1", b"end"], got
+    pub.disconnect()
+    sub.disconnect()
