@@ -102,6 +102,9 @@ WOULD_BLOCK = const(-1)
 _SLOW = const(-2)  # pub0: not the steady case, publish() is to do it (the drivers know the value)
 
 
+_BUFFERS = (bytes, bytearray, memoryview)  # what a payload may be (a tuple built once: see publish)
+
+
 class NotConnected(OSError):
     pass
 
@@ -512,7 +515,7 @@ class Session:
         # a builtin such as len() 450, an attribute 150; what a message does not need is off it.)
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
+        if not isinstance(payload, _BUFFERS):
             # (before anything is stored: a store that took room for a record it then could not
             # build would leave a gap in its log)
             raise TypeError("payload must be bytes, bytearray, memoryview or str, not %s" % type(payload).__name__)
