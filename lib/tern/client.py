@@ -237,7 +237,7 @@ class _Driver:
 
 # What _wait() waits for, as a number rather than a closure (a closure is a
 # function object more, and an allocation per wait).
-_ACKED = const(1)  # the message with packet id `pid` is acknowledged (pid 0: every message)
+_ACKED = const(1)  # the message with packet id `pid` is acknowledged (pid -1: every message)
 _REPLIED = const(3)  # the SUBACK/UNSUBACK for packet id `pid` arrived
 _AUTHED = const(4)  # the re-authentication ended, accepted or not
 

@@ -63,11 +63,6 @@ def u32(b, i):
     return b[i] | (b[i + 1] << 8) | (b[i + 2] << 16) | (b[i + 3] << 24)
 
 
-def put16(b, i, v):
-    b[i] = v & 0xFF
-    b[i + 1] = (v >> 8) & 0xFF
-
-
 def put32(b, i, v):
     b[i] = v & 0xFF
     b[i + 1] = (v >> 8) & 0xFF
