@@ -13,10 +13,10 @@ FILE = "config.json"
 _ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:"
 
 # key, default, kind, low, high. Kinds: i int in [low, high], b bool, s str (None allowed when the
-# default is None), t topic, q QoS (an int or a non-empty list of them, cycled per reading),
+# default is None), h a host name or address (no port, no URL), t topic, q QoS (an int or a non-empty list of them, cycled per reading),
 # l list of str or None.
 SPEC = (
-    ("host", None, "s", 0, 0),
+    ("host", None, "h", 0, 0),
     ("tls", False, "b", 0, 0),
     ("port", 1883, "i", 1, 65535),
     ("ca", None, "s", 0, 0),
@@ -62,6 +62,8 @@ def _check(v, d, kind, lo, hi):
         return None if isinstance(v, bool) else "true or false"
     if kind == "s":
         return None if isinstance(v, str) and v or (v is None and d is None) else "a non-empty string"
+    if kind == "h":
+        return _host(v)
     if kind == "t":
         ok = isinstance(v, str) and v and not ("#" in v or "+" in v or '"' in v or "\\" in v)
         return None if ok else "a topic name without wildcards or quotes"
@@ -70,6 +72,24 @@ def _check(v, d, kind, lo, hi):
         return None if ok else "0, 1, 2 or a non-empty list of them"
     ok = v is None or isinstance(v, list) and all(isinstance(x, str) for x in v)
     return None if ok else "a list of sensor names"
+
+
+def _host(v):
+    # A name or an address, as getaddrinfo takes it: "127.0.0.1:18831" failed only at the first connect,
+    # as "[addrinfo error -2]", with nothing naming the key.
+    w = "a host name or address"
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v:
+        return w
+    if "://" in v:
+        return w + ", not a URL: the port goes in `port`, TLS in `tls`"
+    if v.count(":") == 1 or v[0] == "[":
+        return w + " without a port: put the port in `port`"
+    for c in v:
+        if not (c.isalpha() or c.isdigit() or c in "-._:"):
+            return w + " (letters, digits, - . _ and the colons of an IPv6 address)"
+    return None
 
 
 def _bad(key, want, got, using):
@@ -144,7 +164,8 @@ def load(prof=None, path=FILE):
         _bad("client_id", "at most 64 of A-Z a-z 0-9 - _ . :", cid, None)
         cfg["client_id"] = None
     if cfg["host"] is None:
-        say("config", key="host", err="missing: no broker to connect to, readings stay in the outbox")
+        say("config", key="host", err="%s: no broker to connect to, readings stay in the outbox"
+            % ("missing" if raw.get("host") is None else "unusable"))
     if cfg["password"] and not cfg["user"] and cfg["version"] < 5:
         say("config", key="user", err="missing: MQTT 3.1 and 3.1.1 send a password only with a user name; password not sent")
         cfg["password"] = None

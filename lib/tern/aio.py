@@ -59,10 +59,12 @@ reads DER only). It goes to open_connection with server_hostname; MicroPython
 verification is an OSError from connect(). tests/lib/test_tls.py checks both
 clients on both runtimes against Mosquitto's TLS listener.
 
-Reconnecting. connect() raises when the first attempt fails; once connected,
-a lost connection is retried in the background (reconnect=True) with
-exponential backoff and jitter until disconnect(), close(), or a permanent
-refusal. Do not call connect() yourself while that loop is running.
+Reconnecting. Once connected, a lost connection is retried in the background
+(reconnect=True) with exponential backoff and jitter until disconnect(),
+close(), or a permanent refusal. A first attempt that fails raises, unless
+connect(retry=True) (the default with a durable store): then connect()
+returns None and the same loop dials on. Do not call connect() yourself while
+that loop is running.
 """
 
 import sys
@@ -568,17 +570,29 @@ class Client(_Driver):
 
     # ------------------------------------------------------------------- API
 
-    async def connect(self, timeout=None):
+    async def connect(self, timeout=None, retry=None):
         """Open the connection and wait for CONNACK; returns session present.
         Raises ConnectError on a refusal, MQTTError when the broker breaks
         the protocol (0x82: a packet before CONNACK, session present after a
         clean start), OSError when unreachable (no background retry is
         started then). Once connected, a lost connection is reconnected in
-        the background when reconnect=True."""
+        the background when reconnect=True.
+        retry (default: True for a durable store): when the first attempt
+        fails as a reconnect would be retried (unreachable, no CONNACK, not
+        a permanent refusal), return None and dial on in the background with
+        the reconnect policy; last_error says why, publish() stores QoS 1/2
+        messages meanwhile."""
         self._closing = False
         self._closed = False
         self._fatal = None
-        sp = await self._connect_once(timeout)
+        try:
+            sp = await self._connect_once(timeout)
+        except (OSError, MQTTError) as e:
+            if (not (getattr(self.session.store, "durable", False) if retry is None else retry) or not self.reconnect
+                    or isinstance(e, ConnectError) and e.permanent):
+                raise
+            self.last_error = e
+            sp = None
         if self._sup is None:
             self._sup = asyncio.create_task(self._supervise())
         else:

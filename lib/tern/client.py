@@ -275,7 +275,9 @@ class Client(_Driver):
     reconnect: after a lost connection, `loop()` reconnects: at once when the
     connection had served healthy_after seconds, then with exponential
     backoff and jitter between backoff_min and backoff_max seconds; not
-    after close() or disconnect() until connect() is called again.
+    after close() or disconnect() until connect() is called again. The
+    same policy dials a broker that was away when connect() was called
+    (connect's `retry`, on by default with a durable store).
     Set handlers (on_message, subscribe(handler=...)) before connect():
     a persistent session's queued messages can arrive with the CONNACK.
     stream: use this open byte stream instead of a TCP connection (non-blocking
@@ -382,9 +384,30 @@ class Client(_Driver):
 
             self._drop(server_disconnect(a, b))
 
-    def connect(self, timeout=None):
+    def connect(self, timeout=None, retry=None):
         """Open the connection and wait for CONNACK; returns session present.
-        Raises ConnectError on a refusal, OSError when unreachable."""
+        Raises ConnectError on a refusal, OSError when unreachable.
+        retry (default: True for a durable store, FileStore or FlashStore):
+        when the broker cannot be reached (refused, unreachable, a name that
+        does not resolve, no CONNACK in time), return None instead of raising;
+        loop() dials on with the reconnect policy (as after a lost
+        connection), last_error says why, and publish() stores QoS 1/2
+        messages meanwhile. A permanent refusal (credentials) still raises."""
+        try:
+            return self._connect(timeout)
+        except (OSError, MQTTError) as e:  # a ConnectError too
+            if not (getattr(self.session.store, "durable", False) if retry is None else retry) or not self.reconnect:
+                raise
+            self._later(e)
+
+    def _later(self, e):
+        # A failed attempt (e): the next one after the backoff; e raised when retrying cannot help.
+        d = self._backoff_ms(e)
+        if d is None:
+            raise e
+        self._next_try = ticks_add(ticks_ms(), d)
+
+    def _connect(self, timeout):
         self._drop()
         self._next_try = ticks_ms()
         self._connack = None
@@ -415,7 +438,7 @@ class Client(_Driver):
             if self._up is None:  # refused, or no CONNACK: connect() failed
                 self._drop()
                 if self._connack is None and self._fallback(-1 if mute else e):
-                    return self.connect(timeout)
+                    return self._connect(timeout)
                 raise
             # Accepted, then lost while reading what followed the CONNACK:
             # connect() succeeded; loop() deals with the loss.
@@ -424,7 +447,7 @@ class Client(_Driver):
         if r:
             self._drop()
             self._fallback(r)  # raises ConnectError unless the next version is to be tried
-            return self.connect(timeout)
+            return self._connect(timeout)
         return s.session_present
 
     def _dial(self):
@@ -515,12 +538,9 @@ class Client(_Driver):
                     sleep_ms(wait if wait < left else left)
                     continue
                 try:
-                    self.connect()
+                    self.connect()  # (with retry on, it schedules the next try itself: the same _later)
                 except (OSError, MQTTError) as e:  # a ConnectError too; MQTTError: a broker that broke the protocol
-                    d = self._backoff_ms(e)
-                    if d is None:
-                        raise
-                    self._next_try = ticks_add(ticks_ms(), d)
+                    self._later(e)
                 continue
             try:
                 nxt = s.poll(now)

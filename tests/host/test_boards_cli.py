@@ -491,7 +491,15 @@ def test_tern_deploy_does_not_run_the_app(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"host": "127.0.0.1",\n "port": 1883,\n}', "line 3 column 1: not valid JSON"),
+    ('{"host": "b",\n "port": 1883\n "qos": 1}', "line 3 column 2: not valid JSON: Expecting ',' delimiter. "
+     "MicroPython's json skips commas and colons, so the board would read it as {\"host\": \"b\", \"port\": 1883, "
+     "\"qos\": 1}"),
+    ('{"host": "b", "password": "hunter2", "user"}', '{"host": "b", "password": "***"}'),  # "user" vanished
+    ('{"host": "b",\n "port": [1883}', "line 2 column 15: not valid JSON: Expecting ',' delimiter (MicroPython's "
+     "json cannot read it either: the board would say so and run on defaults, with no broker)"),
+    ('{"host": "127.0.0.1:18831"}', 'host must be a host name or address without a port: put the port in `port` '
+     '(got "127.0.0.1:18831"; write "host": "127.0.0.1", "port": 18831)'),
+    ('{"host": "mqtt://broker.lan"}', "host must be a host name or address, not a URL"),
     ('{"hots": "127.0.0.1"}', "unknown key 'hots' (did you mean 'host'?)"),
     ('{"host": "b", "intervall_ms": 100}', "did you mean 'interval_ms'?"),
     ('{"host": "b", "port": 70000}', "port must be an integer in 1..65535 (got 70000)"),
@@ -505,7 +513,7 @@ def test_tern_deploy_checks_the_config_by_the_firmwares_rules_before_copying(tmp
     d = tmp_path / "b"
     rc, out, err = tern(capsys, "deploy", "--emulated", d, "--create", "--config", cfg)
     assert rc == 1 and err.startswith("tern deploy: ") and message in err, err
-    assert "(got 7)" not in err  # a secret's value is not echoed
+    assert "(got 7)" not in err and "hunter2" not in err  # a secret's value is not echoed
     assert not d.exists()  # refused before the board was booted: nothing copied
 
 

@@ -98,3 +98,48 @@ def test_buffers_over_a_quarter_of_the_heap_fall_back_to_defaults_instead_of_a_b
             assert "65536 bytes" in e["err"], e
     finally:
         dev.close()
+
+
+def test_a_host_with_its_port_is_named_on_the_console_and_the_board_runs_on_without_a_broker(tmp_path):
+    # "host": "127.0.0.1:18831" passed every check; the board then logged only
+    # {"err":"[addrinfo error -2]","ev":"connect_failed"} at each attempt, nothing naming the key.
+    dev = Device(tmp_path, {"host": "127.0.0.1:18831", "client_id": "dev-1", "interval_ms": 30})
+    try:
+        dev.board.power_cycle()
+        log = dev.until(lambda t: t.counts["published"] >= 5, 20, "readings after the bad host")
+        assert log.counts["boot"] == 1 and not log.counts["crash"] and not dev.tracebacks, dict(log.counts)
+        bad = said(log, "host")
+        assert "put the port in `port`" in bad[0]["err"] and bad[0]["got"] == "127.0.0.1:18831", bad
+        assert "unusable: no broker to connect to" in bad[1]["err"], bad  # and what that means
+        assert not log.counts["connect_failed"], log.of("connect_failed")  # no dialling a name that is no name
+    finally:
+        dev.close()
+
+
+def test_a_trailing_comma_is_read_as_micropythons_json_reads_it_and_the_check_says_so(tmp_path):
+    # tern deploy's check said a trailing comma made "the board run on defaults, with no broker"; the board
+    # (MicroPython's json skips commas) ran on the file's values. Both now say the same.
+    from ternlab.boards import load_profile
+    from ternlab.boards.config_check import check
+
+    broker = Broker(tmp_path / "broker").start()
+    watch = Watcher(broker.address)
+    text = '{"host": "%s",\n "port": %d,\n "client_id": "dev-1", "interval_ms": 30,\n}' % broker.address
+    (tmp_path / "config.json").write_text(text)
+    notes = check(tmp_path / "config.json", load_profile("unix-emulated"))
+    assert any("line 3 column 41: a trailing comma" in n and "the board uses the file's values" in n
+               for n in notes), notes
+    dev = Device(tmp_path, text)
+    try:
+        dev.board.power_cycle()
+        log = dev.until(lambda t: len(t.ledger) >= 3 and t.counts["connected"], 20, "readings through the broker")
+        assert not log.of("config"), log.of("config")  # no complaint: the board read every value
+        want = {(r["device"], r["boot"], r["qos"], r["seq"]) for r in log.ledger[:3]}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not want <= set(watch.keys()):
+            time.sleep(0.05)
+        assert want <= set(watch.keys())
+    finally:
+        dev.close()
+        watch.close()
+        broker.stop()

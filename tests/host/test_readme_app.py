@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from tern.client import Client
+from ternlab.brokers.mosquitto import Broker
 from ternlab.boards.emulated import EmulatedBoard, micropython_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,9 +27,9 @@ def readme_app(host, port):
     return code.replace(BROKER_LINE, "BROKER, PORT = %r, %d" % (host, port))
 
 
-def subscriber(broker, name):
+def subscriber(broker, name, clean=True):
     got = []
-    c = Client(name, server=broker.host, port=broker.port, reconnect=False)
+    c = Client(name, server=broker.host, port=broker.port, reconnect=False, clean=clean)
     c.subscribe("tern/sensor-7/telemetry", qos=1, handler=lambda m: got.append(json.loads(bytes(m.payload))["n"]))
     c.connect()
     return c, got
@@ -82,6 +83,30 @@ def test_the_readme_app_runs_on_the_unix_port_and_its_outbox_survives_a_kill(tmp
         assert set(range(1, max(resent) + 1)) <= set(got) | set(resent)  # nothing published was lost
     finally:
         dev.kill()
+
+
+def test_the_readme_app_started_with_its_broker_away_delivers_its_readings_in_order(tmp_path):
+    # Its connect() raised ECONNREFUSED and the app stopped there, before its first reading (issue 38).
+    # Now the FileStore outbox makes connect() return and loop() dial on: readings taken while the broker
+    # is away wait on disk and go out first, in order, once it is up (5 s later here).
+    broker = Broker(tmp_path / "broker", persistence=True).start()
+    sub, got = subscriber(broker, "readme-late", clean=False)  # its session queues what comes while it is away
+    sub.disconnect()
+    broker.stop()
+    app = tmp_path / "app.py"
+    app.write_text(readme_app(broker.host, broker.port))
+    dev = Device(app, tmp_path)
+    try:
+        time.sleep(5)
+        assert dev.proc.poll() is None, "".join(dev.lines)  # still running, with no broker
+        broker.start()
+        sub, got = subscriber(broker, "readme-late", clean=False)
+        until(sub, lambda: len(got) >= 8, "the readings taken while the broker was away, then more")
+        assert got == list(range(1, len(got) + 1)), got  # every reading, in the order taken
+        assert "Traceback" not in "".join(dev.lines), dev.lines
+    finally:
+        dev.kill()
+        broker.stop()
 
 
 def test_tern_deploy_app_puts_the_readme_app_on_an_emulated_board(tmp_path, broker):

@@ -101,3 +101,44 @@ def tls_broker(tmp_path_factory):
         (d / name).write_bytes(cert.public_bytes(Encoding.DER))
     yield {"host": b.host, "port": b.port, "tls_port": b.tls_port, "certs": str(d)}
     b.stop()
+
+
+@pytest.fixture
+def late_broker(request, tmp_path):
+    """A Mosquitto that is away when the test starts and keeps the times the test's module gives in
+    LATE[test name] (ms from the test's start: up at, down at, up at ...; default [2000]: up after 2 s),
+    as JSON-friendly values {"host", "port", "observer", "times"}. It keeps its sessions across those
+    restarts (persistence), and before the test starts the client id `observer` holds a session
+    subscribed at QoS 1 to `late/#` (MQTT 3.1.1, clean session off): whatever reaches the broker on
+    that filter waits for the test to connect as `observer`, in the order the broker took it."""
+    import threading
+    import time
+
+    from ternlab.brokers.mosquitto import Broker
+    from tern.client import Client
+
+    times = getattr(request.module, "LATE", {}).get(request.function.__name__, [2000])
+    b = Broker(tmp_path / "late-broker", persistence=True).start()
+    obs = Client("observer", server=b.host, port=b.port, clean=False)
+    obs.connect()
+    obs.subscribe("late/#", 1)
+    obs.disconnect()
+    b.stop()
+    stop = threading.Event()
+
+    def keep_times():
+        t0 = time.monotonic()
+        for i, t in enumerate(times):
+            if stop.wait(max(0, t0 + t / 1000 - time.monotonic())):
+                return
+            if i % 2:
+                b.stop()
+            else:
+                b.start()
+
+    th = threading.Thread(target=keep_times, daemon=True)
+    th.start()
+    yield {"host": b.host, "port": b.port, "observer": "observer", "times": times}
+    stop.set()
+    th.join(30)
+    b.stop()
