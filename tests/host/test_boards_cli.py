@@ -188,7 +188,8 @@ def test_tern_flash_tells_images_apart_and_checks_its_inputs(tmp_path, capsys):
     cases = [
         (["--port", "/dev/nonexistent", "--firmware", app], "no serial port /dev/nonexistent"),
         (["--port", "/dev/null", "--firmware", tmp_path / "missing.bin"], "missing.bin does not exist"),
-        (["--port", "/dev/null", "--firmware", bad], "not an ESP32 image (first byte 7f, expected 0xe9)"),
+        (["--port", "/dev/null", "--firmware", bad], "not an ESP32 image (first byte 7f, expected 0xe9, or 0xff up "
+                                                     "to a bootloader at 0x1000 for a full-flash image)"),
         (["--port", "/dev/null", "--firmware", app, "--profile", "rp2-pico-w"], "rp2-pico-w is not an ESP32 board"),
         (["--port", "/dev/null", "--firmware", app, "--profile", "esp33"], "unknown board profile 'esp33'"),
         (["--port", "/dev/null", "--firmware", s3], "s3.bin is built for ESP32-S3, not ESP32"),
@@ -244,6 +245,198 @@ def test_tern_flash_dry_run_prints_commands_a_shell_runs(tmp_path, capsys):
     text = r.stdout + r.stderr
     assert r.returncode != 0 and "Failed to connect to ESP32" in text, text
     assert "Usage" not in text and "No such file" not in text and "overlap" not in text
+
+
+def esptool_full_image(tmp_path, chip, *extra, vfs=None):
+    """A full-flash image as esptool merge-bin writes it from a combined image's parts: from address 0
+    (0xff before an ESP32's bootloader at 0x1000), MicroPython's own table; extra: merge-bin options
+    (--pad-to-size 4MB fills to the flash's end); vfs: a filesystem image put at 0x200000 (a flash dump)."""
+    files = {"boot.bin": esp_image(chip, 0x6000 if chip == "esp32" else 0x5000, app=False, seed=2),
+             "mp-table.bin": to_binary(parse_csv(MP_TABLE)), "app.bin": esp_image(chip, APP_SIZE, app=True)}
+    if vfs is not None:
+        files["vfs.bin"] = vfs
+    pairs = []
+    for (name, data), at in zip(files.items(), (BOOT_AT[chip], 0x8000, 0x10000, 0x200000)):
+        (tmp_path / name).write_bytes(data)
+        pairs += ["0x%x" % at, tmp_path / name]
+    out = tmp_path / ("full-%s%s.bin" % (chip, "-dump" if vfs else "".join(extra)))
+    rc, text = esptool_merge(chip, [*extra, *pairs], out)
+    assert rc == 0, text
+    return out
+
+
+@pytest.mark.parametrize("chip, profile", [("esp32", "esp32-generic"), ("esp32s3", "esp32-s3")])
+def test_tern_flash_places_a_full_flash_image_at_0x0(tmp_path, capsys, chip, profile):
+    # esptool merge-bin's output starts at address 0: 0xff up to an ESP32's bootloader at 0x1000. It was
+    # refused as "not an ESP32 image (first byte ff)".
+    _, table = profile_table(load_profile(profile))
+    outbox = [p for p in profile_table(load_profile(profile))[0] if p["name"] == "outbox"][0]
+    for extra in ((), ("--pad-to-size", "4MB")):
+        full = esptool_full_image(tmp_path, chip, *extra)
+        data = full.read_bytes()
+        assert data[:1] == (b"\xff" if chip == "esp32" else b"\xe9") and (len(data) == 4 << 20) == bool(extra)
+        (cmd,), err, kept = flash_dry_run(capsys, full, profile)
+        try:
+            pairs = cmd[cmd.index("write-flash") + 2:]
+            assert pairs[0] == "0x0" and len(pairs) == 2, pairs  # placed at 0x0
+            rc, text = esptool_merge(chip, pairs, tmp_path / "flash.bin")
+            assert rc == 0, text
+            flash = (tmp_path / "flash.bin").read_bytes()
+            boot = BOOT_AT[chip]
+            assert flash[boot:0x8000] == data[boot:0x8000]  # the bootloader where the chip reads it
+            assert flash[0x8000:0x8000 + len(table)] == table  # Tern's table in place of MicroPython's
+            assert flash[0x10000:0x10000 + APP_SIZE] == data[0x10000:0x10000 + APP_SIZE]
+            assert len(flash) <= outbox["offset"]  # the fill is not written over the outbox and vfs
+            assert ("full-flash image" if chip == "esp32" else "combined image") in err
+            assert ("0xff fill after the app" in err) == bool(extra), err
+        finally:
+            __import__("shutil").rmtree(kept)
+
+
+class FakeChip:
+    """The ESP32 at the other end of esptool (the machine that runs the tests has none): a 4 MiB flash
+    that esptool's read-flash, write-flash, erase-region and erase-flash commands act on as the chip
+    does. write-flash's address/file list goes through esptool's own parser and layout (merge-bin), and
+    the sectors it covers are erased before they are written, as esptool does."""
+
+    def __init__(self, tmp_path, flash):
+        self.flash = bytearray(flash)
+        self.tmp = tmp_path
+        self.ops = []
+
+    def __call__(self, cmd):
+        assert cmd[:3] == [sys.executable, "-m", "esptool"], cmd
+        chip = cmd[cmd.index("--chip") + 1]
+        op = next(a for a in cmd if a in ("read-flash", "write-flash", "erase-region", "erase-flash"))
+        args = cmd[cmd.index(op) + 1:]
+        self.ops.append(op)
+        if op == "read-flash":
+            at, n, out = int(args[0], 0), int(args[1], 0), args[2]
+            Path(out).write_bytes(self.flash[at:at + n])
+        elif op == "erase-flash":
+            self.flash[:] = b"\xff" * len(self.flash)
+        elif op == "erase-region":
+            at, n = int(args[0], 0), int(args[1], 0)
+            self.flash[at:at + n] = b"\xff" * n
+        else:
+            pairs = [a for a in args if a != "-z"]
+            low = min(int(a, 0) for a in pairs[::2])
+            rc, text = esptool_merge(chip, ["--target-offset", hex(low), *pairs], self.tmp / "written.bin")
+            assert rc == 0, text
+            data = (self.tmp / "written.bin").read_bytes()
+            end = low + len(data) + (-len(data) % 0x1000)
+            self.flash[low:end] = data + b"\xff" * (end - low - len(data))
+        return 0
+
+    def files(self, at, size):
+        """The files of the LittleFS filesystem at `at` (MicroPython's vfs on ESP32), or None when there is
+        none there."""
+        import littlefs
+
+        fs = littlefs.LittleFS(block_size=4096, block_count=size // 4096, mount=False)
+        fs.context.buffer = bytearray(self.flash[at:at + size])
+        try:
+            fs.mount()
+        except Exception:
+            return None
+        return {name: fs.open(name, "rb").read() for name in fs.listdir("/")}
+
+
+def stock_micropython_flash(tmp_path):
+    """An ESP32 that ran stock MicroPython: its table (vfs at 0x200000, 2 MiB) and a LittleFS vfs holding
+    the user's files, as a dump of its 4 MiB (esptool merge-bin --pad-to-size 4MB)."""
+    import littlefs
+
+    fs = littlefs.LittleFS(block_size=4096, block_count=512)
+    for name, text in (("main.py", b"print('my app')\n"), ("config.json", b'{"host": "broker.lan"}')):
+        with fs.open(name, "wb") as f:
+            f.write(text)
+    return esptool_full_image(tmp_path, "esp32", "--pad-to-size", "4MB", vfs=bytes(fs.context.buffer))
+
+
+def test_tern_flash_over_a_stock_micropython_table_says_what_moves_and_keeps_the_files_if_asked(
+        tmp_path, capsys, monkeypatch):
+    # Tern's table moves vfs from 0x200000 to 0x220000: the first flash of a board that ran stock MicroPython
+    # left its files unreadable, without a word.
+    from ternlab.boards import cli as boards_cli
+    from ternlab.boards.partitions import from_binary
+
+    dump = stock_micropython_flash(tmp_path)
+    user_files = {"main.py": b"print('my app')\n", "config.json": b'{"host": "broker.lan"}'}
+    full = esptool_full_image(tmp_path, "esp32", "--pad-to-size", "4MB")
+    m, s = os.openpty()
+    port = os.ttyname(s)
+    try:
+        chip = FakeChip(tmp_path, dump.read_bytes())
+        monkeypatch.setattr(boards_cli, "_esptool", chip)
+        assert chip.files(0x200000, 0x200000) == user_files
+        monkeypatch.setattr(sys, "stdin", open(os.devnull))  # a script: nobody to ask
+        rc, out, err = tern(capsys, "flash", "--port", port, "--firmware", full)
+        assert rc == 1 and chip.ops == ["read-flash"], (chip.ops, err)  # read, then nothing written
+        assert "moves vfs (MicroPython's filesystem) from 0x200000 (2048 KiB) to 0x220000 (1920 KiB)" in err, err
+        assert "--layout keep-vfs" in err and "--yes" in err
+        assert chip.files(0x200000, 0x200000) == user_files
+
+        rc, out, err = tern(capsys, "flash", "--port", port, "--firmware", full, "--layout", "keep-vfs")
+        assert rc == 0 and chip.ops[1:] == ["read-flash", "write-flash"], (chip.ops, err)
+        table = from_binary(bytes(chip.flash[0x8000:0x8C00]))
+        assert [(p["name"], p["offset"], p["size"]) for p in table] == [
+            ("nvs", 0x9000, 0x6000), ("phy_init", 0xF000, 0x1000), ("factory", 0x10000, 0x1D0000),
+            ("outbox", 0x1E0000, 0x20000), ("vfs", 0x200000, 0x200000)]
+        assert chip.files(0x200000, 0x200000) == user_files  # the files where MicroPython will look
+        assert chip.flash[0x10000:0x10000 + APP_SIZE] == full.read_bytes()[0x10000:0x10000 + APP_SIZE]
+        assert "vfs stays at 0x200000: the files on it are kept" in err, err
+
+        # the board's own dump as the firmware: its app goes in, its (old) filesystem copy is not written back
+        before = bytes(chip.flash[0x1E0000:])
+        rc, out, err = tern(capsys, "flash", "--port", port, "--firmware", dump, "--layout", "keep-vfs")
+        assert rc == 0 and "holds data past the app partition" in err, err
+        assert bytes(chip.flash[0x1E0000:]) == before
+
+        chip = FakeChip(tmp_path, dump.read_bytes())
+        monkeypatch.setattr(boards_cli, "_esptool", chip)
+        rc, out, err = tern(capsys, "flash", "--port", port, "--firmware", full, "--yes")
+        assert rc == 0 and chip.ops == ["read-flash", "write-flash"], (chip.ops, err)
+        assert bytes(chip.flash[0x8000:0x8C00]) == profile_table(load_profile("esp32-generic"))[1]
+        assert chip.files(0x220000, 0x1E0000) is None  # as it said: Tern's vfs holds no filesystem yet
+
+        chip = FakeChip(tmp_path, dump.read_bytes())
+        monkeypatch.setattr(boards_cli, "_esptool", chip)
+        rc, out, err = tern(capsys, "flash", "--port", port, "--firmware", full, "--layout", "board")
+        assert rc == 0 and bytes(chip.flash[0x8000:0x8C00]) == dump.read_bytes()[0x8000:0x8C00]
+        assert chip.files(0x200000, 0x200000) == user_files and "outbox in files on vfs (FileStore)" in err
+    finally:
+        os.close(m)
+        os.close(s)
+
+
+def test_tern_flash_asks_at_a_terminal_and_plans_a_dry_run_against_a_given_table(tmp_path, capsys):
+    from ternlab.boards.cli import _confirm
+
+    said = []
+    assert not _confirm("it moves vfs", False, ask=lambda q: said.append(q) or "no")
+    assert _confirm("it moves vfs", False, ask=lambda q: "yes") and _confirm("x", True, ask=None)
+    assert "lose those files" in said[0]
+    dump = stock_micropython_flash(tmp_path)
+    app = tmp_path / "micropython.bin"
+    app.write_bytes(esp_image("esp32", APP_SIZE, app=True))
+    (cmd,), err, kept = flash_dry_run(capsys, app, "esp32-generic", "--board-table", dump, "--layout", "keep-vfs")
+    try:
+        table = from_binary((kept / "partitions.bin").read_bytes())
+        assert [p["name"] for p in table] == ["nvs", "phy_init", "factory", "outbox", "vfs"]
+        assert cmd[cmd.index("write-flash") + 2:] == ["0x10000", str(app), "0x8000", str(kept / "partitions.bin")]
+    finally:
+        __import__("shutil").rmtree(kept)
+    (cmd,), err, kept = flash_dry_run(capsys, app, "esp32-generic", "--board-table", dump)
+    __import__("shutil").rmtree(kept)
+    assert "moves vfs" in err  # a dry run says it too, and runs nothing
+    big = tmp_path / "big.bin"
+    big.write_bytes(esp_image("esp32", 0x1E0000, app=True))
+    rc, out, err = tern(capsys, "flash", "--port", "/dev/null", "--firmware", big, "--dry-run", "--board-table", dump,
+                        "--layout", "keep-vfs")
+    assert rc == 1 and "factory partition would shrink to 1856 KiB, and the app is 1920 KiB" in err, err
+    rc, out, err = tern(capsys, "flash", "--port", "/dev/null", "--firmware", app, "--dry-run", "--layout", "keep-vfs")
+    assert rc == 1 and "--board-table FILE" in err, err
 
 
 # -- tern deploy, tern board run, tern repl ---------------------------------------------
