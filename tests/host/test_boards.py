@@ -333,6 +333,21 @@ def test_mpremote_command_line_talks_to_the_emulated_board(emu, tmp_path):
     assert emu.read_file("up.txt") == b"uploaded by mpremote\n"  # and the Board API takes the port back
 
 
+def test_mpremote_reset_reboots_the_emulated_board_as_machine_reset_does(emu):
+    # `mpremote reset` (exec "import time, machine; ...; machine.reset()") failed in the board's console only:
+    # the unix port's machine module has no reset. The board's machine now has a board's reset() & co.
+    emu.write_file("main.py", "print('booted', __import__('machine').reset_cause())\n")
+    emu.disconnect()
+    mark = emu.log.mark()
+    r = subprocess.run([MPREMOTE, "connect", emu.port, "reset"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    emu.wait_for(r"^booted 2$", since=mark, timeout=20)  # main.py ran again, after a hard reset (HARD_RESET)
+    assert "reset (machine.reset)" in emu.log.texts(mark, kind="event")
+    assert "AttributeError" not in "\n".join(emu.log.texts(mark))
+    assert emu.eval("__import__('machine').unique_id()") == b"emu-1"  # a board's machine, the port's still there
+    assert emu.eval("callable(__import__('machine').idle) and __import__('machine').WDT.__name__") == "WDT"
+
+
 # -- the device side's flash, against the shared NorFlash model ------------------------
 def test_emuboard_flash_tears_exactly_like_norflash(tmp_path):
     """emuboard.Flash (file-backed, no RAM copy) against norflash.NorFlash (RAM mirror), under the

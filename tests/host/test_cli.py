@@ -114,6 +114,31 @@ def test_version_and_help(capsys):
     assert rc == 2 and "pub" in one_line(err)
 
 
+def test_no_help_text_of_any_command_shows_a_default_of_none(capsys):
+    # `tern board run --help` said "--profile NAME  board profile (...; default None)": every option of
+    # every command (subcommands of subcommands too) says what is used when it is not given, or nothing.
+    import argparse
+    import re
+
+    def walk(parser, words):
+        yield words, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, words + [name])
+
+    seen = 0
+    for words, parser in walk(cli.build_parser(["--help"]), []):
+        if words and words[0] in dict.fromkeys(n for _, cmds, _ in cli.OPTIONAL for n in cmds):
+            parser = next(p for w, p in walk(cli.build_parser(words), []) if w == words)  # its module loaded
+        text = " ".join(parser.format_help().split())
+        seen += 1
+        assert not re.search(r"default:? None\b|\(None\)", text), (words, re.findall(r".{60}default:? None.{0,20}", text))
+    assert seen >= 14, seen  # tern, its commands, board run, fleet run, firmware build ...
+    rc, out, _ = tern(capsys, "board", "run", "--help")
+    assert rc == 0 and "default the one the folder's board last ran, else unix-emulated" in " ".join(out.split())
+
+
 def test_help_and_readme_say_what_differs_from_mosquitto_on_purpose(capsys):
     from ternlab.mqttcli import commands as mqtt_cli
 

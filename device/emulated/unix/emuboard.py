@@ -342,6 +342,7 @@ def boot(g, base):
     flash = Flash(cfg["image"], total, fl["block_size"], cfg.get("cut_at") or 0, cfg.get("seed") or 1)
     if cfg.get("cut_file"):
         _cut_file = open(cfg["cut_file"], "w")
+    import machine  # this folder's machine.py (a board's reset() & co over the port's own): imported now, it stays
     if PROFILE.get("network") == "wifi" and cfg.get("link"):
         import network  # from the shim's folder, still on sys.path: imported now, it stays
 

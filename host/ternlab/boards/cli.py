@@ -35,7 +35,8 @@ POWER_KEYS = "Ctrl-T p powers the board on (or cycles it), Ctrl-T o cuts it, Ctr
 
 
 def _profile_arg(p, default):
-    p.add_argument("--profile", default=default, metavar="NAME",
+    """--profile; default: a profile name, or a sentence saying what is used without one."""
+    p.add_argument("--profile", default=default if " " not in default else None, metavar="NAME",
                    help="board profile (boards/NAME/profile.json; default %s)" % default)
 
 
@@ -43,7 +44,7 @@ def add_subcommands(sub):
     p = sub.add_parser("board", help="run an emulated board", description="Emulated boards.")
     bsub = p.add_subparsers(title="board commands", metavar="ACTION", dest="board_action")
     r = bsub.add_parser("run", help="an emulated board in the foreground, its REPL on this terminal")
-    _profile_arg(r, None)
+    _profile_arg(r, "the one the folder's board last ran, else unix-emulated")
     r.add_argument("--dir", help="the board's folder (flash image, id, console.log); default "
                    "$XDG_DATA_HOME/tern/boards/PROFILE (~/.local/share/tern/boards/PROFILE)")
     _create_arg(r)
@@ -105,7 +106,8 @@ def _target_args(p):
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--port", help="a real board's serial port (or any board's pty)")
     g.add_argument("--emulated", metavar="DIR", help="the folder of an emulated board (booted for this command)")
-    _profile_arg(p, None)
+    _profile_arg(p, "with --emulated the one the folder's board last ran, else unix-emulated; with --port "
+                    "esp32-generic")
     _create_arg(p)
     _broker_arg(p)
 
