@@ -92,6 +92,10 @@ def _host(v):
     return None
 
 
+def id_ok(cid):
+    return len(cid) <= 64 and all(c in _ID_CHARS for c in cid)
+
+
 def _bad(key, want, got, using):
     if key in _SECRET:
         say("config", key=key, err="must be " + want, using="(default)")
@@ -160,7 +164,7 @@ def load(prof=None, path=FILE):
         _bad("backoff_max_ms", "at least backoff_min_ms", cfg["backoff_max_ms"], cfg["backoff_min_ms"])
         cfg["backoff_max_ms"] = cfg["backoff_min_ms"]
     cid = cfg["client_id"]
-    if cid is not None and not (len(cid) <= 64 and all(c in _ID_CHARS for c in cid)):
+    if cid is not None and not id_ok(cid):
         _bad("client_id", "at most 64 of A-Z a-z 0-9 - _ . :", cid, None)
         cfg["client_id"] = None
     if cfg["host"] is None:

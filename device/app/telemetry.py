@@ -49,10 +49,12 @@ def _config(prof):
 
     cfg = tconfig.load(prof)
     dev = cfg["client_id"]
-    if dev is None:
+    if dev is None:  # an emulated board's own id (PROFILE-<8 hex>) reads well in logs; a chip's is bytes
         from binascii import hexlify
 
-        dev = cfg["client_id"] = "tern-" + hexlify(hal.unique_id()).decode()
+        u = hal.unique_id()
+        dev = u.decode() if hal.emuboard and tconfig.id_ok(u.decode()) else "tern-" + hexlify(u).decode()
+        cfg["client_id"] = dev
     tconfig.topics(cfg, dev)
     del sys.modules["tconfig"]
     return cfg

@@ -749,7 +749,8 @@ def test_the_qemu_board_from_the_command_line_deploys_runs_and_reaches_the_broke
     assert "main.py not run" in log and '"ev":"boot"' not in log.split("main.py not run")[-1]
     got = []
     sub = Client("cli-observer", server=broker.host, port=broker.port)
-    dev = "tern-" + board_id.encode().hex()  # the firmware's device id: its board's unique_id()
+    dev = board_id  # the firmware's device id: its board's id, kept in the folder (PROFILE-<8 hex>)
+    assert re.fullmatch(r"qemu-m3-esp32-[0-9a-f]{8}", dev), dev
     sub.subscribe("tern/%s/telemetry" % dev, qos=1, handler=lambda m: got.append(json.loads(bytes(m.payload))))
     sub.connect()
     p = subprocess.Popen([TERN, "board", "run", "--headless", "--dir", str(d), "--broker", "%s:%d" % broker.address],

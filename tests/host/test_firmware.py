@@ -6,6 +6,7 @@ ternlab.app_events, and checks what a subscriber on the broker really received.
 """
 
 import json
+import re
 import random
 import tempfile
 import threading
@@ -169,6 +170,35 @@ def test_bad_config_is_reported_by_key_and_the_device_runs_on(tmp_path, case):
         assert all(r["qos"] == 1 for r in log.ledger) and log.ledger[0]["seq"] == 0
     finally:
         dev.close()
+
+
+def test_an_emulated_boards_default_device_id_is_its_short_board_id(tmp_path):
+    # It was "tern-" + the hex of the board's id: 48 hex characters (tern-756e69782d656d756c617465642d...),
+    # hard to read in logs and over MQTT 3.1's 23. Now the board's id itself: PROFILE-<8 hex>, drawn once
+    # per folder (kept in its `id` file), so two folders are two devices.
+    broker = Broker(tmp_path / "broker").start()
+    watch = Watcher(broker.address)
+    devs = [Device(tmp_path, {"host": broker.host, "port": broker.port, "interval_ms": 50, "count": 2},
+                   board_id=None, name="board-%d" % i) for i in range(2)]
+    try:
+        ids = []
+        for dev in devs:
+            dev.board.power_cycle()
+            log = dev.until(lambda t: t.counts["done"], 20, "the readings")
+            assert re.fullmatch(r"unix-emulated-[0-9a-f]{8}", dev.board.id), dev.board.id
+            assert {m["m"]["d"] for m in log.of("published")} == {dev.board.id}
+            assert all(m["topic"] == "tern/%s/telemetry" % dev.board.id for m in log.of("published"))
+            ids.append(dev.board.id)
+        assert ids[0] != ids[1]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and {d for d, *_ in watch.keys()} != set(ids):
+            time.sleep(0.05)
+        assert {d for d, *_ in watch.keys()} == set(ids)
+    finally:
+        for dev in devs:
+            dev.close()
+        watch.close()
+        broker.stop()
 
 
 def test_unreachable_broker_then_a_broker_appears(tmp_path):
