@@ -29,6 +29,22 @@ def test_the_readme_hil_example_runs_on_both_kinds_of_emulated_board(tmp_path, p
     assert r.returncode == 0 and re.search(r"\b2 passed\b", r.stdout), r.stdout[-6000:] + r.stderr[-2000:]
 
 
+def docs_chaos_example():
+    section = ROOT.joinpath("docs/fleet.md").read_text().split("## The chaos proxy", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_chaos_proxy_example_of_docs_fleet_md_runs_as_written(tmp_path):
+    # The chaos proxy's API (stall, cut_now, cut_at_packet, ...) that HIL tests use was documented nowhere;
+    # docs/fleet.md now lists it with this example, which must keep running as printed.
+    code = docs_chaos_example()
+    assert "chaos.cut_at_packet(" in code and "chaos.stall(" in code and "board.deploy(" in code
+    (tmp_path / "test_my_chaos.py").write_text(code)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_my_chaos.py")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and re.search(r"\b1 passed\b", r.stdout), r.stdout[-6000:] + r.stderr[-2000:]
+
+
 def test_a_test_needing_the_host_broker_is_skipped_on_a_real_board_profile(tmp_path):
     """A real board does not reach a broker on the host's loopback: the capability marker skips the test, with
     the reason, before any port is opened."""
