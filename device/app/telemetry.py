@@ -37,6 +37,8 @@ class _Client(Client):
             m = str(e)
             if "ertificate" in m:  # TLS verification failed: name the key to look at
                 say("connect_failed", err=m, key="host" if "CN" in m else "ca")
+            elif "addrinfo" in m:  # the name does not resolve: "[addrinfo error -2]" alone named nothing
+                say("connect_failed", err=m, key="host", host=self.server)
             else:
                 say("connect_failed", err=m)
             raise
