@@ -32,7 +32,7 @@ class _Client(Client):
         if self.net and not self.net.link():
             raise OSError("no network link")  # loop() tries again after its backoff; step() waits for the link
         try:
-            return Client.connect(self, timeout)
+            return Client.connect(self, timeout, False)  # retry off: each failed attempt is said here, loop() retries
         except OSError as e:  # ConnectError included: the broker said no
             m = str(e)
             if "ertificate" in m:  # TLS verification failed: name the key to look at

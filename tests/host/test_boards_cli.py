@@ -15,7 +15,6 @@ import pytest
 
 from ternlab import cli
 from ternlab.boards import load_profile
-from ternlab.boards.cli import flash_commands
 from ternlab.boards.emulated import EmulatedBoard
 from ternlab.boards.partitions import PartitionError, from_binary, parse_csv, profile_table, to_binary
 from ternlab.devset import device_files
@@ -358,7 +357,7 @@ def test_tern_flash_over_a_stock_micropython_table_says_what_moves_and_keeps_the
         tmp_path, capsys, monkeypatch):
     # Tern's table moves vfs from 0x200000 to 0x220000: the first flash of a board that ran stock MicroPython
     # left its files unreadable, without a word.
-    from ternlab.boards import cli as boards_cli
+    from ternlab.boards import flash as boards_cli
     from ternlab.boards.partitions import from_binary
 
     dump = stock_micropython_flash(tmp_path)
@@ -411,7 +410,7 @@ def test_tern_flash_over_a_stock_micropython_table_says_what_moves_and_keeps_the
 
 
 def test_tern_flash_asks_at_a_terminal_and_plans_a_dry_run_against_a_given_table(tmp_path, capsys):
-    from ternlab.boards.cli import _confirm
+    from ternlab.boards.flash import _confirm
 
     said = []
     assert not _confirm("it moves vfs", False, ask=lambda q: said.append(q) or "no")

@@ -21,7 +21,7 @@ import types
 from pathlib import Path
 
 from ..paths import device_dir
-from . import mpjson
+from .mpjson import loads as mp_loads
 
 
 class ConfigError(ValueError):
@@ -43,7 +43,7 @@ def _tconfig(said):
             del sys.modules["hal"]
         else:
             sys.modules["hal"] = saved
-    mod.json = types.SimpleNamespace(load=lambda f: mpjson.loads(f.read()))  # the board's json, not CPython's
+    mod.json = types.SimpleNamespace(load=lambda f: mp_loads(f.read()))  # the board's json, not CPython's
     return mod
 
 
@@ -92,7 +92,7 @@ def _read(path, text):
         bad = e
     where = "%s line %d column %d" % (path, bad.lineno, bad.colno)
     try:
-        board = mpjson.loads(text)
+        board = mp_loads(text)
     except ValueError:
         raise ConfigError("%s: not valid JSON: %s (MicroPython's json cannot read it either: the board would "
                           "say so and run on defaults, with no broker)" % (where, bad.msg)) from None
