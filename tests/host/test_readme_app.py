@@ -103,6 +103,8 @@ def test_the_readme_app_started_with_its_broker_away_delivers_its_readings_in_or
         sub, got = subscriber(broker, "readme-late", clean=False)
         until(sub, lambda: len(got) >= 8, "the readings taken while the broker was away, then more")
         assert got == list(range(1, len(got) + 1)), got  # every reading, in the order taken
+        sub.publish("cmd/sensor-7/led", b"on", qos=1)  # its subscription, made offline, went out on the connect
+        until(sub, lambda: "cmd/sensor-7/led b'on'\n" in dev.lines, "the command handler's line")
         assert "Traceback" not in "".join(dev.lines), dev.lines
     finally:
         dev.kill()
