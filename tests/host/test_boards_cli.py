@@ -398,6 +398,11 @@ def test_tern_flash_over_a_stock_micropython_table_says_what_moves_and_keeps_the
         assert rc == 0 and chip.ops == ["read-flash", "write-flash"], (chip.ops, err)
         assert bytes(chip.flash[0x8000:0x8C00]) == profile_table(load_profile("esp32-generic"))[1]
         assert chip.files(0x220000, 0x1E0000) is None  # as it said: Tern's vfs holds no filesystem yet
+        rc, out, err = tern(capsys, "flash", "--port", port, "--firmware", full)  # Tern's table already: no question
+        assert rc == 0 and chip.ops[2:] == ["read-flash", "write-flash"] and "differs" not in err, (chip.ops, err)
+        chip.flash[:] = b"\xff" * len(chip.flash)  # a new chip
+        rc, out, err = tern(capsys, "flash", "--port", port, "--firmware", full)
+        assert rc == 0 and "the board's partition table is erased: nothing on it to keep" in err, err
 
         chip = FakeChip(tmp_path, dump.read_bytes())
         monkeypatch.setattr(boards_cli, "_esptool", chip)
