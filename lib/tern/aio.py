@@ -588,8 +588,7 @@ class Client(_Driver):
         try:
             sp = await self._connect_once(timeout)
         except (OSError, MQTTError) as e:
-            if (not (getattr(self.session.store, "durable", False) if retry is None else retry) or not self.reconnect
-                    or isinstance(e, ConnectError) and e.permanent):
+            if not self._retry(retry) or isinstance(e, ConnectError) and e.permanent:
                 raise
             self.last_error = e
             sp = None

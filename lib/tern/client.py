@@ -176,6 +176,11 @@ class _Driver:
 
         return fallback(self, reason, ConnectError)
 
+    def _retry(self, retry):
+        # connect()'s retry: as given, else on for a durable store (FileStore, FlashStore: they are there
+        # to hold messages while the broker is away); never without reconnect.
+        return (getattr(self.session.store, "durable", False) if retry is None else retry) and self.reconnect
+
     def _ms(self, timeout):
         # A call's timeout in seconds (None: connect_timeout), in ms.
         return int((timeout if timeout is not None else self.connect_timeout) * 1000)
@@ -396,9 +401,9 @@ class Client(_Driver):
         try:
             return self._connect(timeout)
         except (OSError, MQTTError) as e:  # a ConnectError too
-            if not (getattr(self.session.store, "durable", False) if retry is None else retry) or not self.reconnect:
+            if not self._retry(retry):
                 raise
-            self._later(e)
+            self._later(e)  # (raises a permanent refusal)
 
     def _later(self, e):
         # A failed attempt (e): the next one after the backoff; e raised when retrying cannot help.
