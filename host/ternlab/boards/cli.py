@@ -77,7 +77,7 @@ def add_subcommands(sub):
     f.add_argument("--port", required=True, help="the board's serial port")
     f.add_argument("--firmware", required=True, metavar="FILE", help="the MicroPython image (.bin) to write")
     _profile_arg(f, "esp32-generic")
-    f.add_argument("--baud", type=int, default=460800)
+    f.add_argument("--baud", type=int, default=460800, help="esptool's serial speed (default 460800)")
     g = f.add_mutually_exclusive_group()
     g.add_argument("--erase", action="store_true", help="erase the whole flash first (the outbox partition "
                    "and its undelivered messages too)")
