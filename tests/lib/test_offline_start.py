@@ -59,7 +59,6 @@ def test_a_client_with_a_file_outbox_starts_without_its_broker_and_delivers_in_o
         n[0] += 1
         c.publish("late/x", b"%d" % n[0], qos=1)  # stored (on disk) while offline, sent once connected
 
-    offline = 0
     until(c, lambda: c.connected, "the first connection", publish=publish)
     offline = n[0]
     for _ in range(5):
@@ -107,7 +106,26 @@ def test_a_permanent_refusal_still_raises_at_once_with_a_durable_store(scripted_
     rmtree(path)
 
 
+def test_a_broker_that_sends_no_connack_in_time_is_retried_like_an_unreachable_one(scripted_addr):
+    # the first connection is accepted and never answered (a broker still starting, a black hole)
+    path = tmppath("offline-mute")
+    c = Client("dev", server=scripted_addr[0], port=scripted_addr[1], store=FileStore(path), connect_timeout=1,
+               backoff_min=0.05, backoff_max=0.1)
+    t = ticks_ms()
+    assert c.connect() is None and "no CONNACK" in str(c.last_error), c.last_error
+    assert 900 <= ticks_diff(ticks_ms(), t) < 3000
+    pid = c.publish("late/t", b"kept", qos=1)
+    until(c, lambda: not c.session.is_pending(pid), "the message, after the second connection's CONNACK", 5000)
+    c.disconnect()
+    rmtree(path)
+
+
 SCRIPTS = {
+    "test_a_broker_that_sends_no_connack_in_time_is_retried_like_an_unreachable_one": ([
+        [("recv_type", 1), ("eof",)],  # open and silent until the client gives up on it
+        [("recv_type", 1), ("send", b"\x20\x02\x00\x00"), ("recv", b"\x32\x0e\x00\x06late/t\x00\x01kept"),
+         ("send", b"\x40\x02\x00\x01"), ("recv_type", 14)],
+    ], 4),
     "test_a_permanent_refusal_still_raises_at_once_with_a_durable_store": ([
         [("recv_type", 1), ("send", b"\x20\x02\x00\x05"), ("close",)],
         [("recv_type", 1), ("send", b"\x20\x02\x00\x03"), ("close",)],
