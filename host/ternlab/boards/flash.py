@@ -19,9 +19,11 @@ def _fail(msg):
 def flash_commands(args, outdir, board=None, precheck=False):
     """(esptool command lines, notes, warning) of `tern flash`, inputs checked. board: the bytes of the
     partition table the board holds (None: not read; precheck: not read yet, the layout is judged
-    once it is). warning: what writing would destroy (the files on vfs), for the user to confirm. The files the commands write are put in outdir: the partition
-    table (or --table-out), and for a combined or full-flash image a copy of it with that table in
-    place of its own (one write, no window with the image's own table on the chip)."""
+    once it is). warning: what writing would destroy (the files on vfs), for the user to confirm.
+    The files the commands write are put in outdir: the partition table (or --table-out), and for a
+    combined or full-flash image a copy of it with that table in place of its own (one write, no
+    window with the image's own table on the chip), cut after the app: nothing is written past the
+    app partition of the table written (the "does not fit" check below)."""
     from .board import load_profile
     from .esp_image import ImageError, chip_def, classify
     from .flash_layout import board_table, choose
