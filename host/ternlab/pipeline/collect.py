@@ -92,7 +92,8 @@ class Batch:
         self.acks = []         # ack_id per QoS 1/2 message, arrival order
         self.count = 0         # messages (landing + quarantine)
         self.nbytes = 0        # payload bytes
-        self.first_at = None   # monotonic time of the oldest message
+        self.first_at = None   # monotonic time of the oldest message's first arrival
+        self.orphaned_at = None  # when the oldest of them was first orphaned (a reconnect), or None
 
     def add(self, row: dict, quarantined: bool, ack_id=None) -> None:
         """Append one message (``row``: a value for every column of its table)."""
@@ -238,10 +239,14 @@ class Collector:
                 for k, v in cols.items():
                     if ocols is not o.rows or k != "_idx":
                         ocols[k].extend(v)
+            # How long they wait counts from their first arrival and their first orphaning, both
+            # kept through later reconnects and through a resend that replaces one (see _take): a
+            # link that drops more often than --batch-time must not hold them for ever.
+            now = time.monotonic()
+            o.first_at = min(o.first_at, b.first_at) if o.count else b.first_at
+            o.orphaned_at = min(o.orphaned_at, b.orphaned_at or now) if o.count else (b.orphaned_at or now)
             o.count += b.count
             o.nbytes += b.nbytes
-            if o.first_at is None:  # the oldest orphans' wait is not restarted by a later reconnect
-                o.first_at = time.monotonic()
             self.orphan_keys = o.keys()
             self.batch = Batch()
             self.say(f"reconnected (session present: {int(bool(session_present))}): {b.count} "
@@ -320,7 +325,12 @@ class Collector:
                 self.orphan_keys[key] = n - 1
         elif win is not None:
             self._seen(win)
-        self.batch.add(row, p is None, m.ack_id if m.qos else None)
+        b = self.batch
+        b.add(row, p is None, m.ack_id if m.qos else None)
+        if orphan:  # the resend keeps the age of the copy it replaces
+            o = self.orphans
+            b.first_at = min(b.first_at, o.first_at)
+            b.orphaned_at = o.orphaned_at if b.orphaned_at is None else min(b.orphaned_at, o.orphaned_at)
 
     def _dropped(self) -> None:
         """Report what the client discarded as larger than --max-packet (MQTT 3.x has no way to tell
@@ -361,11 +371,16 @@ class Collector:
 
     # --- the loop -------------------------------------------------------------------------------
 
+    def _orphans_due(self, now: float) -> bool:
+        """Orphans are written (unacknowledged) once the broker had --batch-time to send them again
+        since they were orphaned, and they are --batch-time old."""
+        o = self.orphans
+        return bool(o.count) and now >= max(o.first_at, o.orphaned_at) + self.args.batch_time
+
     def _due(self) -> bool:
         a = self.args
         now = time.monotonic()
-        o = self.orphans
-        if o.count and now - o.first_at >= a.batch_time:
+        if self._orphans_due(now):
             return True
         b = self.batch
         if not b.count or not self.client.connected:
@@ -377,10 +392,14 @@ class Collector:
     def unwritten(self) -> int:
         return self.batch.count + self.orphans.count
 
-    def flush(self) -> None:
-        """Write the batch (and any orphans) durably, then acknowledge the batch's messages in
-        arrival order; orphans (from an earlier connection) cannot be acknowledged."""
+    def flush(self, everything: bool = True) -> None:
+        """Write the batch (and the orphans, unless ``everything`` is false and they are not due yet)
+        durably, then acknowledge the batch's messages in arrival order; orphans (from an earlier
+        connection) cannot be acknowledged."""
         b, o = self.batch, self.orphans
+        keep = None
+        if not everything and o.count and not self._orphans_due(time.monotonic()):
+            keep, o = (o, self.orphan_keys), Batch()  # the broker may still send them again
         if not b.count and not o.count:
             return
         try:
@@ -388,9 +407,11 @@ class Collector:
         except LandingError:
             raise
         except Exception as e:  # a row the Parquet writer refuses, which parse_payload let through
-            self._salvage(e)
+            self._salvage(e, (o, b))
             self._commit(b, o)
         self.batch, self.orphans, self.orphan_keys = Batch(), Batch(), {}
+        if keep:
+            self.orphans, self.orphan_keys = keep
         self.stats["written_unacked"] += o.count
         self.stats["batches"] += 1
         self._fault("commit")
@@ -419,13 +440,13 @@ class Collector:
         self.stats["landed"] += len(rows["recv_ts"])
         self.stats["quarantined"] += len(quarantine["recv_ts"])
 
-    def _salvage(self, e: Exception) -> None:
+    def _salvage(self, e: Exception, batches) -> None:
         """The batch could not become Parquet: each landing row the writer refuses on its own goes to
         quarantine with the writer's reason (counted in ``errors``, reported); nothing is on disk yet
         (the writer builds every table before it writes)."""
         why = _clean(f"{type(e).__name__}: {e}")
         moved = 0
-        for batch in (self.orphans, self.batch):
+        for batch in batches:
             for i, reason in sorted(unwritable_rows(batch.rows, LANDING_ARROW).items(), reverse=True):
                 row = batch.to_quarantine(i, _clean(f"cannot be written as Parquet: {reason}"))
                 if row["_win"] is not None:
@@ -589,7 +610,7 @@ class Collector:
                 except OSError as e:  # lost again: the next connect sets resubscribe
                     self.say(f"subscribing again failed: {e}")
             if self._due():
-                self.flush()
+                self.flush(everything=False)
                 self.last_activity = time.monotonic()
                 continue
             if a.retire and self._drained():

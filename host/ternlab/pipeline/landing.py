@@ -123,12 +123,15 @@ class WindowLog:
     """The identities of the QoS 2 messages a collector landed (:mod:`.qos2`'s window), oldest first,
     as an append-only file -- what makes a restart cost the same after a day or a year.
 
-    One block per commit, appended and fsync'd after the commit's files are renamed: ``TQW1``, the
-    commit id (8 bytes), the number of keys (4 bytes), the keys, a CRC-32 of the block. A block torn
-    by a crash fails its CRC and ends the read (the landing files of that commit are read instead, see
-    :meth:`LandingWriter.window_keys`). :meth:`rewrite` replaces the file with one block (temporary
-    file, fsync, rename, directory fsync): at every start, and whenever it holds more than twice the
-    window, so it never grows past that."""
+    One block per commit (an empty one for a commit without QoS 2 readings: the last block says which
+    commit the log has reached), appended after the commit's files are renamed: ``TQW1``, the commit
+    id (8 bytes), the number of keys (4 bytes), the keys, a CRC-32 of the block. Appends are not
+    fsync'd: the landing files are the truth, and the commits a power cut took from the log (the few
+    seconds the page cache held) or a torn block (its CRC fails and ends the read) are read from
+    their files instead (:meth:`LandingWriter.window_keys`). :meth:`rewrite` replaces the file with
+    one block (temporary file, fsync, rename, directory fsync): at every start, and whenever the file
+    holds more than twice the window (or a block per commit of a window's worth), so it never grows
+    past that."""
 
     MAGIC = b"TQW1"
     _HEAD = struct.Struct(">4sQI")
@@ -137,6 +140,7 @@ class WindowLog:
         self.path = path
         self.limit = limit
         self.keys_in_file = 0
+        self.blocks = 0
 
     def read(self):
         """``(last commit id, the newest ``limit`` keys)``, or None when there is no log."""
@@ -148,6 +152,7 @@ class WindowLog:
         keys: list = []
         last = 0
         pos, head, k = 0, self._HEAD, qos2.KEY_BYTES
+        self.blocks = 0
         while pos + head.size + 4 <= len(data):
             magic, commit, n = head.unpack_from(data, pos)
             end = pos + head.size + n * k
@@ -157,6 +162,7 @@ class WindowLog:
             keys.extend(data[i:i + k] for i in range(pos + head.size, end, k))
             last = commit
             pos = end + 4
+            self.blocks += 1
         self.keys_in_file = len(keys)
         return last, keys[-self.limit:]
 
@@ -174,18 +180,16 @@ class WindowLog:
         os.rename(tmp, self.path)
         fsync_dir(os.path.dirname(self.path))
         self.keys_in_file = len(keys)
+        self.blocks = 1
 
     def append(self, commit: int, keys) -> None:
-        if not keys:
-            return
-        if self.keys_in_file + len(keys) > 2 * self.limit:
+        self.blocks += 1
+        if self.keys_in_file + len(keys) > 2 * self.limit or self.blocks > self.limit:
             got = self.read()
             self.rewrite(commit, (got[1] if got else []) + list(keys))
             return
         with open(self.path, "ab") as f:
             f.write(self._block(commit, keys))
-            f.flush()
-            os.fsync(f.fileno())
         self.keys_in_file += len(keys)
 
 
