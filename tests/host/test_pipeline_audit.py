@@ -330,8 +330,8 @@ def test_unusable_ledger_row_is_one_clear_line(spark, tmp_path, capsys):
     assert cli.main(["audit", str(tmp_path / "land"), "--out", str(tmp_path / "o"),
                      "--ledger", str(led)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"tern audit: error: 1 ledger row(s) are unusable: qos=null (device, boot, seq, "
-                   f"qos must be present, not negative, qos 0..2); first in file://{led}"]
+    assert err == [f"tern audit: error: 1 ledger row(s) are unusable: qos=null ({audit.RULES}); first in "
+                   f"file://{led}"]
 
 
 def test_a_file_spark_cannot_read_is_named_in_one_line(spark, tmp_path, capsys):
