@@ -65,8 +65,7 @@ def _runner(name: str, job):
                 return fail(f"cannot start Spark: {_one_line(e)}", sj.jvm_log)
             try:
                 return job(spark, args)
-            except PipelineError as e:
-                sj.failed = True
+            except PipelineError as e:  # Tern's own check: its line says it all
                 return fail(str(e))
             except Exception as e:  # Spark analysis / job failures: one line, not a JVM stack trace
                 sj.failed = True
