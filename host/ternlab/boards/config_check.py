@@ -50,6 +50,9 @@ def check(path, profile):
     except json.JSONDecodeError as e:
         raise ConfigError("%s line %d column %d: not valid JSON: %s (the board would run on defaults, with no "
                           "broker)" % (path, e.lineno, e.colno, e.msg)) from None
+    from ..mqttcli.redact import add_config_secrets
+
+    add_config_secrets(raw)  # its passwords are never printed, whatever happens next
     if not isinstance(raw, dict):
         raise ConfigError("%s must hold a JSON object ({\"host\": ...}), not %s" % (path, type(raw).__name__))
     said = []
