@@ -5,7 +5,7 @@ and MQTT version while it holds messages."""
 import os
 import re
 
-from .errors import EXIT_FAIL, EXIT_OK, CLIError, os_reason
+from .errors import EXIT_FAIL, EXIT_OK, CLIError, os_reason, say_err
 
 _OWNER = "tern-cli"  # meta key of the outbox: "<MQTT version> <client id>" of its session
 
@@ -45,8 +45,6 @@ def store_notice(args, msg):
     it is the write a kill interrupted, of a message never accepted."""
     if "torn tail" in msg:
         return
-    from .connect import say_err
-
     m = _SEGMENT.match(msg)
     where = "%s: " % os.path.join(args.outbox, "%08d.seg" % int(m.group(1))) if m else ""
     what = msg[m.end():] if m else msg.split(": ", 1)[-1]

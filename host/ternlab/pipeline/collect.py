@@ -13,31 +13,38 @@ How it keeps "nothing lost":
 - If the batch cannot be written (disk full, unwritable directory), the collector prints one error
   line, acknowledges nothing of that batch, disconnects (the session, and the messages, stay at the
   broker) and exits with status 1.
-- Payloads :func:`.schema.parse_payload` rejects go to the quarantine partition with their raw bytes
-  and the reason, and are acknowledged like the rest.
+- Payloads :func:`.schema.parse_payload` rejects (by the rules of the columns they would land in) go
+  to the quarantine partition with their raw bytes and the reason, and are acknowledged like the rest.
+  Nothing that arrives can stop the collector: an exception nothing foresaw while one message is taken,
+  or a row the Parquet writer still refuses, quarantines that message (``errors``, one log line).
 - A lost connection: messages of the old connection that are not yet written can no longer be
   acknowledged. They are kept; when the broker sends one again (it should: the session is persistent)
   the new copy replaces it and is acknowledged once written; the ones it does not send again within
-  ``--batch-time`` (a broker that crashed before saving them) are written unacknowledged. So a broker
-  crash costs no message and, when the broker did keep them, no duplicate.
+  ``--batch-time`` (a broker that crashed before saving them) are written unacknowledged. Their wait
+  counts from their first arrival and first orphaning, kept through later reconnects, so a link that
+  drops faster than ``--batch-time`` still gets them written. A broker crash costs no message and,
+  when the broker did keep them, no duplicate.
 - SIGTERM / SIGINT: the current batch is written and acknowledged, then the collector disconnects
   cleanly (the session stays) and exits 0.
-- QoS 2 exactly once, across a kill too: every landing file carries the record of the QoS 2 messages
-  landed and not yet released by the broker (packet id + checksum of topic and payload, see
-  :mod:`.landing`), committed by the same rename as the rows. At start the collector reads it back from
-  its newest file; a resend (DUP set) with a recorded packet id and the same checksum is acknowledged
-  (PUBREC, then PUBCOMP on the PUBREL) and not landed again (``qos2_already_landed``). A PUBREL tells
-  it the broker has the PUBREC (the entry is dropped), as does another message under that packet id.
-  QoS 1 has no such release: a kill between a file's rename and its PUBACKs still gives duplicates.
-- QoS 2 exactly once, whatever the broker sends: a copy is also recognised by what it is -- the
-  reading's topic, device, boot and sequence number (:func:`.landing.reading_key`; topic and payload
-  for a malformed one) -- against a window of the newest ``--qos2-window`` QoS 2 messages landed or
-  held (rebuilt from this collector's newest landing files at start). A copy in the window is
-  acknowledged and not landed (``qos2_already_landed``), with or without DUP, under any packet id:
-  a broker restarted (hard or soft) may send a message again after our PUBREC or even after the
-  PUBCOMP (it saved its state before them), and a broker that lost its state gets the device's own
-  resend of a message it had already delivered. A resend that reaches *another* collector of the
-  group is not seen here (each collector knows its own window); the audit counts it.
+- QoS 2 exactly once, by one identity rule (:mod:`.qos2`: a well-formed message is the audit's key,
+  device, boot, payload ``q`` and seq; a malformed one its topic and bytes), across a kill too: every
+  landing file carries the record of the QoS 2 deliveries landed and not yet released by the broker
+  (packet id + identity), committed by the same rename as the rows. At start the collector reads it
+  back from its newest commit; a resend (DUP set) with a recorded packet id and the same identity is
+  acknowledged (PUBREC, then PUBCOMP on the PUBREL) and not landed again (``qos2_already_landed``). A
+  PUBREL tells it the broker has the PUBREC (the entry is dropped), as does another message under that
+  packet id. QoS 1 has no such release: a kill between a file's rename and its PUBACKs still gives
+  duplicates.
+- QoS 2 exactly once, whatever the broker sends: a message whose payload says ``q: 2`` is also
+  recognised by its identity against a window of the newest ``--qos2-window`` such messages landed or
+  held (kept in the collector's window log, :class:`.landing.WindowLog`, and rebuilt from it at start
+  in bounded time). A copy in the window is acknowledged and not landed (``qos2_already_landed``),
+  with or without DUP, under any packet id: a broker restarted (hard or soft) may send a message again
+  after our PUBREC or even after the PUBCOMP (it saved its state before them), and a broker that lost
+  its state gets the device's own resend of a message it had already delivered. A malformed payload is
+  not in the window: the same bytes sent again on purpose are kept each time. A resend that reaches
+  *another* collector of the group is not seen here (each collector knows its own window); the audit
+  counts it.
 - ``--retire``: connect as ``--id`` (its persistent session), unsubscribe the shared subscription, land
   and acknowledge what the broker still holds for it until nothing comes for ``--drain-idle`` seconds
   and one UNSUBSCRIBE round trip confirms it, then end the session (MQTT 5: DISCONNECT with session
@@ -69,7 +76,8 @@ import time
 from collections import OrderedDict
 
 from ..mqttcli.redact import redact
-from . import qos2, schema
+from . import qos2, retire, schema
+from .batch import Batch, clean as _clean
 from .landing import LANDING_ARROW, QUARANTINE_ARROW, LandingError, LandingWriter, unwritable_rows
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -77,79 +85,6 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 class CollectError(Exception):
     """The collector cannot go on; the message is one line."""
-
-
-class Batch:
-    """Messages received and not yet durable, in arrival order, as column lists (``_idx``: arrival
-    number, which names the files; ``_raw``: each landing row's payload, to recognise a resend;
-    ``_q2``: ``(packet id, identity)`` of a message delivered at QoS 2, None otherwise, for the landing
-    record; ``_win``: a landing row's window identity, or None)."""
-
-    def __init__(self):
-        self.rows = {n: [] for n in (*schema.LANDING_FIELDS, "_raw", "_q2", "_win")}
-        self.rows["_idx"] = self.rows["recv_idx"]
-        self.quarantine = {n: [] for n in (*schema.QUARANTINE_FIELDS, "_idx", "_q2")}
-        self.acks = []         # ack_id per QoS 1/2 message, arrival order
-        self.count = 0         # messages (landing + quarantine)
-        self.nbytes = 0        # payload bytes
-        self.first_at = None   # monotonic time of the oldest message's first arrival
-        self.orphaned_at = None  # when the oldest of them was first orphaned (a reconnect), or None
-
-    def add(self, row: dict, quarantined: bool, ack_id=None) -> None:
-        """Append one message (``row``: a value for every column of its table)."""
-        cols = self.quarantine if quarantined else self.rows
-        for k, v in cols.items():
-            if cols is not self.rows or k != "_idx":
-                v.append(row[k])
-        if ack_id is not None:
-            self.acks.append(ack_id)
-        self.count += 1
-        raw = row["payload_raw"] if quarantined else row["_raw"]
-        self.nbytes += len(raw)
-        if self.first_at is None:
-            self.first_at = time.monotonic()
-
-    def keys(self) -> dict:
-        """``{(topic, payload): copies}`` of what the batch holds."""
-        out: dict = {}
-        for k in zip(self.rows["topic"], self.rows["_raw"]):
-            out[k] = out.get(k, 0) + 1
-        for k in zip(self.quarantine["topic"], self.quarantine["payload_raw"]):
-            out[k] = out.get(k, 0) + 1
-        return out
-
-    def _delete(self, cols: dict, i: int) -> None:
-        for k, v in cols.items():
-            if cols is not self.rows or k != "_idx":
-                del v[i]
-
-    def remove(self, topic: str, raw: bytes) -> None:
-        """Drop the first message with this topic and payload."""
-        for cols, rawcol in ((self.rows, "_raw"), (self.quarantine, "payload_raw")):
-            for i, (t, r) in enumerate(zip(cols["topic"], cols[rawcol])):
-                if t == topic and r == raw:
-                    self._delete(cols, i)
-                    self.count -= 1
-                    self.nbytes -= len(raw)
-                    return
-
-    def to_quarantine(self, i: int, reason: str) -> dict:
-        """Move landing row ``i`` to the quarantine columns (with ``reason``); returns the row."""
-        row = {k: v[i] for k, v in self.rows.items()}
-        self._delete(self.rows, i)
-        q = self.quarantine
-        at = next((j for j, x in enumerate(q["_idx"]) if x > row["recv_idx"]), len(q["_idx"]))
-        new = {"payload_raw": row["_raw"], "reason": reason, "recv_ts": row["recv_ts"],
-               "topic": row["topic"], "collector": row["collector"], "_idx": row["recv_idx"],
-               "_q2": row["_q2"]}
-        for k, v in q.items():
-            v.insert(at, new[k])
-        return row
-
-    def merged(self, later: "Batch") -> tuple[dict, dict]:
-        """Columns of this batch followed by ``later``'s (arrival order is kept)."""
-        return ({k: v + later.rows[k] for k, v in self.rows.items()},
-                {k: v + later.quarantine[k] for k, v in self.quarantine.items()})
 
 
 def _release_store(collector):
@@ -569,7 +504,7 @@ class Collector:
             for s, h in old.items():
                 signal.signal(s, h)
             if self.retired:
-                status = self._end_session()
+                status = EXIT_OK if retire.end_session(self) else EXIT_FAIL
             else:
                 if a.retire and status == EXIT_OK:
                     self.say(f"retirement interrupted ({self.stop_reason}): the session, and what "
@@ -613,7 +548,7 @@ class Collector:
                 self.flush(everything=False)
                 self.last_activity = time.monotonic()
                 continue
-            if a.retire and self._drained():
+            if a.retire and retire.drained(self):
                 self.retired = True
                 return
             now = time.monotonic()
@@ -633,66 +568,3 @@ class Collector:
             if next_report is not None:
                 wait = max(0.0, min(wait, next_report - now))
             self._wait(wait)
-
-    # --- retiring -------------------------------------------------------------------------------
-
-    def _drained(self) -> bool:
-        """Retiring: has the broker nothing more for this session?
-
-        Nothing arrived for ``--drain-idle`` seconds: what is held is written and acknowledged now.
-        Then one more round trip (UNSUBSCRIBE again, answered by UNSUBACK): the broker handles a
-        connection's packets in order, so by the UNSUBACK it has read every acknowledgement sent
-        before -- including the PUBCOMPs that free in-flight slots -- and has already sent what they
-        released. Nothing arrived before the UNSUBACK and nothing is held: drained."""
-        c = self.client
-        if not c.connected or time.monotonic() - self.last_activity < self.args.drain_idle:
-            return False
-        if self.unwritten:
-            self.flush()
-            self.last_activity = time.monotonic()
-            return False
-        seen = self.arrivals
-        try:
-            c.unsubscribe(self.filter)
-        except OSError:
-            return False  # lost: loop() reconnects, and the drain goes on
-        self.last_activity = time.monotonic()
-        return self.arrivals == seen and not self.unwritten and c.connected
-
-    def _end_session(self) -> int:
-        """Retiring, drained: end the session at the broker so nothing more is kept for this id.
-        MQTT 5: DISCONNECT with Session Expiry Interval 0. MQTT 3.x has no such property: a normal
-        DISCONNECT, then a clean-session connect with the same id (which discards the old session)
-        and its DISCONNECT (a clean session ends with its connection)."""
-        a = self.args
-        if not self.client.connected:  # lost at the last moment: the session stays, so may the rest
-            self._disconnect()
-            self.say("error: the connection was lost before the session could be ended; everything "
-                     "received was landed; run --retire again")
-            return EXIT_FAIL
-        if a.version == 5:
-            from tern import props as P
-
-            self._disconnect(props={P.SESSION_EXPIRY_INTERVAL: 0})
-            self.say("retired: the session ended at the broker (DISCONNECT, session expiry 0)")
-            return EXIT_OK
-        self._disconnect()
-        from tern.client import Client
-
-        c = Client(a.id, clean=True, reconnect=False, keepalive=a.keepalive, **self.conn)
-        try:
-            c.connect()
-            c.disconnect()
-        except OSError as e:
-            self.say(f"error: everything was landed, but the final clean-session connect to end the "
-                     f"session failed: {e}; run --retire again")
-            return EXIT_FAIL
-        self.say("retired: the session ended at the broker (clean-session connect and DISCONNECT)")
-        return EXIT_OK
-
-
-def _clean(text: str, limit: int = 500) -> str:
-    """A reason as a quarantine row and a log line can hold it: valid UTF-8 (a lone surrogate as
-    its escape), one line, at most ``limit`` characters."""
-    text = " ".join(text.encode("utf-8", "backslashreplace").decode("utf-8").split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."

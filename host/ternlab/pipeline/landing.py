@@ -282,6 +282,12 @@ class LandingWriter:
                                f"running on {self.root} (it holds {lock})") from None
         self._lock = fd  # held until the process ends
 
+    def close(self) -> None:
+        """Let go of the lock :meth:`check` took (the process's end does it too)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
     def remove_stale_temps(self) -> int:
         """Delete the files this collector was writing when it was killed (its own ``tmp/``, which
         no other collector writes to); returns how many."""

@@ -12,13 +12,14 @@ One row per received copy of a message (a duplicate delivery is a second row):
 column      type              meaning
 =========== ================= ==========================================================================
 device      string            device id (payload ``d``)
-boot        int               the device's boot counter (payload ``b``)
+boot        int               the device's boot counter (payload ``b``), 0..2**31-1
 seq         long              message sequence number (payload ``s``): starts at 0 at each boot and counts
-                              the messages of one QoS level, i.e. one counter per (device, boot, qos)
+                              the messages of one QoS level, i.e. one counter per (device, boot, qos);
+                              0..2**53-1 (``MAX_SEQ``)
 qos         int               QoS the device published with (payload ``q``), 0, 1 or 2
 topic       string            MQTT topic the message arrived on
 sent_ts     double, nullable  device clock when first published, seconds since the epoch (payload ``t``);
-                              a resend keeps the original value
+                              a resend keeps the original value; within years 1..9999
 recv_ts     double            collector clock when the message was received, seconds since the epoch
 recv_idx    long, nullable    per-collector arrival counter, strictly increasing in arrival order; breaks
                               ties between equal ``recv_ts`` values
@@ -31,9 +32,10 @@ Why one counter per QoS level: the audit reports per device and QoS, and without
 counter shared by all levels could not be attributed to a level (a lost QoS 0 message is allowed, a
 lost QoS 1 message is not). A device that publishes at one QoS only sees no difference.
 
-Quarantine (``<root>/quarantine/`` any Parquet files below it): payloads :func:`parse_payload` rejected,
-one row each with ``payload_raw``, ``reason``, ``recv_ts``, ``topic``, ``collector``. The audit does
-not read them as messages; it only counts them in its summary.
+Quarantine (``<root>/quarantine/`` any Parquet files below it): payloads :func:`parse_payload` rejected
+(or that a collector could not land for another reason, said in ``reason``), one row each with
+``payload_raw``, ``reason``, ``recv_ts``, ``topic``, ``collector``. The audit does not read them as
+messages; it only counts them in its summary.
 
 Ledger (optional; Parquet, or JSON lines with one object per line): what each emulated device says it
 published, one row per message (not per send attempt): ``device, boot, seq, qos, topic, sent_ts``.
@@ -41,7 +43,8 @@ published, one row per message (not per send attempt): ``device, boot, seq, qos,
 Device payload (JSON, UTF-8)
 ----------------------------
 ``{"d": device, "b": boot, "s": seq, "q": qos, "t": sent_ts, "r": {name: value, ...}}`` where ``t`` may be
-``null`` or absent (no clock yet) and ``r`` may be empty.
+``null`` or absent (no clock yet) and ``r`` may be empty. Strict JSON (RFC 8259: no ``NaN`` or
+``Infinity``); every value must fit the column it lands in (see :func:`parse_payload`).
 """
 
 from __future__ import annotations
