@@ -2,6 +2,8 @@
 `col` and `col-2`, `a/b` and `a_b`), a start that removes only what is provably its own, one process per
 id and landing, and a restart that reads a bounded part of the landing however old it is."""
 
+import json
+import os
 import time
 
 import pyarrow.parquet as pq
@@ -71,17 +73,52 @@ def test_ids_that_share_a_safe_name_keep_their_files_apart(broker, tmp_path):
     assert first.terminate() == 0
 
 
-def _commit(w, first_idx, seqs, qos, ts=1767322800.0):
-    from ternlab.pipeline import qos2
+def _commit(w, first_idx, seqs, qos, ts=1767322800.0, collector="col"):
+    """One commit of landing rows (device d, boot 1), as the collector hands them to the writer."""
+    import hashlib
+
+    def key(s):  # qos2.message_key: the window's identity of a q=2 reading
+        text = json.dumps(["d", 1, 2, s])
+        return hashlib.blake2b(text.encode(), digest_size=8, person=b"tern.message").digest()
 
     n = len(seqs)
     rows = {"device": ["d"] * n, "boot": [1] * n, "seq": list(seqs), "qos": [qos] * n, "topic": ["t"] * n,
             "sent_ts": [ts] * n, "recv_ts": [ts] * n, "recv_idx": list(range(first_idx, first_idx + n)),
-            "collector": ["col"] * n, "readings": [[]] * n, "payload_raw": [None] * n,
-            "_q2": [None] * n, "_win": [qos2.message_key("d", 1, qos, s) if qos == 2 else None for s in seqs]}
+            "collector": [collector] * n, "readings": [[]] * n, "payload_raw": [None] * n,
+            "_q2": [None] * n, "_win": [key(s) if qos == 2 else None for s in seqs]}
     rows["_idx"] = rows["recv_idx"]
     no_q = {k: [] for k in (*schema.QUARANTINE_FIELDS, "_idx", "_q2")}
     w.commit(rows, no_q)
+
+
+def test_a_restart_reads_only_the_newest_files_of_a_large_landing(broker, tmp_path):
+    """300 commits over 300 hours, a QoS 2 reading in every 10th; every file's access time set to 0, so
+    the files `tern collect` reads while it starts are the ones whose access time moves (relatime
+    updates it on the first read). It reads the newest 3 and recognises a reading of the oldest commit
+    when it comes again."""
+    land = tmp_path / "landing"
+    w = L.LandingWriter(land, "col-r")
+    w.check()
+    for k in range(300):
+        _commit(w, 1000 * k + 1, [k], 2 if k % 10 == 0 else 1, ts=1767322800.0 + 3600 * k, collector="col-r")
+    getattr(w, "close", lambda: None)()  # (the lock a running collector holds)
+    files = parquet_files(land)
+    assert len(files) == 300
+    probe = files[0]
+    os.utime(probe, (0, probe.stat().st_mtime))
+    probe.read_bytes()
+    if probe.stat().st_atime == 0:
+        pytest.skip("this filesystem does not update access times (noatime): reads cannot be seen")
+    for f in files:
+        os.utime(f, (0, f.stat().st_mtime))
+    c = start_collector(broker, land, "col-r", "--batch-time", "0.2")
+    c.wait_for("subscribed to")
+    read = [f for f in files if f.stat().st_atime > 0]
+    assert len(read) <= 3, f"the start read {len(read)} of 300 files"
+    publish_all(broker, [("tern/d/telemetry", schema.make_payload("d", 1, 0, 2, 1.0, {}), 2)], "pub-r")  # seq 0: the oldest commit
+    time.sleep(0.5)
+    assert c.terminate() == 0
+    assert c.summary()["qos2_already_landed"] == 1 and c.summary()["landed"] == 0
 
 
 @pytest.fixture
@@ -128,7 +165,6 @@ def test_a_restart_reads_the_window_log_not_the_landing(tmp_path, reads):
     assert len(reads) == 3, reads  # the torn commit's file (footer, columns), the footer before it
 
     # a landing written before collectors kept a log: read once, newest first, until the window is full
-    import os
     os.unlink(log)
     del reads[:]
     fourth = L.LandingWriter(tmp_path, "col", window=5)

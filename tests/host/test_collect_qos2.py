@@ -203,7 +203,7 @@ def test_qos2_lands_once_across_a_broker_restart_between_publish_and_pubcomp(tmp
 
 
 def test_the_qos2_window_outlives_the_collector(broker, tmp_path):
-    """The window is rebuilt from the collector's own landing files: a collector restarted with the
+    """The window is rebuilt from the collector's own window log and landing files: a collector restarted with the
     same id recognises the device's fresh publication (new packet ids, no DUP) of QoS 2 readings it
     landed before it stopped, and lands none of them again -- QoS 1 copies are not held back."""
     land = tmp_path / "landing"

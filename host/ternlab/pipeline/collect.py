@@ -281,7 +281,10 @@ class Collector:
     def _already_landed(self, m) -> None:
         self.stats["qos2_already_landed"] += 1
         if m.qos:
-            self.client.ack(m.ack_id)
+            try:
+                self.client.ack(m.ack_id)
+            except OSError:  # the connection broke: the broker sends it again, answered again
+                pass
 
     def _unforeseen(self, m, raw: bytes, e: Exception) -> None:
         """An exception nothing foresaw while taking one message: that message is quarantined with

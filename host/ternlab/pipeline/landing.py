@@ -130,10 +130,10 @@ class WindowLog:
     seconds the page cache held) or a torn block (its CRC fails and ends the read) are read from
     their files instead (:meth:`LandingWriter.window_keys`). :meth:`rewrite` replaces the file with
     one block (temporary file, fsync, rename, directory fsync): at every start, and whenever the file
-    holds more than twice the window (or a block per commit of a window's worth), so it never grows
-    past that."""
+    holds more than twice the window or ``MAX_BLOCKS`` blocks, so it never grows past that."""
 
     MAGIC = b"TQW1"
+    MAX_BLOCKS = 4096  # blocks (commits) before a rewrite, however few keys: a start parses at most these
     _HEAD = struct.Struct(">4sQI")
 
     def __init__(self, path: str, limit: int):
@@ -184,7 +184,7 @@ class WindowLog:
 
     def append(self, commit: int, keys) -> None:
         self.blocks += 1
-        if self.keys_in_file + len(keys) > 2 * self.limit or self.blocks > self.limit:
+        if self.keys_in_file + len(keys) > 2 * self.limit or self.blocks > self.MAX_BLOCKS:
             got = self.read()
             self.rewrite(commit, (got[1] if got else []) + list(keys))
             return
