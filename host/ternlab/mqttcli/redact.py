@@ -21,6 +21,12 @@ def add_secret(value):
         _SECRETS.add(value)
 
 
+def forget_secrets():
+    """Forget every registered secret: for a process that runs one command after another (a test
+    suite), where one command's password must not mask another's output."""
+    _SECRETS.clear()
+
+
 def add_url_secrets(url):
     """Register whatever may be a password in an mqtt(s):// URL, however malformed: the text after
     `user:` up to each `@` (a password holding '/' or '@' is cut short by a parser), and up to the
