@@ -41,11 +41,13 @@ BAD = [b"not json", b'{"d": "x", "s": 1, "q": 1}', b"\xff\xfe", b'{"d": "x", "b"
 
 def test_lands_partitioned_parquet_quarantines_and_acks_only_what_it_wrote(broker, tmp_path):
     land = tmp_path / "landing"
-    c = start_collector(broker, land, "col-1", "--batch-size", "25", "--batch-time", "60", "--keep-raw")
+    # a batch is written at 40: whatever the first read took of the 50 (40 or more), the rest and the 5
+    # late ones stay under 40 (with 25, a first batch of 30 left 20 + 5 = a second one written)
+    c = start_collector(broker, land, "col-1", "--batch-size", "40", "--batch-time", "60", "--keep-raw")
     c.wait_for(r"subscribed to \$share/tern/tern/\+/telemetry at QoS 2 .*session present: 0")
     sent = [good("dev-a", s, 1) for s in range(40)] + [good("dev-b", s, 2) for s in range(10)]
     publish(broker, sent)
-    assert wait_total(c, 50)[0] >= 25  # at least one batch of 25 written
+    assert wait_total(c, 50)[0] >= 40  # one batch of 40 or more written
     late = [("tern/odd/telemetry", raw, 1) for raw in BAD] + [good("dev-a", 40, 1)]
     publish(broker, late)
     landed, quarantined, waiting = wait_total(c, 55)
