@@ -19,7 +19,7 @@ import argparse
 import importlib
 import sys
 
-from .mqttcli.redact import redact
+from .mqttcli.redact import guard_streams, redact
 
 # module, the commands it is expected to provide, one-line help for them
 # (shown without importing the module), and what to install when it fails.
@@ -133,16 +133,16 @@ def build_parser(argv=()):
 def main(argv=None):
     """Run `tern` with argv (default: sys.argv[1:]); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    guard_streams()  # every line this process prints goes through redact
     word = _command_word(argv)
     from .mqttcli import commands as pubsub
+    from .mqttcli.flags import register_passwords
 
+    # every command's passwords (-P, --pw, --password, -L URLs) are registered before argparse runs
+    register_passwords(argv[argv.index(word) + 1 :] if word else argv)
     if word in ("pub", "sub"):
         k = argv.index(word) + 1
         argv = argv[:k] + pubsub.prepare_argv(argv[k:])
-    elif word == "collect":  # the same broker flags: its password is masked before argparse runs
-        from .mqttcli.flags import register_passwords
-
-        register_passwords(argv[argv.index(word) + 1 :])
     try:
         parser = build_parser(argv)
         args = parser.parse_args(argv)

@@ -129,7 +129,8 @@ class Log:
       kind code << 1 | marked), live from _lo to _n;
     - _meta: key bytes -> [value, where, where, record sequence];
     - _last: the newest appended packet id; and _setmark(pid, want);
-    - verbose, and _tag: what its warnings start with."""
+    - verbose (True, False, or a function that takes each warning), and _tag:
+      what its warnings start with."""
 
     durable = True
 
@@ -137,8 +138,9 @@ class Log:
         pass
 
     def _say(self, msg):
-        if self.verbose:
-            print(self._tag + msg)
+        v = self.verbose  # True: printed; a function: called with each notice
+        if v:
+            (v if callable(v) else print)(self._tag + msg)
 
     def _find(self, pid):
         ip = self._ipid

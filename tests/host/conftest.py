@@ -1,7 +1,18 @@
 """Fixtures for the host-side suites: one small SparkSession for the whole run, and a generated
-landing set (with ledger) that the audit and report tests share."""
+landing set (with ledger) that the audit and report tests share, and no password left registered
+from one test's `tern` commands to the next."""
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _forget_secrets():
+    """Each test's `tern` commands start with no password registered: one run in the same process
+    (tests call ternlab.cli.main) would mask pieces of it in another test's output."""
+    from ternlab.mqttcli.redact import forget_secrets
+
+    forget_secrets()
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -750,6 +750,37 @@ def test_pub_outbox_with_more_pending_than_the_window_resends_all_in_order(capsy
     assert got == ["m%d" % i for i in range(16)] + ["m%d" % i for i in range(n)] + ["last"]
 
 
+def test_pub_outbox_reports_a_damaged_record_and_exits_1(capsys, broker, chaos, tmp_path):
+    # was: exit 0, stderr empty, 2 of 3 accepted messages sent (the CLI opened the FileStore with
+    # verbose=False, which hid "fails its CRC: skipped")
+    from tern.filestore import FileStore
+
+    outbox = tmp_path / "outbox"
+    peer = MosqSub(broker, "-t", "dmg", "-q", "1", count=6, timeout=20)
+    chaos.stall_at_packet("PUBACK", 1, B2C, 60, stall_direction=B2C, connections=1)
+    args = ["-q", 1, "-t", "dmg", "-c", "-i", "dmgk", "--outbox", outbox]
+    p = subprocess.Popen([TERN, "pub", *map(str, ["-h", chaos.host, "-p", chaos.port, "-l", *args])],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write(b"first-message\nsecond-message\nthird-message\n")
+    p.stdin.flush()
+    assert chaos.wait_for(lambda: len(chaos.packets(C2B, "PUBLISH")) == 3, 10)
+    kill_9(p)
+    store = FileStore(str(outbox), verbose=False).open()
+    assert store.count() == 3
+    store.close()
+    seg = next(f for f in sorted(outbox.glob("*.seg")) if b"second-message" in f.read_bytes())
+    data = bytearray(seg.read_bytes())
+    data[data.index(b"second-message") + 3] ^= 0x01  # one flipped bit in the stored message
+    seg.write_bytes(bytes(data))
+    rc, out, err = tern(capsys, "pub", *conn(broker), "-m", "last", *args)
+    assert rc == 1, err
+    assert one_line(err).startswith("tern pub: --outbox %s: %s: record at " % (outbox, seg)), err
+    assert "fails its CRC: skipped; what it held (a message accepted on an earlier run" in err
+    # the first run's three, then what the store still had (resent), and the new message
+    assert peer.result().split() == [b"first-message", b"second-message", b"third-message", b"first-message",
+                                     b"third-message", b"last"]
+
+
 def test_outbox_belongs_to_one_process_and_one_client(capsys, broker, chaos, tmp_path):
     outbox = tmp_path / "outbox"
     # a message left pending by a killed run of client "owner"

@@ -136,7 +136,8 @@ def test_a_commit_cut_between_its_files_records_only_what_was_renamed(tmp_path):
     """A batch spanning two hours is two files, renamed one after the other; when the second cannot
     be written, the first one's record holds its own QoS 2 entries and the carried ones, not the
     second file's (those messages are not on disk: their resends must land)."""
-    from ternlab.pipeline.landing import LandingError, LandingWriter, qos2_key
+    from ternlab.pipeline.landing import LandingError, LandingWriter
+    from ternlab.pipeline.qos2 import payload_key as qos2_key
 
     w = LandingWriter(tmp_path, "col")
     h = 1700000000 - 1700000000 % 3600
@@ -202,7 +203,7 @@ def test_qos2_lands_once_across_a_broker_restart_between_publish_and_pubcomp(tmp
 
 
 def test_the_qos2_window_outlives_the_collector(broker, tmp_path):
-    """The window is rebuilt from the collector's own landing files: a collector restarted with the
+    """The window is rebuilt from the collector's own window log and landing files: a collector restarted with the
     same id recognises the device's fresh publication (new packet ids, no DUP) of QoS 2 readings it
     landed before it stopped, and lands none of them again -- QoS 1 copies are not held back."""
     land = tmp_path / "landing"

@@ -323,6 +323,57 @@ def test_unusable_landing_rows_are_an_error_not_a_hidden_loss(spark, tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+def test_a_seq_past_what_the_collector_lands_is_named_not_an_overflow(spark, tmp_path, capsys):
+    # was: exit 2 with Spark's ARITHMETIC_OVERFLOW (max seq + 1), naming neither file nor column
+    _land(tmp_path, "part-c-1.parquet", [(0, {}), (1, {})])
+    bad = _land(tmp_path, "part-c-2.parquet", [(2**63 - 1, {"recv_ts": 1.7e9 + 3})])
+    assert cli.main(["audit", str(tmp_path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tern audit: error: 1 landing row(s) are unusable: "
+                                               "seq=9223372036854775807 ("), err
+    assert err[0].endswith(f"); first in file://{bad}") and "seq at most 9007199254740991" in err[0]
+
+
+def test_counts_summed_over_many_streams_do_not_overflow(spark, tmp_path):
+    # the largest seq the collector lands, in 1,100 streams: their expected counts add up past a long
+    from decimal import Decimal
+
+    top = 2**53 - 1
+    _land(tmp_path, "part-c-1.parquet", [(top, {"device": f"d{i}", "recv_ts": 1.7e9 + 1}) for i in range(1100)])
+    s = audit.run_audit(spark, str(tmp_path), str(tmp_path / "o"))
+    assert s["totals"]["expected"] == 1100 * (top + 1) > 2**63
+    assert s["totals"]["lost"] == 1100 * top and s["problems"]["lost"]["messages"] == 1100 * top
+    d = spark.read.parquet(str(tmp_path / "o" / "devices")).filter("device = 'd7'").first()
+    assert (d["expected"], d["lost"]) == (Decimal(top + 1), Decimal(top))
+
+
+def test_a_landing_file_spark_cannot_read_is_one_line_on_stderr(tmp_path):
+    # was: the right status and last line, after 89 lines (9.3 KB) of JVM warnings and Spark's log
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ternlab.pipeline.landing import LANDING_ARROW
+
+    bad = tmp_path / "land" / "date=2024-05-01" / "hour=00" / "part-c-1.parquet"
+    bad.parent.mkdir(parents=True)
+    sch = pa.schema([pa.field("qos", pa.string()) if f.name == "qos" else f for f in LANDING_ARROW])
+    rows = [{"device": "d", "boot": 1, "seq": s, "qos": "1", "topic": "t", "sent_ts": 1.7e9, "recv_ts": 1.7e9 + s,
+             "recv_idx": s, "collector": "c", "readings": [], "payload_raw": None} for s in range(3)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=sch), str(bad))
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_LOCAL_IP", "PYSPARK_SUBMIT_ARGS")}
+    env["TMPDIR"] = str(tmp_path)  # where the default log goes
+    r = subprocess.run([sys.executable, "-m", "ternlab.cli", "audit", str(tmp_path / "land"), "--out",
+                        str(tmp_path / "o"), "--master", "local[1]", "--conf", "spark.ui.enabled=false"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("tern audit: error: [FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH]"), lines
+    assert f"{bad}" in lines[0] and "[qos]" in lines[0] and r.stdout == ""
+    log = lines[0].rsplit("(Spark's log: ", 1)[1].rstrip(")")
+    assert log.startswith(str(tmp_path)) and "WARN" in open(log).read()  # kept: the run failed
+
+
 def test_unusable_ledger_row_is_one_clear_line(spark, tmp_path, capsys):
     _land(tmp_path / "land", "part-c-1.parquet", [(0, {}), (1, {})])
     led = tmp_path / "ledger.jsonl"
@@ -330,8 +381,8 @@ def test_unusable_ledger_row_is_one_clear_line(spark, tmp_path, capsys):
     assert cli.main(["audit", str(tmp_path / "land"), "--out", str(tmp_path / "o"),
                      "--ledger", str(led)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"tern audit: error: 1 ledger row(s) are unusable: qos=null (device, boot, seq, "
-                   f"qos must be present, not negative, qos 0..2); first in file://{led}"]
+    assert err == [f"tern audit: error: 1 ledger row(s) are unusable: qos=null ({audit.RULES}); first in "
+                   f"file://{led}"]
 
 
 def test_a_file_spark_cannot_read_is_named_in_one_line(spark, tmp_path, capsys):

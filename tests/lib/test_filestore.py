@@ -129,6 +129,25 @@ def test_bit_flip_skips_that_record_only():
         rmtree(p)
 
 
+def test_a_damaged_record_is_said_to_a_function_given_as_verbose():
+    # tern pub --outbox reports it (which file, what is lost) instead of printing on stdout
+    p = tmppath("sayf")
+    try:
+        name, data = fresh_segment(p, 10)
+        data = bytearray(data)
+        data[20 + 2 * (16 + 62 + 4) + 16 + 30] ^= 4  # in the body of the third record: its CRC fails
+        with open(name, "wb") as f:
+            f.write(data)
+        said = []
+        st = FileStore(p, verbose=said.append).open()
+        assert st.pending() == [1, 2, 4, 5, 6, 7, 8, 9, 10]
+        assert len(said) == 1 and said[0].startswith("tern.filestore: segment "), said
+        assert said[0].endswith(": record at 184 fails its CRC: skipped"), said
+        st.close()
+    finally:
+        rmtree(p)
+
+
 def copy_file(a, b):
     with open(a, "rb") as f:
         data = f.read()

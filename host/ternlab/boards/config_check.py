@@ -115,6 +115,9 @@ def check(path, profile):
     path = Path(path)
     text = path.read_text(encoding="utf-8", errors="replace")
     raw, notes = _read(path, text)
+    from ..mqttcli.redact import add_config_secrets
+
+    add_config_secrets(raw)  # its passwords are never printed, whatever happens next
     if not isinstance(raw, dict):
         raise ConfigError("%s must hold a JSON object ({\"host\": ...}), not %s" % (path, type(raw).__name__))
     said = []

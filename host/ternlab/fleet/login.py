@@ -92,5 +92,10 @@ class BrokerLogin:
 
 
 def env_password() -> str | None:
-    """The password a fleet handed its child process (see PASSWORD_ENV), or None."""
-    return os.environ.get(PASSWORD_ENV)
+    """The password a fleet handed its child process (see PASSWORD_ENV), or None; registered with
+    ``ternlab.mqttcli.redact`` as it is read."""
+    from ..mqttcli.redact import add_secret
+
+    password = os.environ.get(PASSWORD_ENV)
+    add_secret(password)
+    return password

@@ -283,6 +283,9 @@ def parse_scenario(data: dict, *, name: str = "scenario", source: str | None = N
     firmware = data.get("firmware", {})
     if not isinstance(firmware, dict):
         raise _err(where, "firmware", "must be a table ([firmware])")
+    from ..mqttcli.redact import add_config_secrets
+
+    add_config_secrets(firmware)  # a password for the boards' config.json is never printed
     faults = data.get("faults", [])
     if not isinstance(faults, list):
         raise _err(where, "faults", "must be an array of tables ([[faults]])")

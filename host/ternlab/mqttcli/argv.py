@@ -2,9 +2,9 @@
 arguments the way mosquitto does, and registers passwords as secrets before
 argparse can quote them."""
 
-from .flags import PASSWORD_FLAGS, url_password
+from .flags import PASSWORD_FLAGS
 from .properties import SEP
-from .redact import add_secret
+from .redact import add_secret, add_url_secrets
 
 
 # Options that take a value, for the argv pre-pass below.
@@ -53,8 +53,8 @@ def prepare_argv(argv):
                 eq = "="
             if eq and name in PASSWORD_FLAGS:
                 add_secret(val)
-            elif eq and name == "--url" and url_password(val):
-                add_secret(url_password(val))
+            elif eq and name == "--url":
+                add_url_secrets(val)
             out.append(a)
             continue
         # one short option or a cluster of them: -r, -q1, -rq 1, -dv
@@ -75,8 +75,8 @@ def prepare_argv(argv):
                     i += 1
                 if c == "P":
                     add_secret(val)
-                elif c == "L" and url_password(val):
-                    add_secret(url_password(val))
+                elif c == "L":
+                    add_url_secrets(val)
                 parts.append("-" + c + "=" + val)
                 break
             ok = False  # not one of ours: leave the token to argparse

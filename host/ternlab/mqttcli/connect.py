@@ -16,10 +16,9 @@ from tern.wire import MQTTError
 
 from .flags import default_port, login, mqtt_binary, mqtt_string, parse_url, tls_context
 from .errors import (CLIError, UsageError, broke_protocol, os_reason, protocol_error, reason_text, refusal,
-                          refused_code)
+                          refused_code, say_err)  # noqa: F401  (say_err: pub and sub take it from here)
 from .properties import collect_properties
 from .outbox_dir import claim_outbox, kept
-from .redact import redact
 from .packet_trace import hook_trace
 
 # Receive and transmit buffers. A board keeps these small; a host tool must
@@ -113,14 +112,6 @@ def settings(args, tool):
     elif "will" in props:
         raise UsageError("-D will ... needs --will-topic")
     return kw, props
-
-
-def say_err(args):
-    def say(msg):
-        if not args.quiet:
-            sys.stderr.write("tern %s: %s\n" % (args.tool, redact(msg)))
-            sys.stderr.flush()
-    return say
 
 
 def debug_printer(args):

@@ -1,11 +1,14 @@
 """Exit statuses and error messages of `tern pub` / `tern sub`: the exceptions
 that carry a one-line message and an exit status, the names of CONNACK /
-SUBACK / PUBACK reason codes, and how an OS error or a protocol violation is
-said. Nothing here touches a connection."""
+SUBACK / PUBACK reason codes, how an OS error or a protocol violation is
+said, and the printer of error lines. Nothing here touches a connection."""
 
 import socket
+import sys
 
 from tern.wire import MQTTError
+
+from .redact import redact
 
 # Exit statuses, as mosquitto_pub/sub 2.0 exit (checked against 2.0.11)
 EXIT_OK = 0
@@ -102,3 +105,12 @@ def protocol_error(err, version):
     """The CLIError (status 2) for a broker that broke the protocol."""
     how = "sent DISCONNECT 0x%02X and closed the connection" % err.code if version == 5 else "closed the connection"
     return CLIError("the broker broke the protocol: %s; %s" % (err, how), EXIT_PROTOCOL)
+
+
+def say_err(args):
+    """The command's error printer: 'tern pub: message' on stderr (passwords masked), unless --quiet."""
+    def say(msg):
+        if not args.quiet:
+            sys.stderr.write("tern %s: %s\n" % (args.tool, redact(msg)))
+            sys.stderr.flush()
+    return say

@@ -27,7 +27,7 @@ import ssl
 from tern.wire import utf8
 
 from .errors import CLIError, UsageError, os_reason
-from .redact import add_secret
+from .redact import add_secret, add_url_secrets
 
 
 def int_range(what, lo, hi):
@@ -137,19 +137,11 @@ def parse_url(text):
     if not host:
         raise UsageError("-L: the URL has no host")
     if port:
-        try:
-            port = int_range("-L: port", 1, 65535)(port)
-        except argparse.ArgumentTypeError as e:
-            raise UsageError(str(e))
+        if not (port.isdigit() and 1 <= int(port) <= 65535):  # never quoted: it may be a password
+            raise UsageError("-L: the URL's port is not a number 1..65535 (mqtt://user:password@host:port/topic; "
+                             "a password holding '/' or '@' goes in -P)")
+        port = int(port)
     return tls, host, port or (8883 if tls else 1883), user, password, topic
-
-
-def url_password(text):
-    try:
-        return parse_url(text)[4]
-    except UsageError:  # reported later; whatever follows '//user:' may still be a password
-        userinfo = text.partition("//")[2].partition("/")[0].rpartition("@")[0]
-        return userinfo.partition(":")[2] or None
 
 
 PASSWORD_FLAGS = ("-P", "--pw")  # and tern collect's old --password
@@ -190,17 +182,21 @@ def add_tls_options(p):
                    help="do not check that the certificate names the host (the chain is still verified)")
 
 
-def register_passwords(argv, flags=PASSWORD_FLAGS + ("--password",)):
-    """Register the value of every password flag in argv with add_secret,
-    before argparse runs (it may quote a value in an error message)."""
+def register_passwords(argv, flags=PASSWORD_FLAGS + ("--password",), urls=("-L", "--url")):
+    """Register the value of every password flag in argv with add_secret, and
+    what may be a password in every -L URL, before argparse runs (it may quote
+    a value in an error message)."""
     for i, a in enumerate(argv):
         if a == "--":
             return
-        for f in flags:
+        for f in flags + urls:
             if a == f and i + 1 < len(argv):
-                add_secret(argv[i + 1])
+                value = argv[i + 1]
             elif a.startswith(f + "=") or (len(f) == 2 and a.startswith(f) and len(a) > 2):
-                add_secret(a[len(f) + (a[len(f)] == "=" and len(f) > 2):])
+                value = a[len(f) + (a[len(f)] == "=" and len(f) > 2):]
+            else:
+                continue
+            (add_url_secrets if f in urls else add_secret)(value)
 
 
 def tls_wanted(args):

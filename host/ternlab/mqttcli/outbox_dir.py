@@ -3,8 +3,9 @@ in DIR, locked so one process at a time writes it, and owned by one client id
 and MQTT version while it holds messages."""
 
 import os
+import re
 
-from .errors import CLIError, os_reason
+from .errors import EXIT_FAIL, EXIT_OK, CLIError, os_reason, say_err
 
 _OWNER = "tern-cli"  # meta key of the outbox: "<MQTT version> <client id>" of its session
 
@@ -30,9 +31,31 @@ def hold_outbox(args, kw):
         os.close(fd)
         raise CLIError("--outbox %s is in use by another tern process" % path)
     args.held = [fd]
-    # verbose=False: stdout is for messages; a torn tail after a kill is expected and skipped
-    kw["store"] = FileStore(path, verbose=False)
+    # the store's warnings come to store_notice (stdout is for messages)
+    kw["store"] = FileStore(path, verbose=lambda msg: store_notice(args, msg))
     args.held.append(kw["store"])
+
+
+_SEGMENT = re.compile(r"^(?:tern\.filestore: )?segment (\d+)(?:: | )")
+
+
+def store_notice(args, msg):
+    """A warning of the outbox's FileStore, said on stderr as one of the command's errors, with the
+    file it is about, and remembered: the run then exits 1 (outbox_status). A torn tail is not one:
+    it is the write a kill interrupted, of a message never accepted."""
+    if "torn tail" in msg:
+        return
+    m = _SEGMENT.match(msg)
+    where = "%s: " % os.path.join(args.outbox, "%08d.seg" % int(m.group(1))) if m else ""
+    what = msg[m.end():] if m else msg.split(": ", 1)[-1]
+    args.damaged = getattr(args, "damaged", 0) + 1
+    say_err(args)("--outbox %s: %s%s; what it held (a message accepted on an earlier run, or the state of "
+                  "one) is lost" % (args.outbox, where, what))
+
+
+def outbox_status(args, code):
+    """The exit status once the outbox reported damage: 1 (EXIT_FAIL) where it would have been 0."""
+    return EXIT_FAIL if code == EXIT_OK and getattr(args, "damaged", 0) else code
 
 
 def release_outbox(args):

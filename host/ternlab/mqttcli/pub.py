@@ -14,7 +14,7 @@ from tern.wire import MQTTError
 from .flags import arg_bytes
 from .connect import failure, open_client, say_err, settings
 from .errors import EXIT_FAIL, EXIT_OK, CLIError, UsageError, os_reason, reason_text
-from .outbox_dir import hold_outbox, release_outbox
+from .outbox_dir import hold_outbox, outbox_status, release_outbox
 
 
 def _stdin_bytes():
@@ -61,7 +61,7 @@ def _stdin_lines(idle):
 def run_pub(args):
     say = say_err(args)
     try:
-        return _pub(args)
+        return outbox_status(args, _pub(args))
     except CLIError as e:
         say(str(e))
         return e.code

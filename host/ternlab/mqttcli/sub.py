@@ -16,14 +16,14 @@ from .output_format import compile_format, render
 from .connect import debug_printer, failure, lost, open_client, say_err, settings
 from .errors import (EXIT_OK, EXIT_TIMEOUT, BrokeProtocol, CLIError, UsageError, broke_protocol, reason_text,
                           refusal, refused_code)
-from .outbox_dir import hold_outbox, release_outbox
+from .outbox_dir import hold_outbox, outbox_status, release_outbox
 
 
 def run_sub(args):
     say = say_err(args)
     restore = _stop_on_sigterm()
     try:
-        return _sub(args, say)
+        return outbox_status(args, _sub(args, say))
     except CLIError as e:
         say(str(e))
         return e.code

@@ -61,12 +61,17 @@ from .spark import PipelineError, glob_count, glob_paths, join, path_exists, wri
 
 KEY = list(judge.KEY)  # a message, and its stream: defined once in .judge
 STREAM = list(judge.STREAM)
+# expected and lost come from seqs (max seq + 1 per stream without a ledger): each at most
+# schema.MAX_SEQ + 1, but their sums over boots and devices would overflow a long, so they are summed
+# (and written) as decimal(38,0); the other counts count rows
+COUNT = "decimal(38,0)"
 COUNT_COLS = ["expected", "received", "unique", "lost", "duplicated", "reordered", "unexpected"]
 LATENCY_COLS = ["latency_p50_ms", "latency_p95_ms", "latency_p99_ms"]
 # KLL sketch size for the latency percentiles: exact while a group has no more than about this many
 # messages, and a rank error of about 0.05 % beyond (DataSketches' KLL bound for k = 8192)
 KLL_K = 8192
 RESULT_COLS = ["device", "qos"] + COUNT_COLS + LATENCY_COLS + ["streams", "first_recv_ts", "last_recv_ts"]
+LANDING_CHECKED = ("device", "boot", "seq", "qos", "recv_ts", "sent_ts")
 TAIL_NOTE = ("expected was inferred per (device, boot, qos) as max(seq)+1 of what was received: gaps "
              "inside a boot are counted as lost, but losses at the tail of a boot cannot be seen "
              "without a ledger")
@@ -98,17 +103,29 @@ def read_landing(spark: SparkSession, root: str) -> DataFrame:
 def _why_invalid(fields) -> "F.Column":
     """Why a landing or ledger row cannot be audited (null when it can). A missing key would make
     a message of its own (a row without ``seq`` fills a gap and hides a loss); a column missing from
-    a file reads as null. ``fields`` are the columns checked, each named in the reason."""
+    a file reads as null; a value the collector would not have landed (``seq`` past
+    ``schema.MAX_SEQ``, a time outside years 1..9999) would overflow the jobs' arithmetic. ``fields``
+    are the columns checked, each named in the reason."""
     c = F.col
+
+    def bad_time(name, nullable):
+        t = c(name)
+        return (F.lit(False) if nullable else t.isNull()) | F.isnan(t) | (t < schema.MIN_TS) | (t > schema.MAX_TS)
+
     checks = {
         "device": c("device").isNull() | (c("device") == ""),
         "boot": c("boot").isNull() | (c("boot") < 0),
-        "seq": c("seq").isNull() | (c("seq") < 0),
+        "seq": c("seq").isNull() | (c("seq") < 0) | (c("seq") > schema.MAX_SEQ),
         "qos": c("qos").isNull() | ~c("qos").isin(*schema.QOS_LEVELS),
-        "recv_ts": c("recv_ts").isNull() | F.isnan("recv_ts"),
+        "recv_ts": bad_time("recv_ts", False),
+        "sent_ts": F.coalesce(bad_time("sent_ts", True), F.lit(False)),
     }
     return F.coalesce(*[F.when(checks[f], F.concat(F.lit(f"{f}="), F.coalesce(
         c(f).cast("string"), F.lit("null")))) for f in fields])
+
+
+RULES = (f"device, boot, seq, qos must be present, not negative, seq at most {schema.MAX_SEQ}, qos 0..2; "
+         "times (seconds since the epoch) within years 1..9999")
 
 
 def check_rows(df: DataFrame, what: str, fields) -> None:
@@ -120,10 +137,8 @@ def check_rows(df: DataFrame, what: str, fields) -> None:
     first = bad.limit(1).collect()
     if first:
         n = bad.count()
-        raise PipelineError(
-            f"{n} {what} row(s) are unusable: {first[0]['why']} (device, boot, seq, qos must be "
-            f"present, not negative, qos 0..2{', recv_ts a number' if 'recv_ts' in fields else ''}); "
-            f"first in {first[0]['file'] or '(unknown file)'}")
+        raise PipelineError(f"{n} {what} row(s) are unusable: {first[0]['why']} ({RULES}); first in "
+                            f"{first[0]['file'] or '(unknown file)'}")
 
 
 def count_quarantine(spark: SparkSession, root: str) -> int:
@@ -282,7 +297,8 @@ def listed_problems(df: DataFrame, limit: int = MAX_LISTED) -> dict:
     w = Window.partitionBy("kind")
     order = w.orderBy((F.col("qos") == 0), "device", "boot", "seq")
     rows = (df.select(*PROBLEM_COLS, F.row_number().over(order).alias("_k"),
-                      F.count(F.lit(1)).over(w).alias("_rows"), F.sum("count").over(w).alias("_msgs"))
+                      F.count(F.lit(1)).over(w).alias("_rows"),
+                      F.sum(F.col("count").cast(COUNT)).over(w).alias("_msgs"))
             .filter(F.col("_k") <= limit).orderBy("kind", "_k").collect())
     out = {k: {"rows": 0, "messages": 0, "listed": []} for k in PROBLEM_KINDS}
     for r in rows:
@@ -333,7 +349,7 @@ def audit_frame(landing: DataFrame, ledger: DataFrame | None = None,
         )
     k = F.lit(sketch_k)
     dev = rows.groupBy("qos", "device").agg(
-        F.sum("_expected").alias("expected"),
+        F.sum(F.col("_expected").cast(COUNT)).alias("expected"),
         F.sum("copies").alias("received"),
         F.sum("_received_msg").alias("unique"),
         F.sum("_unexpected").alias("unexpected"),
@@ -366,8 +382,8 @@ def audit_frame(landing: DataFrame, ledger: DataFrame | None = None,
 
     return levels.select(
         "level", F.col("device").cast("string"), F.col("qos").cast("int"),
-        *[F.col(c).cast("long").alias(c) for c in ("expected", "received", "unique")],
-        lost.cast("long").alias("lost"),
+        F.col("expected").cast(COUNT), *[F.col(c).cast("long").alias(c) for c in ("received", "unique")],
+        lost.cast(COUNT).alias("lost"),
         (F.col("received") - F.col("unique")).cast("long").alias("duplicated"),
         F.col("reordered").cast("long"), F.col("unexpected").cast("long"),
         pct(0.5).alias("latency_p50_ms"), pct(0.95).alias("latency_p95_ms"),
@@ -377,7 +393,10 @@ def audit_frame(landing: DataFrame, ledger: DataFrame | None = None,
 
 
 def _plain(row) -> dict:
-    d = row.asDict()
+    """A result row as JSON can hold it (the decimal counts as ints)."""
+    import decimal
+
+    d = {k: int(v) if isinstance(v, decimal.Decimal) else v for k, v in row.asDict().items()}
     d.pop("level", None)
     return d
 
@@ -405,9 +424,9 @@ def run_audit(spark: SparkSession, landing: str, out: str, ledger: str | None = 
     t0 = time.monotonic()
     land = read_landing(spark, landing)
     led = read_ledger(spark, ledger, ledger_fmt) if ledger else None
-    check_rows(land, "landing", ("device", "boot", "seq", "qos", "recv_ts"))
+    check_rows(land, "landing", LANDING_CHECKED)
     if led is not None:
-        check_rows(led, "ledger", ("device", "boot", "seq", "qos"))
+        check_rows(led, "ledger", ("device", "boot", "seq", "qos", "sent_ts"))
     elif not land.take(1):
         # nothing received and nothing expected: a PASS would hide a collector writing elsewhere
         raise PipelineError(f"no landing rows under {landing}: nothing to audit (give --ledger to "

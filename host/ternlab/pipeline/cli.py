@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .spark import PipelineError, build_session, check_local_input, parse_confs, spark_error_line
+from .spark import PipelineError, SparkJob, check_local_input, parse_confs, spark_error_line
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -23,45 +23,55 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
                    help="Spark master URL, e.g. spark://host:7077 or yarn (default: spark-defaults.conf's, else local[*])")
     g.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark configuration property (repeatable)")
+    g.add_argument("--spark-log", metavar="FILE",
+                   help="where the JVM's output and Spark's log go (appended; default: a temporary file, "
+                        "removed after a successful run and named in the error line of a failed one)")
 
 
 def _one_line(e: BaseException) -> str:
+    """One line for an exception: Spark's error class and message (which name the file and column of
+    a bad input) for a failed Spark call, else the first line of the message with the type."""
     if type(e).__name__ == "Py4JJavaError":  # its first line is "An error occurred while calling o12.x"
         return spark_error_line(e)
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def _runner(name: str, job):
-    """Wrap a job(spark, args) -> status with input checks, session handling and one-line errors."""
+    """Wrap a job(spark, args) -> status with input checks, session handling and one-line errors.
+
+    Everything Spark and its JVM print goes to a log file (SparkJob), so stderr holds Tern's lines only:
+    one per error, naming what was wrong; a Spark failure's line also names the log."""
 
     def run(args) -> int:
-        from pyspark.sql import SparkSession
+        def fail(text: str, log: str | None = None) -> int:
+            print(f"tern {name}: error: {text}" + (f" (Spark's log: {log})" if log else ""), file=sys.stderr)
+            return EXIT_USAGE
 
         try:
             confs = parse_confs(args.conf)
             for what, path in getattr(args, "local_inputs", lambda a: [])(args):
                 check_local_input(path, what)
-            owned = SparkSession.getActiveSession() is None
-            spark = build_session(f"tern-{name}", args.master, confs)
+            sj = SparkJob(f"tern-{name}", args.master, confs, args.spark_log)
         except PipelineError as e:
-            print(f"tern {name}: error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        except Exception as e:  # Spark could not start (an unreachable master, a bad --conf): not a FAIL
-            print(f"tern {name}: error: cannot start Spark: {type(e).__name__}: {_one_line(e)}",
-                  file=sys.stderr)
-            return EXIT_USAGE
+            return fail(str(e))
         try:
-            return job(spark, args)
-        except PipelineError as e:
-            print(f"tern {name}: error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        except Exception as e:  # Spark analysis / job failures: one line, not a JVM stack trace
-            print(f"tern {name}: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
-            return EXIT_USAGE
+            try:
+                spark = sj.start()
+            except PipelineError as e:
+                return fail(str(e))
+            except Exception as e:  # Spark could not start (an unreachable master, a bad --conf): not a FAIL
+                sj.failed = True
+                return fail(f"cannot start Spark: {_one_line(e)}", sj.jvm_log)
+            try:
+                return job(spark, args)
+            except PipelineError as e:  # Tern's own check: its line says it all
+                return fail(str(e))
+            except Exception as e:  # Spark analysis / job failures: one line, not a JVM stack trace
+                sj.failed = True
+                return fail(_one_line(e), sj.jvm_log)
         finally:
-            if owned:
-                spark.stop()
+            sj.stop()
 
     return run
 

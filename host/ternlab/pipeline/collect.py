@@ -13,31 +13,38 @@ How it keeps "nothing lost":
 - If the batch cannot be written (disk full, unwritable directory), the collector prints one error
   line, acknowledges nothing of that batch, disconnects (the session, and the messages, stay at the
   broker) and exits with status 1.
-- Payloads :func:`.schema.parse_payload` rejects go to the quarantine partition with their raw bytes
-  and the reason, and are acknowledged like the rest.
+- Payloads :func:`.schema.parse_payload` rejects (by the rules of the columns they would land in) go
+  to the quarantine partition with their raw bytes and the reason, and are acknowledged like the rest.
+  Nothing that arrives can stop the collector: an exception nothing foresaw while one message is taken,
+  or a row the Parquet writer still refuses, quarantines that message (``errors``, one log line).
 - A lost connection: messages of the old connection that are not yet written can no longer be
   acknowledged. They are kept; when the broker sends one again (it should: the session is persistent)
   the new copy replaces it and is acknowledged once written; the ones it does not send again within
-  ``--batch-time`` (a broker that crashed before saving them) are written unacknowledged. So a broker
-  crash costs no message and, when the broker did keep them, no duplicate.
+  ``--batch-time`` (a broker that crashed before saving them) are written unacknowledged. Their wait
+  counts from their first arrival and first orphaning, kept through later reconnects, so a link that
+  drops faster than ``--batch-time`` still gets them written. A broker crash costs no message and,
+  when the broker did keep them, no duplicate.
 - SIGTERM / SIGINT: the current batch is written and acknowledged, then the collector disconnects
   cleanly (the session stays) and exits 0.
-- QoS 2 exactly once, across a kill too: every landing file carries the record of the QoS 2 messages
-  landed and not yet released by the broker (packet id + checksum of topic and payload, see
-  :mod:`.landing`), committed by the same rename as the rows. At start the collector reads it back from
-  its newest file; a resend (DUP set) with a recorded packet id and the same checksum is acknowledged
-  (PUBREC, then PUBCOMP on the PUBREL) and not landed again (``qos2_already_landed``). A PUBREL tells
-  it the broker has the PUBREC (the entry is dropped), as does another message under that packet id.
-  QoS 1 has no such release: a kill between a file's rename and its PUBACKs still gives duplicates.
-- QoS 2 exactly once, whatever the broker sends: a copy is also recognised by what it is -- the
-  reading's topic, device, boot and sequence number (:func:`.landing.reading_key`; topic and payload
-  for a malformed one) -- against a window of the newest ``--qos2-window`` QoS 2 messages landed or
-  held (rebuilt from this collector's newest landing files at start). A copy in the window is
-  acknowledged and not landed (``qos2_already_landed``), with or without DUP, under any packet id:
-  a broker restarted (hard or soft) may send a message again after our PUBREC or even after the
-  PUBCOMP (it saved its state before them), and a broker that lost its state gets the device's own
-  resend of a message it had already delivered. A resend that reaches *another* collector of the
-  group is not seen here (each collector knows its own window); the audit counts it.
+- QoS 2 exactly once, by one identity rule (:mod:`.qos2`: a well-formed message is the audit's key,
+  device, boot, payload ``q`` and seq; a malformed one its topic and bytes), across a kill too: every
+  landing file carries the record of the QoS 2 deliveries landed and not yet released by the broker
+  (packet id + identity), committed by the same rename as the rows. At start the collector reads it
+  back from its newest commit; a resend (DUP set) with a recorded packet id and the same identity is
+  acknowledged (PUBREC, then PUBCOMP on the PUBREL) and not landed again (``qos2_already_landed``). A
+  PUBREL tells it the broker has the PUBREC (the entry is dropped), as does another message under that
+  packet id. QoS 1 has no such release: a kill between a file's rename and its PUBACKs still gives
+  duplicates.
+- QoS 2 exactly once, whatever the broker sends: a message whose payload says ``q: 2`` is also
+  recognised by its identity against a window of the newest ``--qos2-window`` such messages landed or
+  held (kept in the collector's window log, :class:`.landing.WindowLog`, and rebuilt from it at start
+  in bounded time). A copy in the window is acknowledged and not landed (``qos2_already_landed``),
+  with or without DUP, under any packet id: a broker restarted (hard or soft) may send a message again
+  after our PUBREC or even after the PUBCOMP (it saved its state before them), and a broker that lost
+  its state gets the device's own resend of a message it had already delivered. A malformed payload is
+  not in the window: the same bytes sent again on purpose are kept each time. A resend that reaches
+  *another* collector of the group is not seen here (each collector knows its own window); the audit
+  counts it.
 - ``--retire``: connect as ``--id`` (its persistent session), unsubscribe the shared subscription, land
   and acknowledge what the broker still holds for it until nothing comes for ``--drain-idle`` seconds
   and one UNSUBSCRIBE round trip confirms it, then end the session (MQTT 5: DISCONNECT with session
@@ -66,57 +73,18 @@ import signal
 import sys
 import time
 
-from . import schema
 from collections import OrderedDict
 
-from .landing import LandingError, LandingWriter, qos2_key, reading_key
+from ..mqttcli.redact import redact
+from . import qos2, retire, schema
+from .batch import Batch, clean as _clean
+from .landing import LANDING_ARROW, QUARANTINE_ARROW, LandingError, LandingWriter, unwritable_rows
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 class CollectError(Exception):
     """The collector cannot go on; the message is one line."""
-
-
-class Batch:
-    """Messages received and not yet durable, in arrival order, as column lists (``_idx``: arrival
-    number, which names the files; ``_raw``: each landing row's payload, to recognise a resend;
-    ``_q2``: ``(packet id, qos2_key)`` of a QoS 2 message, None otherwise, for the landing record)."""
-
-    def __init__(self):
-        self.rows = {n: [] for n in (*schema.LANDING_FIELDS, "_raw", "_q2")}
-        self.rows["_idx"] = self.rows["recv_idx"]
-        self.quarantine = {n: [] for n in (*schema.QUARANTINE_FIELDS, "_idx", "_q2")}
-        self.acks = []         # ack_id per QoS 1/2 message, arrival order
-        self.count = 0         # messages (landing + quarantine)
-        self.nbytes = 0        # payload bytes
-        self.first_at = None   # monotonic time of the oldest message
-
-    def keys(self) -> dict:
-        """``{(topic, payload): copies}`` of what the batch holds."""
-        out: dict = {}
-        for k in zip(self.rows["topic"], self.rows["_raw"]):
-            out[k] = out.get(k, 0) + 1
-        for k in zip(self.quarantine["topic"], self.quarantine["payload_raw"]):
-            out[k] = out.get(k, 0) + 1
-        return out
-
-    def remove(self, topic: str, raw: bytes) -> None:
-        """Drop the first message with this topic and payload."""
-        for cols, rawcol in ((self.rows, "_raw"), (self.quarantine, "payload_raw")):
-            for i, (t, r) in enumerate(zip(cols["topic"], cols[rawcol])):
-                if t == topic and r == raw:
-                    for k, v in cols.items():
-                        if cols is not self.rows or k != "_idx":
-                            del v[i]
-                    self.count -= 1
-                    self.nbytes -= len(raw)
-                    return
-
-    def merged(self, later: "Batch") -> tuple[dict, dict]:
-        """Columns of this batch followed by ``later``'s (arrival order is kept)."""
-        return ({k: v + later.rows[k] for k, v in self.rows.items()},
-                {k: v + later.quarantine[k] for k, v in self.quarantine.items()})
 
 
 def _release_store(collector):
@@ -146,7 +114,7 @@ class Collector:
 
         self.args = args
         self.out = out
-        self.writer = LandingWriter(args.landing, args.id)
+        self.writer = LandingWriter(args.landing, args.id, args.qos2_window)
         self.filter = f"$share/{args.group}/{args.topic}"
         self.idx = time.time_ns() // 1000
         self.epoch = 0
@@ -160,15 +128,17 @@ class Collector:
         self.retired = False
         self.fault = getattr(args, "fault", None)
         self.stats = {"landed": 0, "quarantined": 0, "acked": 0, "redelivered": 0, "resent_matched": 0,
-                      "written_unacked": 0, "qos2_already_landed": 0, "batches": 0}
-        # QoS 2 messages landed that the broker may still send again: {packet id: qos2_key}. Read
-        # back from the newest landing file at start, carried in every file written, and emptied as
-        # the broker releases them (PUBREL), reuses their packet id, or forgets the session.
+                      "written_unacked": 0, "qos2_already_landed": 0, "batches": 0, "errors": 0,
+                      "dropped": 0}
+        # Messages delivered at QoS 2 and landed that the broker may still send again: {packet id:
+        # identity} (the record, see .qos2). Read back from the newest commit at start, carried in
+        # every file written, and emptied as the broker releases them (PUBREL), reuses their packet
+        # id, or forgets the session.
         self.landed_q2: dict = {}
-        # What the newest QoS 2 messages landed or held are (reading_key / qos2_key), oldest first,
-        # at most --qos2-window of them: a copy found here is not landed again.
+        # The identities of the newest QoS 2 messages landed or held (.qos2.in_window), oldest
+        # first, at most --qos2-window of them: a copy found here is not landed again.
         self.q2_seen: OrderedDict = OrderedDict()
-        opts = {"manual_ack": True, "store": _release_store(self)}
+        opts = {"manual_ack": True, "store": _release_store(self), "rx_size": args.max_packet}
         if args.version == 5:
             opts["session_expiry"] = args.session_expiry
             from tern import props as P
@@ -184,7 +154,7 @@ class Collector:
         self.client.on_disconnect = self._on_disconnect
 
     def say(self, text: str) -> None:
-        print(f"tern collect [{self.args.id}]: {text}", file=self.out, flush=True)
+        print(redact(f"tern collect [{self.args.id}]: {text}"), file=self.out, flush=True)
 
     # --- callbacks (inside client.loop) --------------------------------------------------------
 
@@ -204,9 +174,14 @@ class Collector:
                 for k, v in cols.items():
                     if ocols is not o.rows or k != "_idx":
                         ocols[k].extend(v)
+            # How long they wait counts from their first arrival and their first orphaning, both
+            # kept through later reconnects and through a resend that replaces one (see _take): a
+            # link that drops more often than --batch-time must not hold them for ever.
+            now = time.monotonic()
+            o.first_at = min(o.first_at, b.first_at) if o.count else b.first_at
+            o.orphaned_at = min(o.orphaned_at, b.orphaned_at or now) if o.count else (b.orphaned_at or now)
             o.count += b.count
             o.nbytes += b.nbytes
-            o.first_at = time.monotonic()
             self.orphan_keys = o.keys()
             self.batch = Batch()
             self.say(f"reconnected (session present: {int(bool(session_present))}): {b.count} "
@@ -220,82 +195,110 @@ class Collector:
 
     def _on_message(self, m):
         raw = bytes(m.payload)
-        now = time.time()
         self.arrivals += 1
         self.last_activity = time.monotonic()
-        b = self.batch
         if m.dup:
             self.stats["redelivered"] += 1
-        q2 = None
-        if m.qos:
-            pid = m.pid
-            q2 = (pid, qos2_key(m.topic, raw)) if m.qos == 2 else None
-            known = self.landed_q2.get(pid)
-            if known is not None:
-                if m.dup and q2 is not None and q2[1] == known:
-                    # A resend of a QoS 2 message already in a landing file (the PUBREC was lost
-                    # with a killed collector or a broken connection): answer it, do not land it.
-                    # The PUBREC leaves in arrival order; the PUBREL that follows is completed.
-                    self.stats["qos2_already_landed"] += 1
-                    self.client.ack(m.ack_id)
-                    return
-                # another message under that packet id: the broker had released the landed one
-                del self.landed_q2[pid]
+        try:
+            self._take(m, raw)
+        except Exception as e:  # a bug or a value nothing foresaw: this message only, never a crash
+            self._unforeseen(m, raw, e)
+
+    def _take(self, m, raw: bytes) -> None:
+        """Land, quarantine or answer one message. Everything that can fail happens before the
+        message joins the batch, so a failure leaves nothing half done (see _unforeseen)."""
+        self._fault("message", raw)
+        p = bad = None
         try:
             p = schema.parse_payload(raw)
         except ValueError as e:
-            p, bad = None, e
-        orphan = self.orphan_keys and self.orphan_keys.get((m.topic, raw))
-        if m.qos == 2 and not orphan:
-            ident = qos2_key(m.topic, raw) if p is None else reading_key(m.topic, p["device"], p["boot"], p["seq"])
-            if ident in self.q2_seen:
-                # the same reading, landed (or held in this batch) already: a resend after a broker
-                # restart, or the device's own after the broker lost it. Answered, not landed.
-                self.stats["qos2_already_landed"] += 1
-                self.client.ack(m.ack_id)
-                return
-            self._seen(ident)
-        self.idx += 1
-        if self.orphan_keys:
-            key = (m.topic, raw)
-            n = self.orphan_keys.get(key)
-            if n:  # the resend of a message we held from the old connection: keep this copy only
-                self.orphans.remove(*key)
-                self.stats["resent_matched"] += 1
-                if n == 1:
-                    del self.orphan_keys[key]
-                else:
-                    self.orphan_keys[key] = n - 1
+            bad = e
+        ident = qos2.identity(m.topic, raw, p)
+        pid = m.pid if m.qos else None
+        if m.qos == 2:
+            known = self.landed_q2.get(pid)
+            if known is not None:
+                if m.dup and known in (ident, qos2.payload_key(m.topic, raw)):
+                    # A resend of a QoS 2 message already in a landing file (the PUBREC was lost
+                    # with a killed collector or a broken connection): answer it, do not land it.
+                    # The PUBREC leaves in arrival order; the PUBREL that follows is completed.
+                    self._already_landed(m)
+                    return
+                # another message under that packet id: the broker had released the landed one
+                del self.landed_q2[pid]
+        orphan = bool(self.orphan_keys) and (m.topic, raw) in self.orphan_keys
+        win = ident if qos2.in_window(p) else None
+        if win is not None and not orphan and win in self.q2_seen:
+            # the same QoS 2 reading, landed (or held in this batch) already: a resend after a broker
+            # restart, or the device's own after the broker lost it. Answered, not landed.
+            self._already_landed(m)
+            return
+        idx = self.idx + 1
+        now = time.time()
+        q2 = (pid, ident) if m.qos == 2 else None
         if p is None:
-            q = b.quarantine
-            q["payload_raw"].append(raw)
-            q["reason"].append(str(bad))
-            q["recv_ts"].append(now)
-            q["topic"].append(m.topic)
-            q["collector"].append(self.args.id)
-            q["_idx"].append(self.idx)
-            q["_q2"].append(q2)
+            row = {"payload_raw": raw, "reason": _clean(str(bad)), "recv_ts": now, "topic": m.topic,
+                   "collector": self.args.id, "_idx": idx, "_q2": q2}
         else:
-            r = b.rows
-            r["device"].append(p["device"])
-            r["boot"].append(p["boot"])
-            r["seq"].append(p["seq"])
-            r["qos"].append(p["qos"])
-            r["topic"].append(m.topic)
-            r["sent_ts"].append(p["sent_ts"])
-            r["recv_ts"].append(now)
-            r["recv_idx"].append(self.idx)
-            r["collector"].append(self.args.id)
-            r["readings"].append(list(p["readings"].items()))
-            r["payload_raw"].append(raw if self.args.keep_raw else None)
-            r["_raw"].append(raw)
-            r["_q2"].append(q2)
+            row = {"device": p["device"], "boot": p["boot"], "seq": p["seq"], "qos": p["qos"],
+                   "topic": m.topic, "sent_ts": p["sent_ts"], "recv_ts": now, "recv_idx": idx,
+                   "collector": self.args.id, "readings": list(p["readings"].items()),
+                   "payload_raw": raw if self.args.keep_raw else None, "_raw": raw, "_q2": q2,
+                   "_win": win}
+            if self.fault and self.fault[0] == "unwritable" and self.fault[1] in raw:
+                row["readings"] = [("fault", "not a number")]  # test-only: a row Parquet refuses
+        # nothing below raises
+        self.idx = idx
+        if orphan:  # the resend of a message we held from the old connection: keep this copy only
+            key = (m.topic, raw)
+            self.orphans.remove(*key)
+            self.stats["resent_matched"] += 1
+            n = self.orphan_keys[key]
+            if n == 1:
+                del self.orphan_keys[key]
+            else:
+                self.orphan_keys[key] = n - 1
+        elif win is not None:
+            self._seen(win)
+        b = self.batch
+        b.add(row, p is None, m.ack_id if m.qos else None)
+        if orphan:  # the resend keeps the age of the copy it replaces
+            o = self.orphans
+            b.first_at = min(b.first_at, o.first_at)
+            b.orphaned_at = o.orphaned_at if b.orphaned_at is None else min(b.orphaned_at, o.orphaned_at)
+
+    def _dropped(self) -> None:
+        """Report what the client discarded as larger than --max-packet (MQTT 3.x has no way to tell
+        the broker the limit; under MQTT 5 the broker drops such messages for this collector and
+        only its own log says so)."""
+        n = self.client.session.stats_dropped
+        if n > self.stats["dropped"]:
+            self.say(f"error: {n - self.stats['dropped']} message(s) larger than --max-packet "
+                     f"({self.args.max_packet} bytes) dropped: raise --max-packet above the broker's "
+                     "message_size_limit")
+            self.stats["dropped"] = n
+
+    def _already_landed(self, m) -> None:
+        self.stats["qos2_already_landed"] += 1
         if m.qos:
-            b.acks.append(m.ack_id)
-        b.count += 1
-        b.nbytes += len(raw)
-        if b.first_at is None:
-            b.first_at = time.monotonic()
+            try:
+                self.client.ack(m.ack_id)
+            except OSError:  # the connection broke: the broker sends it again, answered again
+                pass
+
+    def _unforeseen(self, m, raw: bytes, e: Exception) -> None:
+        """An exception nothing foresaw while taking one message: that message is quarantined with
+        the exception as its reason (and acknowledged once written, like any), counted in ``errors``
+        and reported; the collector goes on."""
+        self.stats["errors"] += 1
+        why = _clean(f"collector error: {type(e).__name__}: {e}")
+        self.say(f"error: a message on {m.topic!r} ({len(raw)} bytes) could not be handled "
+                 f"({why}); it goes to quarantine")
+        self.idx += 1
+        q2 = (m.pid, qos2.payload_key(m.topic, raw)) if m.qos == 2 else None
+        self.batch.add({"payload_raw": raw, "reason": why, "recv_ts": time.time(), "topic": m.topic,
+                        "collector": self.args.id, "_idx": self.idx, "_q2": q2}, True,
+                       m.ack_id if m.qos else None)
 
     def _seen(self, ident: bytes) -> None:
         """Remember a QoS 2 message's identity; the oldest leaves once the window is full."""
@@ -306,11 +309,16 @@ class Collector:
 
     # --- the loop -------------------------------------------------------------------------------
 
+    def _orphans_due(self, now: float) -> bool:
+        """Orphans are written (unacknowledged) once the broker had --batch-time to send them again
+        since they were orphaned, and they are --batch-time old."""
+        o = self.orphans
+        return bool(o.count) and now >= max(o.first_at, o.orphaned_at) + self.args.batch_time
+
     def _due(self) -> bool:
         a = self.args
         now = time.monotonic()
-        o = self.orphans
-        if o.count and now - o.first_at >= a.batch_time:
+        if self._orphans_due(now):
             return True
         b = self.batch
         if not b.count or not self.client.connected:
@@ -322,18 +330,26 @@ class Collector:
     def unwritten(self) -> int:
         return self.batch.count + self.orphans.count
 
-    def flush(self) -> None:
-        """Write the batch (and any orphans) durably, then acknowledge the batch's messages in
-        arrival order; orphans (from an earlier connection) cannot be acknowledged."""
+    def flush(self, everything: bool = True) -> None:
+        """Write the batch (and the orphans, unless ``everything`` is false and they are not due yet)
+        durably, then acknowledge the batch's messages in arrival order; orphans (from an earlier
+        connection) cannot be acknowledged."""
         b, o = self.batch, self.orphans
+        keep = None
+        if not everything and o.count and not self._orphans_due(time.monotonic()):
+            keep, o = (o, self.orphan_keys), Batch()  # the broker may still send them again
         if not b.count and not o.count:
             return
-        rows, quarantine = o.merged(b) if o.count else (b.rows, b.quarantine)
-        # raises LandingError: nothing acknowledged
-        self.landed_q2 = self.writer.commit(rows, quarantine, self.landed_q2)
+        try:
+            self._commit(b, o)  # raises LandingError: nothing acknowledged
+        except LandingError:
+            raise
+        except Exception as e:  # a row the Parquet writer refuses, which parse_payload let through
+            self._salvage(e, (o, b))
+            self._commit(b, o)
         self.batch, self.orphans, self.orphan_keys = Batch(), Batch(), {}
-        self.stats["landed"] += len(rows["recv_ts"])
-        self.stats["quarantined"] += len(quarantine["recv_ts"])
+        if keep:
+            self.orphans, self.orphan_keys = keep
         self.stats["written_unacked"] += o.count
         self.stats["batches"] += 1
         self._fault("commit")
@@ -350,12 +366,47 @@ class Collector:
             self.stats["acked"] += 1
         self._fault("ack")
 
-    def _fault(self, point: str) -> None:
+    def _commit(self, b: Batch, o: Batch) -> None:
+        rows, quarantine = o.merged(b) if o.count else (b.rows, b.quarantine)
+        try:
+            self.landed_q2 = self.writer.commit(rows, quarantine, self.landed_q2)
+        except LandingError as e:  # some files may be on disk: counted as written (not acknowledged)
+            self.stats["landed"] += e.landed
+            self.stats["quarantined"] += e.written - e.landed
+            self.stats["written_unacked"] += e.written
+            raise
+        self.stats["landed"] += len(rows["recv_ts"])
+        self.stats["quarantined"] += len(quarantine["recv_ts"])
+
+    def _salvage(self, e: Exception, batches) -> None:
+        """The batch could not become Parquet: each landing row the writer refuses on its own goes to
+        quarantine with the writer's reason (counted in ``errors``, reported); nothing is on disk yet
+        (the writer builds every table before it writes)."""
+        why = _clean(f"{type(e).__name__}: {e}")
+        moved = 0
+        for batch in batches:
+            for i, reason in sorted(unwritable_rows(batch.rows, LANDING_ARROW).items(), reverse=True):
+                row = batch.to_quarantine(i, _clean(f"cannot be written as Parquet: {reason}"))
+                if row["_win"] is not None:
+                    self.q2_seen.pop(row["_win"], None)  # not landed: a copy may land
+                moved += 1
+            for i in unwritable_rows(batch.quarantine, QUARANTINE_ARROW):
+                batch.quarantine["topic"][i] = _clean(repr(batch.quarantine["topic"][i]))
+                batch.quarantine["reason"][i] = _clean(repr(batch.quarantine["reason"][i]))
+        self.stats["errors"] += moved
+        self.say(f"error: the batch could not be written as Parquet ({why}); {moved} message(s) "
+                 "the writer refuses go to quarantine")
+
+    def _fault(self, point: str, payload: bytes = b"") -> None:
         """Test-only fault injection: ``TERN_COLLECT_FAULT=kill-after-commit:N`` (or
         ``kill-after-ack:N``) SIGKILLs this process right after the N-th batch's files are renamed
         and before any of its acknowledgements (or 0.3 s after they were sent), to test exactly the
-        crash windows the landing record closes. Not for production use."""
+        crash windows the landing record closes; ``fail-on-payload:TEXT`` raises an exception
+        nothing foresees while taking a message whose payload holds TEXT, and ``unwritable:TEXT``
+        gives such a message a row the Parquet writer refuses. Not for production use."""
         f = self.fault
+        if f and f[0] == point == "message" and f[1] in payload:
+            raise RuntimeError("injected by TERN_COLLECT_FAULT")
         if f and f[0] == point and self.stats["batches"] == f[1]:
             if point == "ack":
                 time.sleep(0.3)  # the acknowledgements reach the broker; its PUBRELs stay unread
@@ -396,7 +447,7 @@ class Collector:
             self.say(f"error: {e}")
             return EXIT_FAIL
         try:
-            for ident in self.writer.recent_qos2(a.qos2_window):
+            for ident in self.writer.window_keys():
                 self._seen(ident)
         except LandingError as e:
             self.say(f"error: {e}")
@@ -444,8 +495,10 @@ class Collector:
             self._loop()
             self.flush()
         except LandingError as e:
-            self.say(f"error: {e}; {self.unwritten} message(s) not written and not acknowledged "
-                     "(the broker keeps them for this --id)")
+            done = (f"; {e.written} message(s) of it were written before (not acknowledged: the broker "
+                    "sends them again)") if e.written else ""
+            self.say(f"error: {e}{done}; {self.unwritten - e.written} message(s) not written and not "
+                     "acknowledged (the broker keeps them for this --id)")
             status = EXIT_FAIL
         except CollectError as e:
             self.say(f"error: {e}")
@@ -454,7 +507,7 @@ class Collector:
             for s, h in old.items():
                 signal.signal(s, h)
             if self.retired:
-                status = self._end_session()
+                status = EXIT_OK if retire.end_session(self) else EXIT_FAIL
             else:
                 if a.retire and status == EXIT_OK:
                     self.say(f"retirement interrupted ({self.stop_reason}): the session, and what "
@@ -467,7 +520,7 @@ class Collector:
                  f"files={self.writer.files} bytes={self.writer.bytes} batches={s['batches']} "
                  f"redelivered={s['redelivered']} resent_matched={s['resent_matched']} "
                  f"written_unacked={s['written_unacked']} qos2_already_landed={s['qos2_already_landed']} "
-                 f"seconds={time.monotonic() - t0:.1f}")
+                 f"errors={s['errors']} dropped={s['dropped']} seconds={time.monotonic() - t0:.1f}")
         return status
 
     def _loop(self) -> None:
@@ -482,6 +535,7 @@ class Collector:
                 self.client.loop(0)
             except ConnectError as e:
                 raise CollectError(f"the broker refused the reconnection ({e})") from None
+            self._dropped()
             if self.resubscribe and self.client.connected:
                 self.resubscribe = False
                 try:
@@ -494,10 +548,10 @@ class Collector:
                 except OSError as e:  # lost again: the next connect sets resubscribe
                     self.say(f"subscribing again failed: {e}")
             if self._due():
-                self.flush()
+                self.flush(everything=False)
                 self.last_activity = time.monotonic()
                 continue
-            if a.retire and self._drained():
+            if a.retire and retire.drained(self):
                 self.retired = True
                 return
             now = time.monotonic()
@@ -517,59 +571,3 @@ class Collector:
             if next_report is not None:
                 wait = max(0.0, min(wait, next_report - now))
             self._wait(wait)
-
-    # --- retiring -------------------------------------------------------------------------------
-
-    def _drained(self) -> bool:
-        """Retiring: has the broker nothing more for this session?
-
-        Nothing arrived for ``--drain-idle`` seconds: what is held is written and acknowledged now.
-        Then one more round trip (UNSUBSCRIBE again, answered by UNSUBACK): the broker handles a
-        connection's packets in order, so by the UNSUBACK it has read every acknowledgement sent
-        before -- including the PUBCOMPs that free in-flight slots -- and has already sent what they
-        released. Nothing arrived before the UNSUBACK and nothing is held: drained."""
-        c = self.client
-        if not c.connected or time.monotonic() - self.last_activity < self.args.drain_idle:
-            return False
-        if self.unwritten:
-            self.flush()
-            self.last_activity = time.monotonic()
-            return False
-        seen = self.arrivals
-        try:
-            c.unsubscribe(self.filter)
-        except OSError:
-            return False  # lost: loop() reconnects, and the drain goes on
-        self.last_activity = time.monotonic()
-        return self.arrivals == seen and not self.unwritten and c.connected
-
-    def _end_session(self) -> int:
-        """Retiring, drained: end the session at the broker so nothing more is kept for this id.
-        MQTT 5: DISCONNECT with Session Expiry Interval 0. MQTT 3.x has no such property: a normal
-        DISCONNECT, then a clean-session connect with the same id (which discards the old session)
-        and its DISCONNECT (a clean session ends with its connection)."""
-        a = self.args
-        if not self.client.connected:  # lost at the last moment: the session stays, so may the rest
-            self._disconnect()
-            self.say("error: the connection was lost before the session could be ended; everything "
-                     "received was landed; run --retire again")
-            return EXIT_FAIL
-        if a.version == 5:
-            from tern import props as P
-
-            self._disconnect(props={P.SESSION_EXPIRY_INTERVAL: 0})
-            self.say("retired: the session ended at the broker (DISCONNECT, session expiry 0)")
-            return EXIT_OK
-        self._disconnect()
-        from tern.client import Client
-
-        c = Client(a.id, clean=True, reconnect=False, keepalive=a.keepalive, **self.conn)
-        try:
-            c.connect()
-            c.disconnect()
-        except OSError as e:
-            self.say(f"error: everything was landed, but the final clean-session connect to end the "
-                     f"session failed: {e}; run --retire again")
-            return EXIT_FAIL
-        self.say("retired: the session ended at the broker (clean-session connect and DISCONNECT)")
-        return EXIT_OK

@@ -44,13 +44,16 @@ def _positive(kind):
 
 
 def _parse_fault(text):
-    """``kill-after-commit:N`` / ``kill-after-ack:N`` -> ("commit" | "ack", N); empty -> None."""
+    """``kill-after-commit:N`` / ``kill-after-ack:N`` -> ("commit" | "ack", N); ``fail-on-payload:TEXT``
+    / ``unwritable:TEXT`` -> ("message" | "unwritable", TEXT as bytes); empty -> None."""
     if not text:
         return None
     what, _, n = text.partition(":")
+    if what in ("fail-on-payload", "unwritable") and n:
+        return "message" if what == "fail-on-payload" else what, n.encode()
     if what not in ("kill-after-commit", "kill-after-ack") or not n.isdigit() or int(n) < 1:
-        raise ValueError(f"TERN_COLLECT_FAULT must be kill-after-commit:N or kill-after-ack:N "
-                         f"(N >= 1), not {text!r}")
+        raise ValueError(f"TERN_COLLECT_FAULT must be kill-after-commit:N, kill-after-ack:N (N >= 1), "
+                         f"fail-on-payload:TEXT or unwritable:TEXT, not {text!r}")
     return what.rsplit("-", 1)[1], int(n)
 
 
@@ -74,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="MQTT 5 session expiry in seconds: how long the broker keeps this collector's "
                         "messages while it is down (default 604800, a week)")
     p.add_argument("--keep-raw", action="store_true", help="also store each raw payload in payload_raw")
+    p.add_argument("--max-packet", type=_size, default=16 << 20,
+                   help="largest MQTT packet taken (default 16M; MQTT 5 tells the broker, which drops "
+                        "larger messages for this collector: keep the broker's message_size_limit below "
+                        "it, see docs/pipeline.md)")
     p.add_argument("--retire", action="store_true",
                    help="retire collector --id: unsubscribe its shared subscription, land and "
                         "acknowledge what the broker still holds for it, end its session, exit 0")
@@ -114,6 +121,8 @@ def check_args(args) -> str | None:
         args.receive_max = min(65535, 2 * args.batch_size)
     if not 0 < args.receive_max <= 65535:
         return f"--receive-max must be 1..65535, not {args.receive_max}"
+    if not 1024 <= args.max_packet <= 268435460:
+        return f"--max-packet must be 1k..256M (MQTT's largest packet), not {args.max_packet}"
     if args.session_expiry < 0 or args.session_expiry > 0xFFFFFFFF:
         return f"--session-expiry must be 0..4294967295, not {args.session_expiry}"
     try:

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from . import schema
-from .audit import KEY, check_rows, read_landing
+from .audit import KEY, LANDING_CHECKED, check_rows, read_landing
 from .spark import PipelineError, glob_paths, join, path_exists
 
 TIME_COLUMNS = ("recv_ts", "sent_ts")
@@ -72,7 +72,7 @@ def run_rollup(spark: SparkSession, landing: str, out: str, window: str = "1 min
     _check(window, time_col)
     land = read_landing(spark, landing)
     # rows without their key would all be taken for one message by the deduplication: an error
-    check_rows(land, "landing", ("device", "boot", "seq", "qos", "recv_ts"))
+    check_rows(land, "landing", LANDING_CHECKED)
     df = rollup_frame(land, window, time_col)
     df.write.mode("overwrite").parquet(out)
     return spark.read.parquet(out).count()

@@ -230,6 +230,53 @@ def build_session(app_name: str = "tern", master: str | None = None, confs: dict
     return spark
 
 
+class SparkJob:
+    """The Spark session of one pipeline command (``tern audit``, ``rollup``, ``report``, and whatever
+    else runs a job for a user), with everything Spark prints kept off the terminal.
+
+    The JVM's stdout and stderr (its warnings, log4j's console lines, task failures) go to ``log``
+    (appended), or, without one, to a temporary file that :meth:`stop` removes unless the job
+    ``failed`` -- then the file stays, for the error line to name. A session already running in this
+    process (tests, notebooks) is used as it is and left running."""
+
+    def __init__(self, app_name: str, master: str | None = None, confs: dict | None = None,
+                 log: str | None = None):
+        check_master(master)
+        self.app_name, self.master, self.confs = app_name, master, confs or {}
+        self.temporary = log is None
+        if log is None:
+            import tempfile
+
+            fd, log = tempfile.mkstemp(prefix=f"{app_name}-", suffix=".spark.log")
+            os.close(fd)
+        self.log = log
+        self.failed = False
+        self.spark = None
+        self.owned = False
+
+    def start(self):
+        from pyspark.sql import SparkSession
+
+        self.owned = SparkSession.getActiveSession() is None
+        self.spark = build_session(self.app_name, self.master, self.confs, jvm_log=self.log)
+        return self.spark
+
+    @property
+    def jvm_log(self) -> str | None:
+        """The file this job's JVM writes to (None: a session that was already running)."""
+        return self.log if self.owned else None
+
+    def stop(self) -> None:
+        if self.spark is not None and self.owned:
+            self.spark.stop()
+            self.spark = None
+        if self.temporary and not (self.failed and self.owned):
+            try:
+                os.unlink(self.log)
+            except OSError:
+                pass
+
+
 # --- paths ------------------------------------------------------------------------------------------
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
