@@ -27,7 +27,7 @@
 #include "qboard.h"
 
 #define NET 3
-#define NCH 4
+#define NCH 8  // sockets at once (an ESP32's lwIP build allows 10)
 #define RX_CAP 2048  // per socket, bytes the host may send before the app reads them (a power of two)
 #define TX_WIN 2048  // per socket, bytes the board may send before the host has passed them on
 #define FRAME_MAX 1024
@@ -231,16 +231,37 @@ static chan_t *chan_of(sock_obj_t *s, int *err) {
     return &chans[s->ch];
 }
 
+static int free_chan(void) {
+    for (int ch = 0; ch < NCH; ch++) {
+        if (chans[ch].state == S_FREE) {
+            return ch;
+        }
+    }
+    return -1;
+}
+
+static bool closed_one(chan_t *unused) {
+    // a free channel, or none that is only waiting for the host to finish a close
+    bool closing = false;
+    for (int ch = 0; ch < NCH; ch++) {
+        if (chans[ch].state == S_FREE) {
+            return true;
+        }
+        closing |= chans[ch].state == S_CLOSING;
+    }
+    return !closing;
+}
+
 static mp_obj_t sock_make_new(const mp_obj_type_t *type, size_t n_args, size_t n_kw, const mp_obj_t *args) {
     mp_arg_check_num(n_args, n_kw, 0, 3, false);
     if ((n_args > 0 && mp_obj_get_int(args[0]) != 2) || (n_args > 1 && mp_obj_get_int(args[1]) != 1)) {
         mp_raise_OSError(MP_EAFNOSUPPORT);  // IPv4 TCP only
     }
-    int ch = 0;
-    while (ch < NCH && chans[ch].state != S_FREE) {
-        ch++;
+    int ch = free_chan();
+    if (ch < 0 && wait_for(closed_one, NULL, 1000)) {  // a socket just closed: its channel comes back at once
+        ch = free_chan();
     }
-    if (ch == NCH) {
+    if (ch < 0) {
         mp_raise_OSError(MP_ENFILE);  // every socket in use
     }
     memset(&chans[ch], 0, offsetof(chan_t, buf));
@@ -416,6 +437,35 @@ static mp_uint_t sock_ioctl(mp_obj_t self_in, mp_uint_t request, uintptr_t arg, 
     return r;
 }
 
+// recv(n) and send(buf) raise where read and write return None: OSError(EAGAIN) on a non-blocking
+// socket with nothing to read (or no room), as a board's sockets do
+static mp_obj_t sock_recv(mp_obj_t self_in, mp_obj_t len_in) {
+    mp_int_t n = mp_obj_get_int(len_in);
+    vstr_t v;
+    vstr_init_len(&v, n < 0 ? 0 : n);
+    int err = 0;
+    mp_uint_t r = n > 0 ? sock_read(self_in, v.buf, n, &err) : 0;
+    if (r == MP_STREAM_ERROR) {
+        vstr_clear(&v);
+        mp_raise_OSError(err);
+    }
+    v.len = r;
+    return mp_obj_new_bytes_from_vstr(&v);
+}
+static MP_DEFINE_CONST_FUN_OBJ_2(sock_recv_obj, sock_recv);
+
+static mp_obj_t sock_send(mp_obj_t self_in, mp_obj_t buf_in) {
+    mp_buffer_info_t bi;
+    mp_get_buffer_raise(buf_in, &bi, MP_BUFFER_READ);
+    int err = 0;
+    mp_uint_t r = bi.len ? sock_write(self_in, bi.buf, bi.len, &err) : 0;
+    if (r == MP_STREAM_ERROR) {
+        mp_raise_OSError(err);
+    }
+    return MP_OBJ_NEW_SMALL_INT(r);
+}
+static MP_DEFINE_CONST_FUN_OBJ_2(sock_send_obj, sock_send);
+
 static mp_obj_t sock_settimeout(mp_obj_t self_in, mp_obj_t t) {
     sock_obj_t *s = MP_OBJ_TO_PTR(self_in);
     if (t == mp_const_none) {
@@ -455,9 +505,9 @@ static const mp_rom_map_elem_t sock_locals_table[] = {
     { MP_ROM_QSTR(MP_QSTR___del__), MP_ROM_PTR(&mp_stream_close_obj) },
     { MP_ROM_QSTR(MP_QSTR_close), MP_ROM_PTR(&mp_stream_close_obj) },
     { MP_ROM_QSTR(MP_QSTR_connect), MP_ROM_PTR(&sock_connect_obj) },
-    { MP_ROM_QSTR(MP_QSTR_send), MP_ROM_PTR(&mp_stream_write1_obj) },
+    { MP_ROM_QSTR(MP_QSTR_send), MP_ROM_PTR(&sock_send_obj) },
     { MP_ROM_QSTR(MP_QSTR_sendall), MP_ROM_PTR(&mp_stream_write_obj) },
-    { MP_ROM_QSTR(MP_QSTR_recv), MP_ROM_PTR(&mp_stream_read1_obj) },
+    { MP_ROM_QSTR(MP_QSTR_recv), MP_ROM_PTR(&sock_recv_obj) },
     { MP_ROM_QSTR(MP_QSTR_read), MP_ROM_PTR(&mp_stream_read_obj) },
     { MP_ROM_QSTR(MP_QSTR_readinto), MP_ROM_PTR(&mp_stream_readinto_obj) },
     { MP_ROM_QSTR(MP_QSTR_readline), MP_ROM_PTR(&mp_stream_unbuffered_readline_obj) },
