@@ -39,13 +39,12 @@ import select
 import shutil
 import signal
 import socket
-import threading
 import time
 
 from .board import BoardError, device_profile
 from .emulated import EmulatedBoard
 from .qemu_net import NetBridge
-from .relay import BACKLOG, PortRelay, StepLoop
+from .relay import BACKLOG, BridgeLoop, PortRelay
 from .spawn import popen
 
 _UP = b"\x00TERN:UP\x00"
@@ -244,7 +243,7 @@ class _Relay(PortRelay):
         self._close(self.q_in, self.q_out)
 
 
-class _Bridge(StepLoop):
+class _Bridge(BridgeLoop):
     """The link UART's far end: QEMU's socket on one side, `target` (host, port) on the other,
     dialled when the board starts an MQTT connection (sends CONNECT) and the far end is not
     connected (a modem in transparent mode).
@@ -253,20 +252,16 @@ class _Bridge(StepLoop):
     last of them (the two UARTs keep no order between them). A byte from the board on that line (its
     link stream was closed: a modem's DTR dropped) hangs up the far end."""
 
-    what, pause = "link bridge", 0.1  # (StepLoop's log line and back-off)
+    what = "link bridge"  # (StepLoop's log line)
 
     def __init__(self, board):
-        super().__init__(name="qemulink-%s" % board.id, daemon=True)
-        self.log = board.log
+        super().__init__("qemulink-%s" % board.id, board.log)
         self.target = None
         self.qport = self.dport = None
         self.q = self.far = self.dcd = None
-        self.lock = threading.Lock()
-        self.running = True
         self.dials = 0
         self.sent = 0
         self.rem, self.hdr = 0, bytearray()
-        self.wake_r, self.wake_w = os.pipe()
 
     def reset(self, qport, dport):
         """QEMU (re)started with its link socket on qport and its carrier line on dport."""
@@ -276,7 +271,7 @@ class _Bridge(StepLoop):
             self.qport, self.dport = qport, dport
             self.sent = 0  # bytes put on the board's link UART since it booted
             self.rem, self.hdr = 0, bytearray()  # MQTT framing of what the board sends
-        os.write(self.wake_w, b"x")
+        self.wake()
 
     def _close_q(self):
         for s in (self.q, self.dcd):
@@ -427,26 +422,18 @@ class _Bridge(StepLoop):
             return None
         return data or None
 
-    def stop(self):
-        if not self.running:
-            return
-        self.running = False
-        os.write(self.wake_w, b"x")
-        self.join(timeout=3)
-        with self.lock:
-            self._close_q()
-            self._close_far()
-        for fd in (self.wake_r, self.wake_w):
-            os.close(fd)
+    def _closed(self):
+        self._close_q()
+        self._close_far()
 
 
 class QemuBoard(EmulatedBoard):
-    """A qemu-m3 board: QemuBoard(profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None,
+    """A qemu board: QemuBoard(profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None,
     power=True, cut_at=0, seed=1, link=None, qemu_args=()). link: (host, port) the link UART reaches
-    (the broker, or a chaos proxy); `link()` changes it. qemu_args: more options for qemu-system-arm at
-    each power-on, e.g. ("-icount", "shift=0"): the guest clock advances 1 ns per instruction executed,
-    so the MPS2 timers count instructions (tools/bench/cpu_bench.py). The firmware is built (or taken
-    from the cache) first."""
+    (the broker, or a chaos proxy); `link()` changes it; the board's sockets dial what its apps ask for.
+    qemu_args: more options for QEMU at each power-on, e.g. ("-icount", "shift=0"): the guest clock
+    advances 1 ns per instruction executed, and qboard.icount() counts instructions
+    (tools/bench/cpu_bench.py). The firmware is built (or taken from the cache) first."""
 
     def __init__(self, profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None, power=True, cut_at=0,
                  seed=1, link=None, qemu_args=()):

@@ -20,9 +20,8 @@ import os
 import select
 import socket
 import struct
-import threading
 
-from .relay import StepLoop
+from .relay import BridgeLoop
 
 RX_WINDOW = 2048  # net.c's RX_CAP
 CHUNK = 1024  # net.c's FRAME_MAX
@@ -52,30 +51,26 @@ def _resolve(name):
         raise OSError(-2, "%r does not resolve on the host (%s)" % (name, e)) from None
 
 
-class NetBridge(StepLoop):
+class NetBridge(BridgeLoop):
     """One board's network: QEMU's network UART on one side, the connections it asked for on the other."""
 
-    what, pause = "net bridge", 0.1
+    what = "net bridge"
 
     def __init__(self, board):
-        super().__init__(name="qemunet-%s" % board.id, daemon=True)
-        self.log = board.log
-        self.lock = threading.Lock()
-        self.running = True
+        super().__init__("qemunet-%s" % board.id, board.log)
         self.qport = None
         self.q = None
         self.inbuf = bytearray()
         self.conns = {}  # channel -> _Conn
         self.orphans = []  # sockets of a boot that lost power: open and silent
         self.dials = 0
-        self.wake_r, self.wake_w = os.pipe()
 
     def reset(self, qport):
         """QEMU (re)started with its network UART on qport: the last boot's connections are orphaned."""
         with self.lock:
             self._close_q()
             self.qport = qport
-        os.write(self.wake_w, b"x")
+        self.wake()
 
     def _close_q(self):
         if self.q is not None:
@@ -252,16 +247,8 @@ class NetBridge(StepLoop):
         c.out.clear()
         self._send("E", ch, bytes((err,)))
 
-    def stop(self):
-        if not self.running:
-            return
-        self.running = False
-        os.write(self.wake_w, b"x")
-        self.join(timeout=3)
-        with self.lock:
-            self._close_q()
-            for s in self.orphans:
-                s.close()
-            self.orphans.clear()
-        for fd in (self.wake_r, self.wake_w):
-            os.close(fd)
+    def _closed(self):
+        self._close_q()
+        for s in self.orphans:
+            s.close()
+        self.orphans.clear()
