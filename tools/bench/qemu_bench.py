@@ -229,6 +229,7 @@ def main(argv=None):
             qb = QemuBoard(name, workdir=tmp / ("t-" + name), board_id="bench-t")
             try:
                 qb.write_romfs(app_romfs(compile_mpy(tmp / ("mpy-" + arch), march=arch)))
+                qb.power_cycle()  # the image is mounted at boot
                 times[name + " (ROMFS)"] = timing(qb, broker, a.messages, a.messages, conn)
             finally:
                 qb.close()
