@@ -260,7 +260,10 @@ def terminal(port, inp=None, out=None, keys=None):
                     os.write(fd, data)
     finally:
         if saved is not None:
-            termios.tcsetattr(inp, termios.TCSADRAIN, saved)
+            try:
+                termios.tcsetattr(inp, termios.TCSADRAIN, saved)
+            except termios.error:  # the terminal is gone (SIGHUP)
+                pass
         os.close(fd)
 
 
