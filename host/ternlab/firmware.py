@@ -245,8 +245,13 @@ def cmd_build(args):
 
     try:
         names = qemu_profiles() if args.board == "all" else [args.board]
-        for n in names:
-            print("%s: %s" % (n, build(n, log=lambda s: print("  " + s, file=sys.stderr), force=args.force)))
+        built = set()
+        for n in names:  # (profiles that share an image build it once, --force or not)
+            prof = load_profile(n)
+            key = (prof.get("arch"), frozen(prof))
+            elf = build(prof, log=lambda s: print("  " + s, file=sys.stderr), force=args.force and key not in built)
+            built.add(key)
+            print("%s: %s" % (n, elf))
     except (BuildError, ValueError) as e:
         print("tern firmware build: %s" % e, file=sys.stderr)
         return 1
