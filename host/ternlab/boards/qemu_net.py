@@ -219,6 +219,7 @@ class NetBridge(BridgeLoop):
     def _rebooted(self, ch, payload):
         for k in list(self.conns):
             self._drop(k)
+        self._send("z", 0)  # the board reuses no channel before this
 
     def _drop(self, ch):
         c = self.conns.pop(ch, None)

@@ -11,7 +11,8 @@
 //                  board rebooted: every channel of the boot before is closed
 //   host -> board: 'r' resolved (0 + 4 address bytes, or 1 + why), 'o' opened (errno, 0 when
 //                  connected, + why), 'D' data, 'E' the far end closed (errno, 0 for a clean end of
-//                  stream), 'W' window (bytes passed on to the far end), 'x' a close is done
+//                  stream), 'W' window (bytes passed on to the far end), 'x' a close is done,
+//                  'z' every channel of the boot before is closed (the answer to 'Z')
 // Flow control both ways, per socket: the host sends at most RX_CAP bytes the app has not read
 // (the board's 'W' frames give them back), the board at most TX_WIN bytes the host has not passed
 // on (a far end that stops reading fills it: a non-blocking write then returns None, as a socket's
@@ -101,6 +102,14 @@ static void frame_done(uint8_t type, chan_t *c) {
         }
         return;
     }
+    if (type == 'z') {  // the host closed every channel of the boot before
+        for (int ch = 0; ch < NCH; ch++) {
+            if (chans[ch].state == S_CLOSING) {
+                chans[ch].state = S_FREE;
+            }
+        }
+        return;
+    }
     if (c->state != S_CONNECTING && c->state != S_OPEN) {
         return;  // a closed socket's
     }
@@ -152,9 +161,12 @@ void net_poll(void) {
 }
 
 void net_reset(void) {
-    // a (soft) boot: the sockets of the boot before are gone
-    memset(chans, 0, sizeof(chans));
-    memset(&rx, 0, sizeof(rx));
+    // A (soft) boot: the sockets of the boot before are gone. Their channels wait for the host's 'z'
+    // (it closed them all): what it sent for them before comes first, and must not reach a new
+    // socket on the same channel. The frame parser goes on (the UART's stream does not restart).
+    for (int ch = 0; ch < NCH; ch++) {
+        chans[ch].state = S_CLOSING;
+    }
     resolving = 0;
     net_tx('Z', 0, NULL, 0);
 }
