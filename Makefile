@@ -29,10 +29,11 @@ debian:
 demo: setup
 	$(VENV)/bin/tern demo $(DEMO_ARGS)
 
-# make firmware: the qemu-m3 board's firmware images (MicroPython's qemu port with Tern frozen in), one
-# per qemu-m3 profile, built into build/firmware unless the cache has one for the same content.
+# make firmware: the qemu boards' firmware images (MicroPython's qemu port for the Cortex-M3 and the RISC-V
+# RV32 core, stock, and with Tern frozen in for a profile that says "frozen"), one per machine and kind,
+# built into build/firmware unless the cache has one for the same content.
 firmware: setup
-	$(VENV)/bin/tern firmware build --board qemu-m3
+	$(VENV)/bin/tern firmware build
 
 # one pytest worker per core, at most 4 (pytest-xdist), each test file on one worker so that its fixtures are
 # made once; PYTEST_WORKERS=0 runs the suite in this process (what -x, --pdb and -s want)

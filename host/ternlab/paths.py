@@ -47,10 +47,10 @@ DEVICE_PARTS = {
     "app": "app",                       # the telemetry app: main.py, hal.py, tconfig.py, telemetry.py, manifest.py
     "norflash": "emulated",             # norflash.py: the NOR flash model, the reference semantics
     "unix-board": "emulated/unix",      # the unix-port board's device side: emuboard.py, network.py
-    "qemu-board": "emulated/qemu",      # the qemu-m3 board's frozen modules: _boot.py, emuboard.py
+    "qemu-board": "emulated/qemu",      # the qemu boards' own frozen modules: _boot.py, emuboard.py
     "qemu-firmware": "qemu-firmware",   # the qemu port's C module (qboard) and patches
     "testing": "testing",               # device-side test helpers: crash_device.py, ledger_publisher.py, cutfs.py
-    "qemu-testing": "testing/qemu",     # test helpers copied onto the qemu-m3 board (its norflash.py)
+    "qemu-testing": "testing/qemu",     # test helpers put on the qemu boards (its norflash.py)
 }
 # What a part needs beside itself to import: the unix board's emuboard imports norflash.
 _NEEDS = {"unix-board": ("norflash",), "testing": ("norflash",)}

@@ -7,8 +7,9 @@ this one; ``-p ternlab.pytest_plugin`` works too), so any project that installs 
   persistence, workdir under the test's tmp_path); ``broker_addr`` -- its ``[host, port]``;
 - ``chaos`` -- an MQTT-aware ``ChaosProxy`` in front of that broker (seed 1);
 - ``board`` -- the board the test drives: an ``EmulatedBoard`` of ``--board-profile`` (default
-  ``unix-emulated``; a ``QemuBoard`` for the ``qemu-m3-*`` profiles, whose MQTT link UART is joined to the
-  test's ``chaos`` proxy or ``broker`` when it uses one), or, with ``--board-port /dev/ttyUSB0``, the real
+  ``unix-emulated``; a ``QemuBoard`` for the ``qemu-*`` profiles, whose sockets reach the host's loopback as
+  the unix port's do, and whose link UART is joined to the test's ``chaos`` proxy or ``broker`` when it uses
+  one), or, with ``--board-port /dev/ttyUSB0``, the real
   board on that port (``SerialBoard``) -- the same test body runs on all; ``board.deploy(app=..., config=...)``
   puts Tern and the app under test on it (then ``board.soft_reset()`` runs it);
 - ``fleet`` -- a factory: ``fleet(boards=2, duration=10, faults=[...], seed=0)`` (or a ``Scenario``)
@@ -194,11 +195,11 @@ def board(request, tmp_path):
         from ternlab.boards.serial import SerialBoard
 
         b = SerialBoard(port, profile=name, log_path=tmp_path / "board-console.log")
-    elif _load_profile(config).get("kind") == "qemu-m3":
+    elif _load_profile(config).get("kind") == "qemu":
         from ternlab.boards.qemu import QemuBoard
 
-        # its network is the link UART: joined to the test's chaos proxy, or else its broker, when the test
-        # uses one (as a unix-port board reaches them through the host's network)
+        # its sockets reach what the app dials; its link UART (stream=) is joined to the test's chaos proxy,
+        # or else its broker, when the test uses one
         link = None
         for front in ("chaos", "broker"):
             if front in request.fixturenames:

@@ -116,41 +116,46 @@ def test_mip_install_from_a_path_onto_an_emulated_board_then_publish(tmp_path, b
 
 
 # The heap of an ESP32 without PSRAM (qemu-m3-esp32: 110,000 bytes) must leave an app this much once
-# the mip-installed client has imported, connected and published.
+# the mip-installed client has imported, connected and published (on the C3's 140,000 bytes, more).
 APP_ROOM = 40_000
 
-MIP_APP = """import gc, sys, emuboard
-sys.path.insert(0, '/lib')  # ahead of .frozen: this firmware has its own tern frozen in
+MIP_APP = """import gc, sys
 from tern.client import Client
-c = Client('mip-esp32', stream=emuboard.uart())
+c = Client('mip-%s', server=%r, port=%d)
 c.connect()
-c.wait_published(c.publish('mip/esp32', b'mip on a 110,000-byte heap', qos=1, retain=True))
+c.wait_published(c.publish('mip/%s', b'mip on a stock board', qos=1, retain=True))
 gc.collect()
-print('FREE', gc.mem_free(), __import__('tern.session').session.__file__)
+print('FREE', gc.mem_free(), __import__('tern.session').session.__file__, sys.path)
 c.disconnect()
 """
 
 
-def test_mip_install_onto_the_qemu_esp32_board_imports_connects_and_publishes_with_room_to_spare(tmp_path, broker):
-    # the microcontroller's firmware (qemu port, Cortex-M3) with an ESP32's heap: package.json's
-    # bytecode, installed by mpremote as a user would, imports without compiling anything on the board
+@pytest.mark.parametrize("profile", ["qemu-m3-esp32", "qemu-rv32-c3"], ids=["cortex-m3", "rv32"])
+def test_mip_install_onto_a_stock_qemu_board_imports_connects_and_publishes_with_room_to_spare(tmp_path, broker,
+                                                                                              profile):
+    # the microcontroller's own firmware (qemu port, stock: nothing of Tern frozen) with an ESP32's or a
+    # C3's heap: package.json's bytecode, installed by mpremote as a user would, is what imports (the
+    # board's own sys.path untouched), without compiling anything on the board, and dials the broker
+    # through the board's sockets as on a board
     from ternlab.boards.qemu import QemuBoard
 
-    board = QemuBoard("qemu-m3-esp32", workdir=tmp_path / "board", link=broker.address)
+    board = QemuBoard(profile, workdir=tmp_path / "board")
+    heap = board.profile["heap_bytes"]
     try:
-        assert board.eval("__import__('gc').mem_free() + __import__('gc').mem_alloc()") <= 110_000
+        assert board.eval("__import__('gc').mem_free() + __import__('gc').mem_alloc()") <= heap
         board.disconnect()
         r = subprocess.run([MPREMOTE, "connect", board.port, "mip", "install", str(ROOT / "package.json")],
-                           capture_output=True, text=True, timeout=240)
+                           capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         assert board.listdir("lib/tern") == sorted(Path(r).stem + ".mpy" for _, r in device_files())
-        out = board.exec(MIP_APP, timeout=60)
-        free, where = [ln.split()[1:] for ln in out.splitlines() if ln.startswith("FREE")][0]
-        print("qemu-m3-esp32, mip's .mpy after import + connect + publish: %s bytes free" % free)
-        assert where == "/lib/tern/session.mpy"
+        out = board.exec(MIP_APP % (profile, broker.host, broker.port, profile), timeout=60)
+        line = [ln for ln in out.splitlines() if ln.startswith("FREE")][0]
+        free, where = line.split()[1:3]
+        print("%s, mip's .mpy after import + connect + publish: %s bytes free" % (profile, free))
+        assert where == "/lib/tern/session.mpy" and line.endswith("['', '.frozen', '/lib']"), line
         assert int(free) >= APP_ROOM, "only %s bytes of the heap left for the app" % free
     finally:
         board.close()
-    got = subprocess.run([MOSQ_SUB, "-h", broker.host, "-p", str(broker.port), "-t", "mip/esp32", "-C", "1",
+    got = subprocess.run([MOSQ_SUB, "-h", broker.host, "-p", str(broker.port), "-t", "mip/" + profile, "-C", "1",
                           "-W", "10"], capture_output=True, text=True, timeout=30)
-    assert got.stdout == "mip on a 110,000-byte heap\n", got.stderr
+    assert got.stdout == "mip on a stock board\n", got.stderr

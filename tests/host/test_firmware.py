@@ -41,11 +41,13 @@ class Device:
     def __init__(self, tmp_path, config, profile="unix-emulated", board_id="dev-1", paths=None, name="board",
                  romfs=None):
         prof = profile if isinstance(profile, dict) else load_profile(profile)  # a name or a profile dict
-        if prof.get("kind") == "qemu-m3":  # tern and the app are frozen in (a ROMFS image comes first); MQTT goes over its link UART
+        if prof.get("kind") == "qemu":  # its sockets dial the config's broker, as a board's do
+            from ternlab import firmware
             from ternlab.boards.qemu import QemuBoard
 
-            link = (config["host"], config["port"]) if isinstance(config, dict) and config.get("host") else None
-            self.board = QemuBoard(profile, workdir=tmp_path / name, board_id=board_id, link=link)
+            self.board = QemuBoard(profile, workdir=tmp_path / name, board_id=board_id)
+            if romfs is None and not firmware.frozen(prof):  # stock: tern and the app in its ROMFS partition
+                romfs = compile_mpy(tmp_path / ("mpy-" + prof["arch"]), march=prof["arch"])
         else:
             self.board = EmulatedBoard(profile, workdir=tmp_path / name, board_id=board_id,
                                        host_paths=compiled() if paths is None else paths)
@@ -476,9 +478,9 @@ def run_long_with_outage(tmp_path, profile, n=1000, outage=(200, 320), romfs=Fal
     connections), so the outbox fills up to about their difference, plus what was in flight at the cut
     and what is published before the reconnection: well under max_pending (160), which a slow
     reconnection once reached (the app then drops readings: not what this test is about). Returns
-    the device log and what the watcher received. A qemu-m3 board runs its frozen modules, or with
-    romfs=True the modules in place from its ROMFS partition; a unix-port profile with a ROMFS
-    partition always runs them from there."""
+    the device log and what the watcher received. A qemu board runs its frozen modules (a stock one
+    gets them in ROMFS), or with romfs=True the modules in place from its ROMFS partition on a stock
+    firmware; a unix-port profile with a ROMFS partition always runs them from there."""
     broker = Broker(tmp_path / "broker").start()
     proxy = ChaosProxy(broker.address, seed=3).start()
     watch = Watcher(broker.address)
@@ -486,8 +488,10 @@ def run_long_with_outage(tmp_path, profile, n=1000, outage=(200, 320), romfs=Fal
            "qos": 1, "count": n, "max_pending": 160, "backoff_min_ms": 20, "backoff_max_ms": 100}
     prof = load_profile(profile)
     mpy = compile_mpy(tmp_path / "mpy", march=prof.get("arch"))
-    if prof.get("kind") == "qemu-m3" and not romfs:  # frozen in its firmware
-        dev = Device(tmp_path, cfg, profile=profile)
+    if prof.get("kind") == "qemu" and not romfs:  # frozen in its firmware, or in ROMFS on a stock one
+        dev = Device(tmp_path, cfg, profile=prof)
+    elif prof.get("kind") == "qemu":  # the same board with a stock firmware: the ROMFS image's modules run
+        dev = Device(tmp_path, cfg, profile=dict(prof, firmware="stock"), romfs=mpy)
     elif prof.get("romfs"):  # the modules run in place from the board's ROMFS partition
         dev = Device(tmp_path, cfg, profile=profile, paths=[], romfs=mpy)
     else:
@@ -513,7 +517,7 @@ def run_long_with_outage(tmp_path, profile, n=1000, outage=(200, 320), romfs=Fal
 
 
 # Known gap (issue 26), measured on the 32-bit firmware: tern and the app in place from the
-# qemu-m3-tight board's ROMFS partition (ahead of the firmware's frozen copy) do not fit its 32 KiB
+# qemu-m3-tight board's ROMFS partition (its heap and flash with a stock firmware) do not fit its 32 KiB
 # heap: MemoryError in Client() at boot. On a 110,000-byte heap the same run's high-water mark is
 # about 33,100 bytes, against 22,656 frozen: each function of a .mpy run in place still takes its
 # code object on the heap (frozen ones are in ROM). docs/benchmarks.md says where the bytes go.

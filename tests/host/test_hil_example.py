@@ -19,7 +19,7 @@ def readme_hil_tests():
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-@pytest.mark.parametrize("profile", ["unix-emulated", "qemu-m3-esp32"])
+@pytest.mark.parametrize("profile", ["unix-emulated", "qemu-m3-rp2", "qemu-rv32-c3"])
 def test_the_readme_hil_example_runs_on_both_kinds_of_emulated_board(tmp_path, profile):
     code = readme_hil_tests()
     assert "board.deploy(" in code and "broker" in code  # the example puts an app on the board and hears it

@@ -1,19 +1,23 @@
-"""The telemetry firmware frozen into the qemu-m3 board's image (MicroPython's qemu port, Cortex-M3):
-the same app and the same fault runs as tests/host/test_firmware.py, on microcontroller firmware.
-The outbox is a FlashStore on the board's NOR flash model (native, written through to the host);
-MQTT goes over the link UART, bridged through the chaos proxy to a real Mosquitto."""
+"""The telemetry firmware on the qemu boards (MicroPython's qemu port): the same app and the same fault
+runs as tests/host/test_firmware.py, on microcontroller firmware -- on the stock boards of both ISAs
+(Cortex-M3 and RISC-V RV32) with the app in their ROMFS partition, and frozen into qemu-m3-tight's
+image. The outbox is a FlashStore on the board's NOR flash model (native, written through to the
+host); the app dials the chaos proxy in front of a real Mosquitto through the board's sockets."""
 
 import pytest
 
 from test_firmware import Device, check_1000_readings_with_100_pending, check_delivery, run_under_faults
 
+from qemukit import BOTH_ISAS
 
-def test_qemu_readings_survive_power_cuts_at_flash_operations(tmp_path):
+
+@BOTH_ISAS
+def test_qemu_readings_survive_power_cuts_at_flash_operations(tmp_path, qemu_profile):
     # power fails at seeded random flash operations (torn writes), the network is cut, the broker
     # restarts: every accepted QoS >= 1 reading arrives, QoS 2 exactly once. (FlashStore programs a
     # record in one write since 1cf45db: a boot's 150 readings take fewer operations than 30-250 reached.)
     ledger, keys, log, faults = run_under_faults(tmp_path, n_readings=150, n_cuts=2, n_net_cuts=2, seed=7,
-                                                 profile="qemu-m3-esp32", cut_ops=(15, 110))
+                                                 profile=qemu_profile, cut_ops=(15, 110))
     assert check_delivery(ledger, keys) >= 90
     assert [f[0] for f in faults].count("power cut") == 2, faults
     assert log.boots == [0, 1, 2], log.boots

@@ -1,7 +1,9 @@
 """The README's device app, taken from README.md and run as written (only its `BROKER, PORT = ...` line
-pointed at the test's Mosquitto), on the MicroPython unix port with `tern` on MICROPYPATH and on an
-emulated board through `tern deploy --app` (issue 16). Its FileStore outbox keeps what it published
-while the broker was away across a kill -9, and the next run sends that first, in order."""
+pointed at the test's Mosquitto), on the MicroPython unix port with `tern` on MICROPYPATH, on an
+emulated board through `tern deploy --app` (issue 16), and on every qemu board (issue 37: both ISAs,
+stock and frozen firmware, dialling through the boards' own sockets). Its FileStore outbox keeps what
+it published while the broker was away across a kill -9 or a power cut, and the next run sends that
+first, in order."""
 
 import json
 import re
@@ -10,6 +12,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from tern.client import Client
 from ternlab.brokers.mosquitto import Broker
@@ -130,3 +134,67 @@ def test_tern_deploy_app_puts_the_readme_app_on_an_emulated_board(tmp_path, brok
     r = subprocess.run([TERN, "deploy", "--emulated", tmp_path / "b2", "--create", "--app", tmp_path / "none"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "app folder %s does not exist" % (tmp_path / "none") in r.stderr
+
+
+def _qemu_board_with_the_readme_app(tmp_path, profile, host, port):
+    """A qemu board whose main.py is the README's app as printed: a stock board gets Tern in its ROMFS
+    partition (as `mpremote romfs deploy` puts it there), the frozen profile has it."""
+    from ternlab import firmware
+    from ternlab.boards.qemu import QemuBoard
+
+    from qemukit import romfs_with_tern
+
+    board = QemuBoard(profile, workdir=tmp_path / "board")
+    try:
+        if not firmware.frozen(board.profile):
+            board.write_romfs(romfs_with_tern(board.profile["arch"], workdir=tmp_path / "rom"))
+        board.write_file("main.py", readme_app(host, port))
+        board.power_cycle()  # boots into main.py: the app runs
+    except BaseException:
+        board.close()
+        raise
+    return board
+
+
+@pytest.mark.parametrize("profile", ["qemu-m3-esp32", "qemu-m3-rp2", "qemu-m3-tight", "qemu-rv32-c3"])
+def test_the_readme_app_runs_as_printed_on_every_qemu_board(tmp_path, broker, profile):
+    # It died on every qemu board with "no module named 'socket'": the boards' sockets now reach the
+    # host's loopback, and the app dials its broker as on an ESP32
+    from ternlab import firmware
+
+    firmware.build(profile)  # (a build is not waited for by the subscriber: its keepalive would run out)
+    sub, got = subscriber(broker, "readme-sub")
+    board = _qemu_board_with_the_readme_app(tmp_path, profile, broker.host, broker.port)
+    try:
+        until(sub, lambda: len(got) >= 2, "the app's first readings")
+        assert got[:2] == [1, 2]
+        mark = board.log.mark()
+        sub.publish("cmd/sensor-7/led", b"on", qos=1)
+        board.wait_for(r"^cmd/sensor-7/led b'on'$", since=mark, timeout=30)
+        assert "Traceback" not in board.console_text()
+    finally:
+        board.close()
+        sub.disconnect()
+
+
+def test_the_readme_apps_outbox_on_a_qemu_board_survives_a_power_cut(tmp_path, broker):
+    # the broker goes away, the app goes on publishing into its FileStore on the board's LittleFS, the
+    # board loses power; at the next power-on the outbox goes first, in order
+    sub, got = subscriber(broker, "readme-sub")
+    board = _qemu_board_with_the_readme_app(tmp_path, "qemu-rv32-c3", broker.host, broker.port)
+    try:
+        until(sub, lambda: len(got) >= 2, "the app's first readings")
+        broker.stop()
+        time.sleep(2.5)
+        board.power_off()
+        seen = max(got)
+        broker.restart()
+        sub2, got2 = subscriber(broker, "readme-sub2")
+        board.power_on()
+        until(sub2, lambda: 1 in got2 and len(got2) > got2.index(1) + 1, "the second boot's readings")
+        resent = got2[: got2.index(1)]  # before the new boot's first reading: the old boot's outbox
+        assert resent and resent == sorted(resent) and max(resent) > seen, (seen, got2)
+        assert set(range(1, max(resent) + 1)) <= set(got) | set(resent)  # nothing published was lost
+        sub2.disconnect()
+    finally:
+        board.close()

@@ -799,9 +799,11 @@ def test_aio_disconnect_from_a_broker_that_waits_for_the_client(scripted_addr):
 
 # After a connection that served healthy_after seconds the first try goes at once, then the backoff (issue
 # 29: tern sub, on this policy, was slower back after a broker restart than mosquitto_sub); a connection
-# dropped as soon as it is accepted (a broker shedding load) is retried after the backoff.
+# dropped as soon as it is accepted (a broker shedding load) is retried after the backoff. The first
+# connection serves 0.8 s against healthy_after's 0.2: an emulated board on a loaded host may take a few
+# hundred ms to read the CONNACK (it did, once in about ten runs, with 0.4 s).
 SCRIPTS["test_the_first_reconnect_after_a_lost_connection_goes_at_once"] = ([
-    HELLO + [("quiet", 0.4), ("close",)], HELLO + [("close",)], HELLO], 4)
+    HELLO + [("quiet", 0.8), ("close",)], HELLO + [("close",)], HELLO], 4)
 SCRIPTS["test_aio_the_first_reconnect_after_a_lost_connection_goes_at_once"] = \
     SCRIPTS["test_the_first_reconnect_after_a_lost_connection_goes_at_once"]
 

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""CPU per message on the emulated Cortex-M3, counted in instructions, not timed.
+"""CPU per message on the emulated microcontrollers of both ISAs, counted in instructions, not timed.
 
-The qemu-m3-esp32 board runs under QEMU with `-icount shift=0`: the guest clock advances one
-nanosecond per instruction executed, so the MPS2 board's spare APB timer (timer 0 at 0x40000000,
-clocked at 25 MHz, counting down) read through `machine.mem32` advances once every 40 instructions,
-whatever the host's load. Each case runs on a fresh boot against a real Mosquitto over the link UART,
-side by side with umqtt.simple (PyPI's micropython-umqtt.simple, the newest there, fetched through the
-package index into tools/bench/.cache and sha256-checked; compiled to .mpy like Tern's). Waits for the
-broker are kept off the clock: Tern's are outside the counted regions (the bytes are in the UART's
-receive ring before the region that reads them starts), umqtt.simple's blocking reads go through a
-socket stand-in over the UART that stops the count while it waits.
+The stock qemu boards (qemu-m3-esp32: Arm Cortex-M3; qemu-rv32-c3: RISC-V RV32, the ESP32-C3's ISA)
+run under QEMU with `-icount shift=0`: the guest clock advances one nanosecond per instruction
+executed, and `qboard.icount()` reads the instructions executed (on the RV32 its instret counter,
+exact; on the Cortex-M3 the MPS2's APB timer 0 at 25 MHz, one tick every 40 instructions), whatever
+the host's load. Tern runs in place from the board's ROMFS partition (or, for the .mpy row, from
+/lib). Each case runs on a fresh boot against a real Mosquitto over the link UART, side by side with
+umqtt.simple (PyPI's micropython-umqtt.simple, the newest there, fetched through the package index
+into tools/bench/.cache and sha256-checked; compiled to .mpy like Tern's). Waits for the broker are
+kept off the clock: Tern's are outside the counted regions (the bytes are in the UART's receive ring
+before the region that reads them starts), umqtt.simple's blocking reads go through a socket stand-in
+over the UART that stops the count while it waits (the board's own sockets would count their waits).
 
     python tools/bench/cpu_bench.py                            # print the table
     python tools/bench/cpu_bench.py --write docs/benchmarks.md  # and rewrite its section
@@ -34,24 +36,19 @@ from ternlab.brokers.mosquitto import Broker  # noqa: E402
 from tern.client import Client  # noqa: E402
 
 ICOUNT = ("-icount", "shift=0")
-INSNS_PER_TICK = 40  # 1 ns per instruction, the timer at 25 MHz
+PROFILES = ("qemu-m3-esp32", "qemu-rv32-c3")  # one per ISA
 UMQTT = ("micropython-umqtt-simple", "micropython-umqtt.simple-1.3.4.tar.gz")
 CACHE = Path(__file__).resolve().parent / ".cache"
 
 # the counter and the umqtt.simple socket stand-in, first in every case's program
-PRELUDE = """import gc, sys, machine, emuboard, time
-# umqtt from /lib (last on sys.path); tern from the firmware ('.frozen' comes first) unless a case puts /lib first
-M = machine.mem32
-M[0x40000000] = 0
-M[0x40000008] = 0x3fffffff
-M[0x40000004] = 0x3fffffff
-M[0x40000000] = 1
-TV = 0x40000004
+PRELUDE = """import gc, sys, emuboard, qboard, time
+# umqtt.simple from ROMFS or /lib; tern from ROMFS, or /lib when a case puts it first
+IC = qboard.icount
 CAL = 0
-def ticks(a):   # timer ticks since reading a (the timer counts down from 0x3fffffff and reloads)
-    return ((a - M[TV]) & 0x3fffffff) - CAL
-a = M[TV]
-CAL = ticks(a)   # what an empty region counts: taken off each region
+def insns(a):   # instructions since a (qboard.icount() counts modulo 2**30)
+    return ((IC() - a) & 0x3fffffff) - CAL
+a = IC()
+CAL = insns(a)   # what an empty region counts: taken off each region
 U = emuboard.uart()
 P = b'x' * 64
 def settle(n):
@@ -80,10 +77,10 @@ class Sock:
         return U.write(b if n is None else memoryview(b)[:n])
     def read(self, n):
         if U.any() < n:
-            a = M[TV]
+            a = IC()
             while U.any() < n:
                 pass
-            Sock.idle += (a - M[TV]) & 0x3fffffff
+            Sock.idle += (IC() - a) & 0x3fffffff
         return U.read(n)
 class usocket:
     socket = Sock
@@ -100,9 +97,9 @@ c = Client('cpu-t0', stream=U)
 c.connect()
 acc = 0
 for i in range({n}):
-    a = M[TV]
+    a = IC()
     c.publish('bench/tx', P)
-    acc += ticks(a)
+    acc += insns(a)
 print('COUNT', acc, {n})
 """,
     "umqtt_qos0": """from umqtt.simple import MQTTClient
@@ -110,9 +107,9 @@ u = MQTTClient('cpu-u0', 'broker')
 u.connect()
 acc = 0
 for i in range({n}):
-    a = M[TV]
+    a = IC()
     u.publish(b'bench/tx', P)
-    acc += ticks(a)
+    acc += insns(a)
 print('COUNT', acc, {n})
 """,
     "tern_qos1": """from tern.client import Client
@@ -121,13 +118,13 @@ c = Client('cpu-t1', stream=U{store_kw})
 c.connect()
 acc = 0
 for i in range({n}):
-    a = M[TV]
+    a = IC()
     pid = c.publish('bench/tx', P, qos=1)
-    acc += ticks(a)
+    acc += insns(a)
     settle(4)
-    a = M[TV]
+    a = IC()
     c.wait_published(pid)
-    acc += ticks(a)
+    acc += insns(a)
 print('COUNT', acc, {n})
 """,
     "umqtt_qos1": """from umqtt.simple import MQTTClient
@@ -136,9 +133,9 @@ u.connect()
 acc = 0
 for i in range({n}):
     Sock.idle = 0
-    a = M[TV]
+    a = IC()
     u.publish(b'bench/tx', P, qos=1)
-    acc += ticks(a) - Sock.idle
+    acc += insns(a) - Sock.idle
 print('COUNT', acc, {n})
 """,
     "tern_window": """from tern.client import Client
@@ -146,14 +143,14 @@ c = Client('cpu-tw', stream=U, window=8)
 c.connect()
 acc = 0
 for r in range({n} // 8):
-    a = M[TV]
+    a = IC()
     for i in range(8):
         c.publish('bench/tx', P, qos=1)
-    acc += ticks(a)
+    acc += insns(a)
     settle(32)
-    a = M[TV]
+    a = IC()
     c.wait_all(5)
-    acc += ticks(a)
+    acc += insns(a)
 print('COUNT', acc, {n} // 8 * 8)
 """,
     # the host queued M QoS 1 messages for this persistent session while it was away
@@ -164,10 +161,10 @@ c.subscribe('bench/rx', 1, handler=lambda m: got.append(1))
 c.connect()
 settle(0)
 k = len(got)
-a = M[TV]
+a = IC()
 while len(got) < {m}:
     c.loop(0)
-acc = ticks(a)
+acc = insns(a)
 print('COUNT', acc, {m} - k)
 """,
     "umqtt_rx": """from umqtt.simple import MQTTClient
@@ -177,23 +174,23 @@ u.set_callback(lambda t, m: got.append(1))
 u.connect(clean_session=False)
 settle({rx_bytes})
 Sock.idle = 0
-a = M[TV]
+a = IC()
 while len(got) < {m}:
     u.wait_msg()
-acc = ticks(a) - Sock.idle
+acc = insns(a) - Sock.idle
 print('COUNT', acc, {m})
 """,
     "tern_import": """{path}
-a = M[TV]
+a = IC()
 from tern.client import Client
 c = Client('cpu-ti', stream=U)
-acc = ticks(a)
+acc = insns(a)
 print('COUNT', acc, 1)
 """,
-    "umqtt_import": """a = M[TV]
+    "umqtt_import": """a = IC()
 from umqtt.simple import MQTTClient
 u = MQTTClient('cpu-ui', 'broker')
-acc = ticks(a)
+acc = insns(a)
 print('COUNT', acc, 1)
 """,
 }
@@ -229,23 +226,32 @@ def _mpy(src, name, tmp):
 
 
 class Bench:
-    """One qemu-m3-esp32 board under -icount with umqtt.simple (and, for the .mpy case, Tern's
-    package.json files) on its filesystem; run(case) powers it on afresh and returns instructions
-    per message."""
+    """One stock qemu board (profile) under -icount with Tern (and umqtt.simple) in its ROMFS
+    partition and, for the .mpy case, Tern's package.json files in /lib; run(case) powers it on
+    afresh and returns instructions per message."""
 
-    def __init__(self, broker, workdir, with_umqtt=True, with_mpy=True):
+    def __init__(self, broker, workdir, profile=PROFILES[0], with_umqtt=True, with_mpy=True):
+        from ternlab.devset import app_romfs, compile_mpy
+
         self.broker = broker
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
         # files go on before -icount is set, at full speed (a raw paste can time out on a loaded host);
         # every case then powers the board on afresh with -icount
-        self.board = QemuBoard("qemu-m3-esp32", workdir=workdir, board_id="cpu", link=broker.address)
+        self.board = QemuBoard(profile, workdir=workdir / "board", board_id="cpu", link=broker.address)
         b = self.board
-        for d in ("lib", "lib/umqtt", "lib/tern"):
-            if not b.exists(d):
-                b.mkdir(d)
+        arch = b.profile["arch"]
+        extra = []
         if with_umqtt:
-            b.write_file("lib/umqtt/simple.mpy", _mpy(umqtt_source(), "umqtt/simple", Path(workdir)))
-        for p in sorted((ROOT / "mpy" / "tern").glob("*.mpy")) if with_mpy else ():
-            b.write_file("lib/tern/" + p.name, p.read_bytes())
+            (workdir / "umqtt_simple.mpy").write_bytes(_mpy(umqtt_source(), "umqtt/simple", workdir))
+            extra.append((workdir / "umqtt_simple.mpy", "lib/umqtt/simple.mpy"))
+        b.write_romfs(app_romfs(compile_mpy(workdir / ("mpy-" + arch), march=arch), extra))
+        if with_mpy:
+            for d in ("lib", "lib/tern"):
+                if not b.exists(d):
+                    b.mkdir(d)
+            for p in sorted((ROOT / "mpy" / "tern").glob("*.mpy")):
+                b.write_file("lib/tern/" + p.name, p.read_bytes())
         b.qemu_args = list(ICOUNT)
 
     def queue(self, client_id, m, subscribe):
@@ -273,8 +279,8 @@ class Bench:
         line = [x for x in out.splitlines() if x.startswith("COUNT")]
         if not line:
             raise RuntimeError("%s: no count: %s" % (case, out[-500:]))
-        ticks, msgs = (int(x) for x in line[0].split()[1:])
-        return ticks * INSNS_PER_TICK / msgs
+        insns, msgs = (int(x) for x in line[0].split()[1:])
+        return insns / msgs
 
     def close(self):
         self.board.close()
@@ -287,49 +293,61 @@ ROWS = [
     ("QoS 1 publish + its PUBACK, one at a time, FlashStore on the outbox partition", "tern_qos1", None,
      {"store": FLASH}),
     ("receive one QoS 1 message (handler + PUBACK)", "tern_rx", "umqtt_rx", {}),
-    ("import + Client(), frozen", "tern_import", "umqtt_import", {}),
+    ("import + Client(), in place from ROMFS", "tern_import", "umqtt_import", {}),
     ("import + Client(), .mpy from /lib (package.json)", "tern_import", None,
      {"path": "sys.path.insert(0, '/lib')"}),
 ]
 
 
-def measure(n, m, workdir):
+def measure(n, m, workdir, profiles=PROFILES):
+    """{profile: [(label, tern, umqtt)]}"""
+    out = {}
     with Broker(Path(workdir) / "broker") as broker:
-        bench = Bench(broker, Path(workdir) / "board")
-        try:
-            rows = []
-            for label, tern, umqtt, kw in ROWS:
-                t = bench.run(tern, n=n, m=m, **kw)
-                u = bench.run(umqtt, n=n, m=m) if umqtt else None
-                print(label, t, u, file=sys.stderr, flush=True)
-                rows.append((label, t, u))
-            return rows
-        finally:
-            bench.close()
+        for prof in profiles:
+            bench = Bench(broker, Path(workdir) / prof, prof)
+            try:
+                rows = []
+                for label, tern, umqtt, kw in ROWS:
+                    t = bench.run(tern, n=n, m=m, **kw)
+                    u = bench.run(umqtt, n=n, m=m) if umqtt else None
+                    print(prof, label, t, u, file=sys.stderr, flush=True)
+                    rows.append((label, t, u))
+                out[prof] = rows
+            finally:
+                bench.close()
+    return out
 
 
-def render(rows, a):
+def render(res, a):
     today = datetime.date.today().isoformat()
-    out = ["## Instructions per message on the emulated Cortex-M3 (`tools/bench/cpu_bench.py`)", "",
+    profs = list(res)
+    out = ["## Instructions per message on the emulated microcontrollers, both ISAs (`tools/bench/cpu_bench.py`)", "",
            f"Command: `python tools/bench/cpu_bench.py --messages {a.messages} --received {a.received}"
-           " --write docs/benchmarks.md` — " + today + ": the qemu-m3-esp32 board (MicroPython v1.28.0's qemu"
-           " port, Cortex-M3, 110,000-byte heap, `tern` frozen in) under qemu-system-arm with `-icount shift=0`,"
-           " Mosquitto on loopback over the link UART; MQTT 3.1.1, topic `bench/tx`, 64-byte payloads. Counted"
-           " on the board's APB timer 0 (25 MHz = one tick every 40 instructions), each case on a fresh boot;"
+           " --write docs/benchmarks.md` — " + today + ": the stock qemu boards (MicroPython v1.28.0's qemu"
+           " port, nothing of Tern frozen): qemu-m3-esp32 (Arm Cortex-M3, qemu-system-arm) and qemu-rv32-c3"
+           " (RISC-V RV32IMC, the ESP32-C3's ISA, qemu-system-riscv32), each under `-icount shift=0`, Tern in"
+           " place from the board's ROMFS partition; Mosquitto on loopback over the link UART; MQTT 3.1.1,"
+           " topic `bench/tx`, 64-byte payloads. Counted with `qboard.icount()` (RV32: the instret counter;"
+           " Cortex-M3: APB timer 0 at 25 MHz, one tick every 40 instructions), each case on a fresh boot;"
            " the broker's round trips are off the clock. umqtt.simple is PyPI's `micropython-umqtt.simple`"
            " 1.3.4 (micropython-lib's v1.8.0 is not on PyPI, npm or Debian), compiled to .mpy with the same"
-           " mpy-cross -O3.", "",
-           "| case | Tern (instructions) | umqtt.simple (instructions) | Tern at 160 MHz (µs) |",
-           "|---|---:|---:|---:|"]
-    for label, t, u in rows:
-        out.append(f"| {label} | {t:,.0f} | {f'{u:,.0f}' if u is not None else '-'} | {t / 160:,.0f} |")
-    out += ["", "At 160 MHz (an ESP32's default clock) and taking one instruction per cycle, 160 instructions"
-            " are a microsecond: the µs column is that lower bound. A Cortex-M3 and an Xtensa LX6 do not run"
-            " MicroPython's VM at the same instructions per cycle (the ESP32 also waits for its flash cache"
-            " on code not in IRAM), so the counts compare code paths on one machine; they do not predict a"
-            " chip's time exactly. Counts are deterministic for a given boot, but the heap's layout moves them"
-            " by a few per cent between builds (a collection that falls inside a counted region costs what it"
-            " scans)."]
+           " mpy-cross -O3, beside Tern in ROMFS.", "",
+           "| case | " + " | ".join(f"Tern, {p} | umqtt.simple, {p}" for p in profs) + " |",
+           "|---|" + "---:|---:|" * len(profs)]
+    for i, (label, _, _) in enumerate(res[profs[0]]):
+        cells = []
+        for p in profs:
+            _, t, u = res[p][i]
+            cells += [f"{t:,.0f}", f"{u:,.0f}" if u is not None else "-"]
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    out += ["", "At 160 MHz (the ESP32's and the C3's default clock) and one instruction per cycle, 160"
+            " instructions are a microsecond. A Cortex-M3, an Xtensa LX6 and the C3's RV32 core do not run"
+            " MicroPython's VM at the same instructions per cycle (an ESP32 also waits for its flash cache"
+            " on code not in IRAM), so the counts compare code paths; they do not predict a chip's time"
+            " exactly. RV32 (compressed instructions, no conditional execution) takes more instructions than"
+            " Thumb-2 for the same bytecode. Counts are deterministic for a given boot, but the heap's layout"
+            " moves them by a few per cent between builds (a collection that falls inside a counted region"
+            " costs what it scans)."]
     return "\n".join(out)
 
 
@@ -342,8 +360,8 @@ def main(argv=None):
     ap.add_argument("--write", metavar="FILE", help="rewrite this file's cpu_bench section")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = measure(a.messages, a.received, tmp)
-    text = render(rows, a)
+        res = measure(a.messages, a.received, tmp)
+    text = render(res, a)
     print(text)
     if a.write:
         from benchdoc import write_section

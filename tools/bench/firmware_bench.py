@@ -102,20 +102,21 @@ def run_profile(profile, broker, mpy, n, boots, workdir, romfs=None):
 
 def _in_place(prof, romfs=None):
     # Whether the .mpy files run in place from the board's ROMFS partition (deployed by install()): by
-    # default on a unix-port profile that has one; a qemu-m3 board runs its frozen copy unless asked
-    # (romfs=True: its ROMFS image comes before the frozen modules).
+    # default on a unix-port profile that has one and on a stock qemu board; a frozen qemu profile runs
+    # its frozen copy unless asked (romfs=True: the same board with a stock firmware).
     if romfs is None:
-        romfs = prof.get("kind") != "qemu-m3"
+        romfs = not (prof.get("kind") == "qemu" and prof.get("firmware") == "frozen")
     return bool(romfs and prof.get("romfs"))
 
 
 def _board(prof, workdir, mpy, link=None, romfs=False):
     # A unix-port board not running from ROMFS loads the .mpy files from the host path onto its heap,
-    # as from a board's filesystem. A qemu-m3 board (tools/bench/qemu_bench.py): MQTT over its link UART.
-    if prof.get("kind") == "qemu-m3":
+    # as from a board's filesystem. A qemu board (tools/bench/qemu_bench.py) dials through its sockets.
+    if prof.get("kind") == "qemu":
         from ternlab.boards.qemu import QemuBoard
 
-        return QemuBoard(prof, workdir=workdir, board_id="bench-1", link=link)
+        return QemuBoard(dict(prof, firmware="stock") if romfs else prof, workdir=workdir, board_id="bench-1",
+                         link=link)
     return EmulatedBoard(prof, workdir=workdir, board_id="bench-1", host_paths=[] if romfs else [str(mpy)])
 
 

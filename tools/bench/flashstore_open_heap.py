@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The free heap FlashStore.open() needs on the qemu-m3-tight board, over an outbox holding N pending records.
 
-The telemetry app (frozen) runs offline (its link UART dials a port nobody listens on) until N QoS 1
+The telemetry app (frozen) runs offline (it dials a port nobody listens on) until N QoS 1
 readings are pending in its FlashStore outbox; then the board boots a script that opens the outbox
 again and again behind a ballast bytearray taken after gc.collect(), bisecting the largest ballast
 with which open() still succeeds: need = free heap after the collection - that ballast. The store

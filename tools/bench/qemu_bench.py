@@ -1,24 +1,26 @@
 #!/usr/bin/env python3
-"""Device figures on the qemu-m3 board: MicroPython's own firmware for an Arm Cortex-M3 (the qemu port,
-32-bit) with Tern frozen in, under qemu-system-arm (ternlab.boards.qemu), against a real Mosquitto
-reached over the board's link UART.
+"""Device figures on the qemu boards: MicroPython's own firmware (the qemu port, 32-bit) for an Arm
+Cortex-M3 (qemu-m3-*) and a RISC-V RV32 core (qemu-rv32-c3, the ESP32-C3's ISA) under QEMU
+(ternlab.boards.qemu), against a real Mosquitto reached through the boards' own sockets.
 
 Measured:
   - heap after import + connect (gc.mem_alloc() after gc.collect(), before `from tern.client import
-    Client` and after connect()), MQTT 3.1.1 and 5.0, with `tern` frozen in the firmware, loaded from
-    .mpy files on the board's filesystem (onto the heap), and run in place from a ROMFS image;
-  - the telemetry app (frozen, FlashStore): heap used while running (profile heap - lowest free heap),
-    flash per reading and power-on to first publish, on qemu-m3-tight (32 KiB) and qemu-m3-esp32, with
-    tools/bench/firmware_bench.py's run (1,000 QoS 1 readings every 10 ms);
+    Client` and after connect()), MQTT 3.1.1 and 5.0, on both ISAs: on the stock boards (nothing of
+    Tern frozen) with Tern's package.json .mpy files in /lib (loaded onto the heap) and in place from
+    a ROMFS image, and on the same board with a frozen firmware (Tern frozen in);
+  - the telemetry app (FlashStore): heap used while running (profile heap - lowest free heap), flash
+    per reading and power-on to first publish, on qemu-m3-tight (32 KiB, frozen), qemu-m3-esp32 and
+    qemu-rv32-c3 (stock, the app in ROMFS), with tools/bench/firmware_bench.py's run (1,000 QoS 1
+    readings every 10 ms);
   - time per QoS 1 publish (publish + acknowledgement, window 8) and per received QoS 1 message
-    (a backlog queued for the board's persistent session, drained after connect), on the qemu board
+    (a backlog queued for the board's persistent session, drained after connect), on the qemu boards
     and, side by side in the same run, on the unix port's emulated board (unix-emulated, same code as
     .mpy), each on its own clock.
 
     python tools/bench/qemu_bench.py                            # print the tables
     python tools/bench/qemu_bench.py --write docs/benchmarks.md  # and rewrite its section
-    python tools/bench/qemu_bench.py --heaps-only                # the two heap tables alone (~1 min)
-    python tools/bench/qemu_bench.py --smallest-only             # the smallest heap the app runs in (~15 min)
+    python tools/bench/qemu_bench.py --heaps-only                # the heap tables alone (a few minutes)
+    python tools/bench/qemu_bench.py --smallest-only             # the smallest heap the app runs in
     python tools/bench/qemu_bench.py --sources qemu-m3-rp2       # the sources route's heap on that profile
 """
 
@@ -41,17 +43,16 @@ from tern.client import Client  # noqa: E402
 
 import firmware_bench  # noqa: E402
 
-# where `tern` comes from: a sys.path entry put first (the board has all three: a ROMFS image mounted
-# at /rom comes before the firmware's frozen modules, see device/emulated/qemu/emuboard.py)
-SOURCES = {"frozen": "sys.path.insert(0, '.frozen')", ".mpy on the filesystem": "sys.path.insert(0, '/lib')",
-           "ROMFS (in place)": "sys.path.insert(0, '/rom/lib')"}
+ISA_PROFILES = ("qemu-m3-esp32", "qemu-rv32-c3")  # the stock boards, one per ISA
+# where `tern` runs from -> the file its session module is (each on its own board: see _boards())
+SOURCES = {"frozen": "tern/session.py", ".mpy on the filesystem": "/lib/tern/session.mpy",
+           "ROMFS (in place)": "/rom/lib/tern/session.mpy"}
 
-HEAP = """import gc, sys, emuboard
-{path}
+HEAP = """import gc, sys
 gc.collect()
 a = gc.mem_alloc()
 from tern.client import Client
-c = Client('heap-{v}', version={v}, stream=emuboard.uart())
+c = Client('heap-{v}', version={v}, server={host!r}, port={port})
 c.connect()
 gc.collect()
 print('HEAP', gc.mem_alloc() - a, __import__('tern.session').session.__file__)
@@ -64,8 +65,7 @@ c.disconnect()
 # then the telemetry app's own modules (what the tight profile's app adds: its FlashStore outbox).
 MODULES = ("tern.wire", "tern.pkt", "tern.topic", "tern.message", "tern.store", "tern.session", "tern.client")
 APP_MODULES = ("tern.logrec", "tern.flashstore", "hal", "telemetry")
-PER_MODULE = """import gc, sys, emuboard
-%s
+PER_MODULE = """import gc, sys
 at = [0]
 def step(name):
     gc.collect()
@@ -77,7 +77,7 @@ step(None)
 for m in %r:
     step(__import__(m) and m)
 from tern.client import Client
-c = Client('heap-m', version=4, stream=emuboard.uart())
+c = Client('heap-m', version=4, server=%r, port=%d)
 step('Client()')
 c.connect()
 step('connect()')
@@ -116,43 +116,60 @@ c.disconnect()
 """
 
 
-def heap_row(board, src, v):
+def heap_row(board, broker, src, v):
     board.power_cycle()
-    out = board.exec(HEAP.format(path=SOURCES[src], v=v), timeout=30)
+    out = board.exec(HEAP.format(v=v, host=broker.host, port=broker.port), timeout=60)
     line = [x for x in out.splitlines() if x.startswith("HEAP")][0].split()
-    where = line[2]
-    want = {"frozen": "tern/session.py", ".mpy on the filesystem": "/lib/tern/session.mpy",
-            "ROMFS (in place)": "/rom/lib/tern/session.mpy"}[src]
-    if where != want:
-        raise RuntimeError(f"{src}: tern came from {where}, not {want}")
+    if line[2] != SOURCES[src]:
+        raise RuntimeError(f"{src}: tern came from {line[2]}, not {SOURCES[src]}")
     return int(line[1])
 
 
-def heaps(broker, mpy, workdir):
-    board = QemuBoard("qemu-m3-esp32", workdir=workdir / "heap", board_id="bench-heap", link=broker.address)
+def _boards(profile, mpy, workdir):
+    """(source, board) for each source, one after another: the stock board with Tern's package.json
+    .mpy files in /lib, the same with the ROMFS image (mounted ahead of /lib), and the same board's
+    heap and flash with a frozen firmware (Tern and the app frozen in)."""
+    prof = load_profile(profile)
+    board = QemuBoard(prof, workdir=workdir / ("heap-" + profile), board_id="bench-heap")
     try:
-        board.write_romfs(app_romfs(mpy))
-        for p in sorted((mpy / "tern").glob("*.mpy")):
-            if not board.exists("lib/tern"):
-                board.mkdir("lib")
-                board.mkdir("lib/tern")
+        board.mkdir("lib")
+        board.mkdir("lib/tern")
+        for p in sorted((ROOT / "mpy" / "tern").glob("*.mpy")):
             board.write_file("lib/tern/" + p.name, p.read_bytes())
-        h = {(src, v): heap_row(board, src, v) for src in SOURCES for v in (4, 5)}
-        sizes = {str(p.relative_to(mpy))[:-4].replace("/", "."): p.stat().st_size for p in mpy.rglob("*.mpy")}
-        for p in sorted(mpy.glob("*.mpy")):  # the app's modules, beside lib/
+        for p in sorted(mpy.glob("*.mpy")):  # the app's modules, for the per-module steps
             board.write_file("lib/" + p.name, p.read_bytes())
-        steps = {}
-        for src in SOURCES:
-            board.power_cycle()
-            out = board.exec(PER_MODULE % (SOURCES[src], MODULES, APP_MODULES), timeout=60).splitlines()
-            steps[src] = [(ln.split()[1], int(ln.split()[2])) for ln in out if ln.startswith("MOD")]
-        loaded = [ln.split()[1:] for ln in out if ln.startswith("LOADED")][0]
-        # (step, .mpy bytes, {source: heap})
-        mods = [(name, sizes.get(name), {src: steps[src][i][1] for src in SOURCES})
-                for i, (name, _) in enumerate(steps["frozen"])]
-        return h, mods, loaded
+        yield ".mpy on the filesystem", board
+        board.write_romfs(app_romfs(mpy))
+        yield "ROMFS (in place)", board
     finally:
         board.close()
+    frozen = QemuBoard(dict(prof, firmware="frozen"), workdir=workdir / ("frozen-" + profile), board_id="bench-heap")
+    try:
+        yield "frozen", frozen
+    finally:
+        frozen.close()
+
+
+def heaps(broker, workdir, steps_of=ISA_PROFILES[0]):
+    """{(profile, source, version): bytes}; and, on steps_of, where the bytes go (per-module steps) and
+    which tern modules a connect has loaded."""
+    h, steps, loaded, sizes = {}, {}, None, {}
+    for profile in ISA_PROFILES:
+        arch = load_profile(profile)["arch"]
+        mpy = compile_mpy(workdir / ("mpy-" + arch), march=arch)
+        for src, board in _boards(profile, mpy, workdir):
+            for v in (4, 5):
+                h[(profile, src, v)] = heap_row(board, broker, src, v)
+            if profile == steps_of:
+                board.power_cycle()
+                out = board.exec(PER_MODULE % (MODULES, broker.host, broker.port, APP_MODULES), timeout=60).splitlines()
+                steps[src] = [(ln.split()[1], int(ln.split()[2])) for ln in out if ln.startswith("MOD")]
+                loaded = [ln.split()[1:] for ln in out if ln.startswith("LOADED")][0]
+                sizes = {str(q.relative_to(mpy))[:-4].replace("/", "."): q.stat().st_size for q in mpy.rglob("*.mpy")}
+    # (step, .mpy bytes, {source: heap})
+    mods = [(name, sizes.get(name), {src: steps[src][i][1] for src in SOURCES})
+            for i, (name, _) in enumerate(steps["frozen"])]
+    return h, mods, loaded
 
 
 def timing(board, broker, n, m, conn, stream=""):
@@ -192,29 +209,34 @@ def main(argv=None):
         if a.smallest_only:
             print(smallest_heaps(broker, mpy, tmp, a.step))
             return 0
-        h, mods, loaded = heaps(broker, mpy, tmp)
+        h, mods, loaded = heaps(broker, tmp)
         print(h, mods, loaded, file=sys.stderr)
         if a.heaps_only:
             print(render_heaps(h, mods, loaded))
             return 0
         apps = {}
-        for name in ("qemu-m3-tight", "qemu-m3-esp32"):
-            apps[name] = firmware_bench.run_profile(load_profile(name), broker, mpy, a.readings, a.boots, tmp / name)
+        for name in ("qemu-m3-tight", "qemu-m3-esp32", "qemu-rv32-c3"):
+            prof = load_profile(name)
+            apps[name] = firmware_bench.run_profile(prof, broker, compile_mpy(tmp / ("mpy-" + prof["arch"]),
+                                                    march=prof["arch"]), a.readings, a.boots, tmp / name)
             print(name, apps[name], file=sys.stderr)
         smallest = smallest_heaps(broker, mpy, tmp, a.step)
         print("smallest", smallest, file=sys.stderr)
         times = {}
-        qb = QemuBoard("qemu-m3-esp32", workdir=tmp / "t-qemu", board_id="bench-t", link=broker.address)
-        try:
-            times["qemu-m3-esp32 (frozen)"] = timing(qb, broker, a.messages, a.messages, "stream=emuboard.uart()",
-                                                     "import emuboard")
-        finally:
-            qb.close()
+        conn = "server=%r, port=%d" % (broker.host, broker.port)
+        for name in ISA_PROFILES:
+            arch = load_profile(name)["arch"]
+            qb = QemuBoard(name, workdir=tmp / ("t-" + name), board_id="bench-t")
+            try:
+                qb.write_romfs(app_romfs(compile_mpy(tmp / ("mpy-" + arch), march=arch)))
+                qb.power_cycle()  # the image is mounted at boot
+                times[name + " (ROMFS)"] = timing(qb, broker, a.messages, a.messages, conn)
+            finally:
+                qb.close()
         ub = EmulatedBoard("unix-emulated", workdir=tmp / "t-unix", board_id="bench-t",
                            host_paths=[str(compile_mpy(tmp / "mpy-unix"))])
         try:
-            times["unix-emulated (.mpy)"] = timing(ub, broker, a.messages, a.messages,
-                                                   "server=%r, port=%d" % (broker.host, broker.port))
+            times["unix-emulated (.mpy)"] = timing(ub, broker, a.messages, a.messages, conn)
         finally:
             ub.close()
         print(times, file=sys.stderr)
@@ -230,7 +252,7 @@ def main(argv=None):
 def sources_heap(broker, profile, tmp):
     """Heap after import + connect, MQTT 3.1.1 and 5.0, with the device set's sources in /lib: what
     the board compiles at import (package-src.json's route). A MemoryError is reported as such."""
-    board = QemuBoard(profile, workdir=tmp / "src", board_id="bench-src", link=broker.address)
+    board = QemuBoard(profile, workdir=tmp / "src", board_id="bench-src")
     try:
         board.mkdir("lib")
         board.mkdir("lib/tern")
@@ -240,7 +262,7 @@ def sources_heap(broker, profile, tmp):
         for v in (4, 5):
             board.power_cycle()
             try:
-                got = board.exec(HEAP.format(path="sys.path.insert(0, '/lib')", v=v), timeout=120)
+                got = board.exec(HEAP.format(v=v, host=broker.host, port=broker.port), timeout=120)
                 out[v] = int([x for x in got.splitlines() if x.startswith("HEAP")][0].split()[1])
             except DeviceError as e:
                 out[v] = str(e).strip().splitlines()[-1]
@@ -250,19 +272,25 @@ def sources_heap(broker, profile, tmp):
 
 
 def smallest_heaps(broker, mpy, tmp, step):
-    """The smallest heaps the app runs in on qemu-m3-tight's settings (a firmware built per heap size
-    tried): frozen, and in place from its ROMFS partition (ahead of the frozen copy, as on a firmware
-    without it)."""
+    """The smallest heaps the app runs in on qemu-m3-tight's settings (the heap given at each boot):
+    frozen, and in place from its ROMFS partition on the same board with a stock firmware."""
     prof = load_profile("qemu-m3-tight")
     return (firmware_bench.min_heap(prof, broker, mpy, tmp / "min", lo=8192, hi=32768, step=step, romfs=False),
             firmware_bench.min_heap(prof, broker, mpy, tmp / "min-rom", lo=16384, hi=65536, step=step, romfs=True))
 
 
+def _heap_table(h):
+    profs = [p for p in ISA_PROFILES if any(k[0] == p for k in h)]
+    out = ["| where `tern` runs from | " + " | ".join(f"{p}, MQTT 3.1.1 | {p}, MQTT 5.0" for p in profs) + " |",
+           "|---|" + "---:|---:|" * len(profs)]
+    for src in SOURCES:
+        out.append(f"| {src} | " + " | ".join(f"{h[(p, src, 4)]:,} | {h[(p, src, 5)]:,}" for p in profs) + " |")
+    return out
+
+
 def render_heaps(h, mods, loaded):
     """The heap after import + connect, and where the .mpy figure goes (markdown rows)."""
-    out = ["| where `tern` runs from | MQTT 3.1.1 | MQTT 5.0 |", "|---|---:|---:|"]
-    for src in SOURCES:
-        out.append(f"| {src} | {h[(src, 4)]:,} | {h[(src, 5)]:,} |")
+    out = _heap_table(h)
     out += ["", *_step_table(mods), "", "Loaded after the connect: " + ", ".join(f"`tern.{m}`" for m in loaded)]
     return "\n".join(out)
 
@@ -280,34 +308,36 @@ def _step_table(mods):
 def render(h, mods, loaded, apps, smallest, times, a):
     today = datetime.date.today().isoformat()
     out = [
-        "## Device figures on the emulated Cortex-M3 (qemu-m3)",
+        "## Device figures on the emulated microcontrollers, both ISAs (qemu boards)",
         "",
         f"Command: `python tools/bench/qemu_bench.py --readings {a.readings} --boots {a.boots}"
         f" --messages {a.messages} --step {a.step} --write docs/benchmarks.md` — {today}, this 2-core machine (shared):"
-        " MicroPython v1.28.0's qemu port (32-bit Arm Cortex-M3, MPS2-AN385) under qemu-system-arm 7.2,"
-        " built by `make firmware` with `tern` and the app frozen in (`device/app/manifest.py`); Mosquitto on"
-        " loopback reached over the board's link UART (ternlab.boards.qemu).",
+        " MicroPython v1.28.0's qemu port (32-bit) for an Arm Cortex-M3 (MPS2-AN385, qemu-system-arm 7.2) and a"
+        " RISC-V RV32IMC core (virt, qemu-system-riscv32 7.2: the ESP32-C3's ISA), built by `make firmware`:"
+        " stock (nothing of Tern frozen) and, for the frozen rows, with `tern` and the app frozen in"
+        " (`device/app/manifest.py`); Mosquitto on loopback reached through the boards' own sockets"
+        " (ternlab.boards.qemu_net).",
         "",
         "Heap after `import` + `connect()` (bytes; `gc.mem_alloc()` after `gc.collect()`, before the import"
-        " and after the CONNACK; client with its default 4 KiB receive buffer):",
+        " and after the CONNACK; client with its default 4 KiB receive buffer; qemu-m3-esp32 and"
+        " qemu-rv32-c3, stock, with Tern's package.json files in /lib or its ROMFS image, and the same boards"
+        " with a frozen firmware):",
         "",
-        "| where `tern` runs from | MQTT 3.1.1 | MQTT 5.0 |",
-        "|---|---:|---:|",
+        *_heap_table(h),
     ]
-    for src in SOURCES:
-        out.append(f"| {src} | {h[(src, 4)]:,} | {h[(src, 5)]:,} |")
     out += ["", "Targets (issue 26): frozen <= 10 KiB (10,240 bytes), .mpy on a 32-bit board <= 32 KiB (32,768 bytes),"
             " MQTT 5 within 1 KiB of MQTT 3.1.1.", "",
-            "Where the heap figures go (MQTT 3.1.1; each module imported after the one before, so its figure"
-            " is its own; .mpy compiled by `compile_mpy`, mpy-cross -O3 -march=armv7m; Client(): its 4 KiB receive and"
+            "Where the heap figures go (qemu-m3-esp32, MQTT 3.1.1; each module imported after the one before, so its"
+            " figure is its own; .mpy compiled by `compile_mpy`, mpy-cross -O3 -march=armv7m; Client(): its 4 KiB receive and"
             " 512-byte transmit buffers, the send ring for 256 messages, the session, the MemoryStore; then the"
             " telemetry app's own modules, what the tight profile's app adds):", "",
             *_step_table(mods)]
     out += ["", "Loaded after the connect: " + ", ".join(f"`tern.{m}`" for m in loaded) + " (`handshake` and, under"
             " MQTT 5, `props` are loaded by connect() and let go after the CONNACK; `props` comes back with the"
             " first property block; `v5`, `fault`, `manual`, `refused` and `tls` load when a path of theirs runs).", "",
-            "The telemetry app, frozen, outbox a FlashStore on the board's NOR flash model (firmware_bench's run:"
-            f" {a.readings:,} QoS 1 readings every 10 ms, window 8):", "",
+            "The telemetry app, outbox a FlashStore on the board's NOR flash model (firmware_bench's run:"
+            f" {a.readings:,} QoS 1 readings every 10 ms, window 8; qemu-m3-tight frozen, the stock boards with"
+            " the app in place from ROMFS):", "",
             "| profile | heap (bytes) | heap used while running, high-water (bytes) | bytes programmed / reading |"
             " program ops / reading | erases / reading | power-on to first publish (ms, median) |",
             "|---|---:|---:|---:|---:|---:|---:|"]
@@ -316,10 +346,10 @@ def render(h, mods, loaded, apps, smallest, times, a):
         out.append(f"| {name} | {r['heap']:,} | {r['heap'] - r['low']:,} | {f['bytes']:.1f} | {f['programs']:.2f} |"
                    f" {f['erases']:.4f} | {r['boot_ms']:.0f} |")
     frozen, rom = smallest
-    out += ["", f"Smallest heap the app runs in (qemu-m3-tight's settings, a firmware built for each heap"
-            f" tried, bisection in {a.step:,}-byte steps, 200 readings): frozen "
+    out += ["", f"Smallest heap the app runs in (qemu-m3-tight's settings, the heap given at each boot,"
+            f" bisection in {a.step:,}-byte steps, 200 readings): frozen "
             + (f"{frozen:,} bytes" if frozen else "more than 32,768 bytes") + "; `tern` and the app in place from"
-            " the ROMFS partition (ahead of the frozen copy) " + (f"{rom:,} bytes" if rom else "more than 65,536 bytes")
+            " the ROMFS partition (a stock firmware) " + (f"{rom:,} bytes" if rom else "more than 65,536 bytes")
             + " (target: 32,768).",
             "", "The heap figures are the firmware's own, byte for byte as on a 32-bit board with the same build;"
             " the app's high-water mark is the profile's heap minus the lowest free heap seen after a"
@@ -331,8 +361,8 @@ def render(h, mods, loaded, apps, smallest, times, a):
             "| board | ms per QoS 1 publish | ms per received QoS 1 message |", "|---|---:|---:|"]
     for name, (tx, rx) in times.items():
         out.append(f"| {name} | {tx:.2f} | {rx:.2f} |")
-    out += ["", "The qemu board's times are QEMU's (TCG translating Cortex-M3 code on this host, the link UART"
-            " relayed by the harness), not a real microcontroller's: they compare code paths, not chips."]
+    out += ["", "The qemu boards' times are QEMU's (TCG translating the guest's code on this host, the sockets"
+            " carried over a UART by the harness), not a real microcontroller's: they compare code paths, not chips."]
     return "\n".join(out)
 
 

@@ -1,4 +1,4 @@
-# The qemu-m3 board's boot (frozen; run by the firmware before boot.py and main.py).
+# The qemu boards' boot (frozen; run by the firmware before boot.py and main.py).
 import emuboard
 
 emuboard.boot()

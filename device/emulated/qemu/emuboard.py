@@ -1,15 +1,16 @@
-"""The qemu-m3 board's device side, frozen into its firmware (MicroPython's qemu port, an Arm
-Cortex-M3 on qemu-system-arm's MPS2-AN385). The same API as the unix-port board's emuboard
-(device/emulated/unix/emuboard.py), so device/app/hal.py and the tests drive either unchanged.
+"""The qemu boards' device side, frozen into their firmware (MicroPython's qemu port on an Arm
+Cortex-M3 or a RISC-V RV32 core): the board's own modules, as an ESP32 firmware has its _boot.py and
+flashbdev.py, whether or not Tern is frozen in beside them. The same API as the unix-port board's
+emuboard (device/emulated/unix/emuboard.py), so device/app/hal.py and the tests drive either unchanged.
 
 The firmware runs `_boot.py` (which calls boot()) before boot.py and main.py. boot() reads the
-host's board.json (ARM semihosting: the host's board directory is QEMU's working directory),
-opens the NOR flash (module `qboard`: native memory, written through to the host's flash.img),
-mounts its LittleFS region at "/" (formatting an erased one, as boards do), keeps the raw outbox
-partition for partition(), mounts a ROMFS image at /rom when the host gave one (/rom and /rom/lib
-then come before .frozen on sys.path: the image's modules are what a firmware without them frozen
-in would run, and this firmware has `tern` and the app frozen in), and prints the "up" sentinel the
-host waits for. PROFILE is read from board.json when first asked for, so the
+host's board.json (semihosting: the host's board directory is QEMU's working directory), opens the
+NOR flash (module `qboard`: native memory, written through to the host's flash.img), mounts its
+LittleFS region at "/" (formatting an erased one, as boards do), keeps the raw outbox partition for
+partition(), tells the host the sockets of any boot before are gone, and prints the "up" sentinel
+the host waits for. sys.path is the firmware's own, as on an ESP32 or a Pico: ['', '.frozen',
+'/lib'], with '/rom' and '/rom/lib' before '/lib' when the ROMFS partition holds an image (mounted
+by MicroPython itself at every boot). PROFILE is read from board.json when first asked for, so the
 board's heap does not hold it.
 
 reset() is machine.reset(): QEMU exits with status 0 and the host boots the board again. A power
@@ -87,22 +88,16 @@ def boot():
     fs = qboard.Flash(0, n)
     if ob:
         _parts[ob["label"]] = qboard.Flash(n, ob["blocks"])
-    rom = prof.get("romfs") and cfg.get("romfs")
     if cfg.get("mode") == "raw":  # booted by the host to deploy: boot.py only, then the raw REPL
         qboard.raw_repl()
     cfg = prof = fl = ob = None
+    qboard.net_reset()
     try:
         lfs = vfs.VfsLfs2(fs)
     except OSError:  # an erased flash: formatted on first boot, as boards do
         vfs.VfsLfs2.mkfs(fs)
         lfs = vfs.VfsLfs2(fs)
     vfs.mount(lfs, "/")
-    sys.path[:] = ["", ".frozen", "/lib"]
-    if rom:
-        m = qboard.romfs(rom)
-        if m is not None:
-            vfs.mount(vfs.VfsRom(m), "/rom")
-            sys.path[1:1] = ["/rom", "/rom/lib"]
     import gc
 
     gc.collect()

@@ -1,4 +1,4 @@
-"""On the qemu-m3 board, for the library's store tests: `norflash.NorFlash` backed by the board's
+"""On the qemu boards, for the library's store tests: `norflash.NorFlash` backed by the board's
 own NOR flash model (module qboard: native memory, written through to the host's image), so the
 tests of tests/lib that take a NorFlash(path, ...) run unchanged against the board's flash.
 

@@ -8,7 +8,8 @@ on a serial port (mpremote's SerialTransport), so the same test body drives
 - `EmulatedBoard` (ternlab.boards.emulated): the MicroPython unix port on a
   pseudo-terminal, with emulated NOR flash and power cuts,
 - `QemuBoard` (ternlab.boards.qemu): MicroPython's own firmware for an Arm
-  Cortex-M3 with Tern frozen in, under qemu-system-arm (profiles qemu-m3-*), and
+  Cortex-M3 or a RISC-V RV32 core under QEMU (profiles qemu-*; stock, or with
+  Tern frozen in), and
 - `SerialBoard` (ternlab.boards.serial): a real board on a serial port.
 
 Board profiles live in `boards/<name>/profile.json` at the top of the project

@@ -53,6 +53,9 @@ def load_profile(name_or_path):
     rom = prof.get("romfs")
     if rom is not None and (not isinstance(rom, dict) or not isinstance(rom.get("bytes"), int) or rom["bytes"] <= 0):
         raise ValueError("%s: romfs must be null or {\"bytes\": size of the ROMFS partition}" % p)
+    if prof.get("firmware", "stock") not in ("stock", "frozen"):
+        raise ValueError("%s: firmware must be \"stock\" (nothing of Tern frozen in) or \"frozen\" (Tern and the app "
+                         "frozen in), not %r" % (p, prof["firmware"]))
     dflt = prof.get("defaults")
     if dflt is not None:
         known = json.loads((device_dir("app") / "config.example.json").read_text())

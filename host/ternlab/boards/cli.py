@@ -14,14 +14,18 @@
   tern repl (--port PORT | --emulated DIR)                a terminal on a board's REPL
 
 Emulated boards are of either kind: the unix port (unix-emulated, tight) or MicroPython's firmware
-under QEMU (qemu-m3-*, whose MQTT link reaches --broker). An emulated board's DIR keeps its flash image
-and its id between runs (default $XDG_DATA_HOME/tern/boards/PROFILE), so `tern deploy --emulated DIR`
-then `tern board run --dir DIR` boots what was deployed, as the same device; a DIR that does not exist
-is an error unless --create.
+under QEMU (qemu-*: a Cortex-M3 or a RISC-V core; its sockets reach the host's loopback, its link UART
+--broker). An emulated board's DIR keeps its flash image and its id between runs (default
+$XDG_DATA_HOME/tern/boards/PROFILE), so `tern deploy --emulated DIR` then `tern board run --dir DIR`
+boots what was deployed, as the same device; a DIR that does not exist is an error unless --create.
+The board dies with the command: SIGHUP (a terminal closing) and SIGTERM power it off and end the
+command, and the emulator is killed with the command however it ends (ternlab.boards.spawn).
 """
 
+import functools
 import os
 import select
+import signal
 import subprocess
 import sys
 import termios
@@ -31,6 +35,25 @@ from pathlib import Path
 QUIT = b"\x1d"  # Ctrl-]
 MENU = b"\x14"  # Ctrl-T, then a power key (as miniterm's menu character)
 POWER_KEYS = "Ctrl-T p powers the board on (or cycles it), Ctrl-T o cuts it, Ctrl-] quits"
+
+
+def _ends_on_hangup(cmd):
+    """A command whose board dies with it: SIGHUP (its terminal closed) and SIGTERM end it as Ctrl-] or
+    the end of its work would (SystemExit: the board is closed on the way out, its emulator killed)."""
+
+    @functools.wraps(cmd)
+    def run(args):
+        def end(sig, frame):
+            raise SystemExit(128 + sig)
+
+        old = {s: signal.signal(s, end) for s in (signal.SIGHUP, signal.SIGTERM)}
+        try:
+            return cmd(args)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    return run
 
 
 def _profile_arg(p, default):
@@ -58,7 +81,7 @@ def add_subcommands(sub):
     r.add_argument("--headless", action="store_true",
                    help="do not open the port: print it and the board's power events, and leave it to "
                         "mpremote or a test; power commands on stdin (on, off, cycle, quit), Ctrl-C stops")
-    r.set_defaults(func=cmd_board_run)
+    r.set_defaults(func=_ends_on_hangup(cmd_board_run))
     p.set_defaults(func=lambda a: (p.print_usage(sys.stderr), 2)[1])
 
     d = sub.add_parser("deploy", help="compile lib/tern's device set and the telemetry app (device/app) with mpy-cross and copy them to a board")
@@ -71,7 +94,7 @@ def add_subcommands(sub):
     d.add_argument("--source", action="store_true", help="copy .py sources instead of compiling")
     d.add_argument("--romfs", action="store_true",
                    help="put the compiled modules in the board's ROMFS partition (run in place, off the heap)")
-    d.set_defaults(func=cmd_deploy)
+    d.set_defaults(func=_ends_on_hangup(cmd_deploy))
 
     f = sub.add_parser("flash", help="write a MicroPython image and the profile's partition table (esptool)")
     f.add_argument("--port", required=True, help="the board's serial port")
@@ -98,7 +121,7 @@ def add_subcommands(sub):
 
     q = sub.add_parser("repl", help="a terminal on a board's REPL")
     _target_args(q)
-    q.set_defaults(func=cmd_repl)
+    q.set_defaults(func=_ends_on_hangup(cmd_repl))
 
 
 def _target_args(p):
@@ -119,8 +142,8 @@ def _create_arg(p):
 
 def _broker_arg(p):
     p.add_argument("--broker", metavar="HOST[:PORT]", type=_address,
-                   help="a qemu-m3 board's MQTT link (its link UART) reaches this broker (default port 1883); "
-                        "a unix-port board uses the host's network and the app's own config")
+                   help="a qemu board's link UART (MQTT over a serial line, stream=) reaches this broker (default "
+                        "port 1883); sockets, on either kind of board, dial what the app's own config names")
 
 
 def _address(text):
@@ -167,15 +190,15 @@ def _fail(cmd, msg):
 
 
 def _emulated(args, dir_, echo=None, power=True, app=True):
-    """The emulated board in dir_: an EmulatedBoard (unix port), or a QemuBoard for a qemu-m3 profile, its
-    link joined to --broker. power: booted (app=False: boot.py only, main.py does not run)."""
+    """The emulated board in dir_: an EmulatedBoard (unix port), or a QemuBoard for a qemu profile, its
+    link UART joined to --broker. power: booted (app=False: boot.py only, main.py does not run)."""
     from .board import BoardError, load_profile
     from .emulated import EmulatedBoard
 
     _board_dir(args, dir_)
     try:
         prof = load_profile(_profile_of(args, dir_))
-        if prof.get("kind") == "qemu-m3":
+        if prof.get("kind") == "qemu":
             from .qemu import QemuBoard
 
             if getattr(args, "host_path", None):
@@ -249,7 +272,10 @@ def terminal(port, inp=None, out=None, keys=None):
                     os.write(fd, data)
     finally:
         if saved is not None:
-            termios.tcsetattr(inp, termios.TCSADRAIN, saved)
+            try:
+                termios.tcsetattr(inp, termios.TCSADRAIN, saved)
+            except termios.error:  # the terminal is gone (SIGHUP)
+                pass
         os.close(fd)
 
 
@@ -340,12 +366,12 @@ def cmd_board_run(args):
 
 
 def _link_note(b, args):
-    """What a qemu-m3 board's MQTT link reaches ('' for a unix-port board, which uses the host's network)."""
-    if b.profile.get("kind") != "qemu-m3":
+    """What a qemu board's link UART reaches ('' for a unix-port board, which has none)."""
+    if b.profile.get("kind") != "qemu":
         return ""
     if args.broker:
-        return ", MQTT link to %s:%d" % args.broker
-    return ", MQTT link to nothing (--broker HOST[:PORT] joins it to a broker)"
+        return ", link UART to %s:%d" % args.broker
+    return ", link UART to nothing (--broker HOST[:PORT] joins it to a broker)"
 
 
 def _board_headless(args, dir_):

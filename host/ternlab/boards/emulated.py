@@ -14,7 +14,6 @@ The flash image (`flash.img` + `flash.img.wear` counters), the console log and
 the boot config live in the board's workdir.
 """
 
-import fcntl
 import json
 import os
 import random
@@ -29,6 +28,7 @@ from .board import Board, BoardError, load_profile
 from .console import ConsoleLog
 from ..paths import use_device
 from .emulated_pty import Supervisor, micropython_path
+from .spawn import FolderInUse, FolderLock
 
 __all__ = ["EmulatedBoard", "RESERVE", "create_image", "micropython_path", "port_id"]
 RESERVE = 48 * 1024  # heap for the emulator itself (flash, partitions, VFS); hidden from the app
@@ -78,19 +78,17 @@ class EmulatedBoard(Board):
         if not prof.get("emulated"):
             raise ValueError("profile %r is a real board's: give its serial port (tern deploy/repl --port PORT, "
                              "pytest --board-port PORT; SerialBoard in Python)" % prof["name"])
-        if prof.get("kind") == "qemu-m3" and type(self) is EmulatedBoard:
-            raise ValueError("profile %r is a qemu-m3 board's: it runs under QEMU (QemuBoard in Python; tern board "
+        if prof.get("kind") == "qemu" and type(self) is EmulatedBoard:
+            raise ValueError("profile %r is a qemu board's: it runs under QEMU (QemuBoard in Python; tern board "
                              "run --profile %s and pytest --board-profile %s choose it)" % (prof["name"], prof["name"], prof["name"]))
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tern-board-")).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._lockf = open(self.workdir / ".lock", "w")
-        try:  # one process per flash image: two would corrupt it
-            fcntl.flock(self._lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lockf.close()
-            raise BoardError("the board in %s is in use by another process (tern board run?): "
-                             "use its port instead" % self.workdir) from None
+        try:  # one board per flash image: two would corrupt it
+            self._folder = FolderLock(self.workdir)
+        except FolderInUse as e:
+            raise BoardError("the board in %s is in use: its flash is held by %s; use its port instead, or stop "
+                             "that process" % (self.workdir, e)) from None
         self.id = self._identity(prof["name"], board_id)
         self.image = self.workdir / "flash.img"
         self.host_paths = [Path(p).resolve() for p in host_paths]
@@ -361,6 +359,6 @@ class EmulatedBoard(Board):
             self._drop()
         self._sup.stop()
         self.log.close()
-        self._lockf.close()
+        self._folder.close()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -51,6 +51,7 @@ from pathlib import Path
 from ..paths import device_path
 from .board import BoardError, device_profile
 from .relay import BACKLOG, PortRelay
+from .spawn import popen
 
 _BOOT = "import gc;gc.collect();b=gc.mem_alloc();import emuboard;emuboard.boot(globals(),b);del emuboard,b"
 _SENT = b"\x00TERN:"
@@ -137,7 +138,10 @@ class Supervisor(PortRelay):
             argv = [setsid, "-c"] + argv
         else:  # pragma: no cover - util-linux missing
             kw = {"start_new_session": True, "preexec_fn": lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0)}
-        self.proc = subprocess.Popen(argv, stdin=s_in, stdout=s_in, stderr=s_in, env=env, close_fds=True, **kw)
+        # dies with this process (spawn.popen); holds the board folder's lock while it lives
+        self.proc = popen(argv, stdin=s_in, stdout=s_in, stderr=s_in, env=env, close_fds=True,
+                          pass_fds=(b._folder.fd(),), **kw)
+        b._folder.started(self.proc.pid)
         os.close(s_in)
         os.set_blocking(m_in, False)
         self.m_in = m_in

@@ -1,25 +1,33 @@
-"""QemuBoard: an emulated microcontroller -- MicroPython's own firmware for an Arm Cortex-M3
-(the `qemu` port, board MPS2_AN385) with Tern and the telemetry app frozen in, run by
-qemu-system-arm.
+"""QemuBoard: an emulated microcontroller -- MicroPython's own firmware (the `qemu` port) for an Arm
+Cortex-M3 (MPS2-AN385, qemu-system-arm) or a RISC-V RV32 core (virt, qemu-system-riscv32: the
+ESP32-C3's ISA), stock or with Tern frozen in as the profile says (ternlab.firmware).
 
 It is an EmulatedBoard (same Board interface, same power, cut and flash methods) whose device is
 QEMU instead of the unix port:
 
-- the firmware is `ternlab.firmware.build(profile)` (built once per content, heap from the profile);
+- the firmware is `ternlab.firmware.build(profile)` (built once per machine and kind); each boot gets
+  the profile's heap and ROMFS partition size on the semihosting command line;
 - UART0 is the REPL: QEMU's stdio, relayed by a thread to the board's pty (`board.port`, stable
   across power cycles), so mpremote speaks to it as to a board on USB serial; every line goes to
   the console log;
-- UART1 is the link UART: QEMU listens on a loopback TCP port (and waits for the bridge before the
-  board starts, so nothing the board sends is lost), and a bridge thread connects it to
-  `link(host, port)` (the broker, or a chaos proxy in front of it). Like a modem in transparent
-  mode, the bridge dials when the board sends CONNECT and the far end is not connected, and when the far
-  end hangs up (or cannot be reached) it says so on UART2, the carrier line (a modem's DCD): the
-  firmware's link stream then reads end of stream, as a socket does when its peer closes; closing
-  the stream on the board drops the line the other way (DTR) and the bridge hangs up;
+- the network UART carries the board's `socket` module to ternlab.boards.qemu_net, which dials what
+  the app asks for on the host's loopback (`Client(server=..., port=...)` runs as on a board);
+- the link UART is a serial line for `stream=` (MQTT over a modem in transparent mode): QEMU listens
+  on a loopback TCP port (and waits for the bridge before the board starts, so nothing the board sends
+  is lost), and a bridge thread connects it to `link(host, port)` (the broker, or a chaos proxy in
+  front of it). Like a modem, the bridge dials when the board sends CONNECT and the far end is not
+  connected, and when the far end hangs up (or cannot be reached) it says so on the carrier line (a
+  modem's DCD): the firmware's link stream then reads end of stream, as a socket does when its peer
+  closes; closing the stream on the board drops the line the other way (DTR) and the bridge hangs up;
 - the NOR flash is the C model in the firmware (device/qemu-firmware/cmodules/qboard): native memory,
-  written through to flash.img (+ .wear) in the board's workdir by ARM semihosting, the torn
-  write and cut.json at the N-th flash operation, after which QEMU exits with status 80 (power cut);
-- machine.reset() (emuboard.reset()) ends QEMU with status 0: the relay boots it again.
+  written through to flash.img (+ .wear) in the board's workdir by semihosting, the torn write and
+  cut.json at the N-th flash operation, after which QEMU exits with status 80 (power cut);
+- machine.reset() (emuboard.reset()) ends QEMU with status 0: the relay boots it again;
+- QEMU dies with the host process (ternlab.boards.spawn: a parent-death signal), and holds the
+  board folder's lock while it lives.
+
+On the Cortex-M3 the UARTs are the MPS2's own (UART1 link, UART2 carrier, UART3 network); `virt` has
+one 16550 (the REPL), so the others are a pci-serial-4x's ports.
 
 The board's workdir holds flash.img, board.json (what the firmware reads at boot: profile, id,
 cut_at, seed, reset cause), cut.json, romfs.img, console.log and qemu.log (QEMU's own messages).
@@ -31,13 +39,13 @@ import select
 import shutil
 import signal
 import socket
-import subprocess
-import threading
 import time
 
 from .board import BoardError, device_profile
 from .emulated import EmulatedBoard
-from .relay import BACKLOG, PortRelay, StepLoop
+from .qemu_net import NetBridge
+from .relay import BACKLOG, BridgeLoop, PortRelay
+from .spawn import popen
 
 _UP = b"\x00TERN:UP\x00"
 EXIT_POWER_CUT = 80  # device/qemu-firmware/cmodules/qboard/qboard.c
@@ -47,6 +55,26 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _qemu_argv(b, link_port, dcd_port, net_port):
+    """QEMU's command line for a board: its machine, the semihosting command line the firmware reads
+    (heap=, romfs=), the REPL on stdio, the link, carrier and network UARTs as loopback TCP servers
+    that wait for their bridges, and the profile's extra options (qemu_args)."""
+    from .. import firmware
+
+    m = firmware.MACHINES[b.profile["arch"]]
+    rom = (b.profile.get("romfs") or {}).get("bytes", 0)
+    semi = "enable=on,target=native,arg=firmware,arg=heap=%d,arg=romfs=%d" % (b.profile["heap_bytes"], rom)
+    argv = [shutil.which(m.qemu) or m.qemu, "-machine", m.machine, *m.run, "-nographic", "-monitor", "none",
+            "-semihosting-config", semi, "-chardev", "stdio,id=repl,signal=off", "-serial", "chardev:repl"]
+    for name, port in (("link", link_port), ("dcd", dcd_port), ("net", net_port)):
+        argv += ["-chardev", "socket,id=%s,host=127.0.0.1,port=%d,server=on,wait=on,nodelay=on" % (name, port)]
+    if m.pci_uarts:  # one 16550 on the machine (the REPL); the others on PCIe, slot 2 (qboard's hw.h)
+        argv += ["-device", "pci-serial-4x,addr=2,chardev1=link,chardev2=dcd,chardev3=net"]
+    else:  # the machine's own UARTs 1-3
+        argv += ["-serial", "chardev:link", "-serial", "chardev:dcd", "-serial", "chardev:net"]
+    return argv + ["-kernel", str(b.elf)] + b.qemu_args
 
 
 class _Relay(PortRelay):
@@ -64,26 +92,19 @@ class _Relay(PortRelay):
         b = self.b
         cfg = {"profile": device_profile(b.profile), "id": b.id, "cause": cause, "cut_at": cut_at, "seed": seed,
                "mode": mode}
-        if b.romfs_size():
-            cfg["romfs"] = b.romfs_image.name
         try:
             os.remove(b.workdir / "cut.json")
         except FileNotFoundError:
             pass
         (b.workdir / "board.json").write_text(json.dumps(cfg))
-        self.link_port, dcd_port = _free_port(), _free_port()
-        argv = [shutil.which("qemu-system-arm") or "qemu-system-arm", "-machine", "mps2-an385", "-nographic",
-                "-monitor", "none", "-semihosting-config", "enable=on,target=native",
-                "-chardev", "stdio,id=repl,signal=off", "-serial", "chardev:repl",
-                "-chardev", "socket,id=link,host=127.0.0.1,port=%d,server=on,wait=on" % self.link_port,
-                "-serial", "chardev:link",
-                "-chardev", "socket,id=dcd,host=127.0.0.1,port=%d,server=on,wait=on" % dcd_port,
-                "-serial", "chardev:dcd", "-kernel", str(b.elf)] + b.qemu_args
+        self.link_port, dcd_port, net_port = _free_port(), _free_port(), _free_port()
+        argv = _qemu_argv(b, self.link_port, dcd_port, net_port)
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         with open(b.workdir / "qemu.log", "ab") as err:
-            self.proc = subprocess.Popen(argv, stdin=in_r, stdout=out_w, stderr=err, cwd=str(b.workdir),
-                                         close_fds=True, start_new_session=True)
+            self.proc = popen(argv, stdin=in_r, stdout=out_w, stderr=err, cwd=str(b.workdir), close_fds=True,
+                              pass_fds=(b._folder.fd(),), start_new_session=True)
+        b._folder.started(self.proc.pid)
         os.close(in_r)
         os.close(out_w)
         os.set_blocking(in_w, False)
@@ -98,6 +119,7 @@ class _Relay(PortRelay):
         self.boot_failed.clear()
         self.off.clear()
         b._bridge.reset(self.link_port, dcd_port)
+        b._net.reset(net_port)
         self._wake()
 
     def kill(self, why, sig=signal.SIGKILL):
@@ -221,7 +243,7 @@ class _Relay(PortRelay):
         self._close(self.q_in, self.q_out)
 
 
-class _Bridge(StepLoop):
+class _Bridge(BridgeLoop):
     """The link UART's far end: QEMU's socket on one side, `target` (host, port) on the other,
     dialled when the board starts an MQTT connection (sends CONNECT) and the far end is not
     connected (a modem in transparent mode).
@@ -230,20 +252,16 @@ class _Bridge(StepLoop):
     last of them (the two UARTs keep no order between them). A byte from the board on that line (its
     link stream was closed: a modem's DTR dropped) hangs up the far end."""
 
-    what, pause = "link bridge", 0.1  # (StepLoop's log line and back-off)
+    what = "link bridge"  # (StepLoop's log line)
 
     def __init__(self, board):
-        super().__init__(name="qemulink-%s" % board.id, daemon=True)
-        self.log = board.log
+        super().__init__("qemulink-%s" % board.id, board.log)
         self.target = None
         self.qport = self.dport = None
         self.q = self.far = self.dcd = None
-        self.lock = threading.Lock()
-        self.running = True
         self.dials = 0
         self.sent = 0
         self.rem, self.hdr = 0, bytearray()
-        self.wake_r, self.wake_w = os.pipe()
 
     def reset(self, qport, dport):
         """QEMU (re)started with its link socket on qport and its carrier line on dport."""
@@ -253,7 +271,7 @@ class _Bridge(StepLoop):
             self.qport, self.dport = qport, dport
             self.sent = 0  # bytes put on the board's link UART since it booted
             self.rem, self.hdr = 0, bytearray()  # MQTT framing of what the board sends
-        os.write(self.wake_w, b"x")
+        self.wake()
 
     def _close_q(self):
         for s in (self.q, self.dcd):
@@ -404,26 +422,18 @@ class _Bridge(StepLoop):
             return None
         return data or None
 
-    def stop(self):
-        if not self.running:
-            return
-        self.running = False
-        os.write(self.wake_w, b"x")
-        self.join(timeout=3)
-        with self.lock:
-            self._close_q()
-            self._close_far()
-        for fd in (self.wake_r, self.wake_w):
-            os.close(fd)
+    def _closed(self):
+        self._close_q()
+        self._close_far()
 
 
 class QemuBoard(EmulatedBoard):
-    """A qemu-m3 board: QemuBoard(profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None,
+    """A qemu board: QemuBoard(profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None,
     power=True, cut_at=0, seed=1, link=None, qemu_args=()). link: (host, port) the link UART reaches
-    (the broker, or a chaos proxy); `link()` changes it. qemu_args: more options for qemu-system-arm at
-    each power-on, e.g. ("-icount", "shift=0"): the guest clock advances 1 ns per instruction executed,
-    so the MPS2 timers count instructions (tools/bench/cpu_bench.py). The firmware is built (or taken
-    from the cache) first."""
+    (the broker, or a chaos proxy); `link()` changes it; the board's sockets dial what its apps ask for.
+    qemu_args: more options for QEMU at each power-on, e.g. ("-icount", "shift=0"): the guest clock
+    advances 1 ns per instruction executed, and qboard.icount() counts instructions
+    (tools/bench/cpu_bench.py). The firmware is built (or taken from the cache) first."""
 
     def __init__(self, profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None, power=True, cut_at=0,
                  seed=1, link=None, qemu_args=()):
@@ -431,8 +441,8 @@ class QemuBoard(EmulatedBoard):
         from .board import load_profile
 
         prof = profile if isinstance(profile, dict) else load_profile(profile)
-        if prof.get("kind") != "qemu-m3":
-            raise ValueError("profile %r is not a qemu-m3 board's" % prof["name"])
+        if prof.get("kind") != firmware.KIND:
+            raise ValueError("profile %r is not a qemu board's" % prof["name"])
         try:
             self.elf = firmware.build(prof, log=lambda s: None)
         except firmware.BuildError as e:
@@ -445,6 +455,8 @@ class QemuBoard(EmulatedBoard):
         self._bridge = _Bridge(self)
         self._bridge.target = self._link
         self._bridge.start()
+        self._net = NetBridge(self)
+        self._net.start()
         return _Relay(self)
 
     def link(self, host, port=None):
@@ -460,6 +472,12 @@ class QemuBoard(EmulatedBoard):
         """How often the bridge dialled the far end (a new TCP connection to the broker)."""
         return self._bridge.dials
 
+    @property
+    def net_dials(self):
+        """How many connections the board's `socket` module had the host dial."""
+        return self._net.dials
+
     def close(self):
-        self._bridge.stop()
         super().close()
+        self._bridge.stop()
+        self._net.stop()

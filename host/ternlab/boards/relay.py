@@ -33,9 +33,41 @@ class StepLoop(threading.Thread):
                     time.sleep(self.pause)
 
 
+class BridgeLoop(StepLoop):
+    """A StepLoop with a lock and a wake-up pipe, stopped for good by stop(), which closes what it
+    holds (_closed, under the lock): the qemu board's link and network bridges."""
+
+    pause = 0.1
+
+    def __init__(self, name, log):
+        super().__init__(name=name, daemon=True)
+        self.log = log
+        self.lock = threading.Lock()
+        self.running = True
+        self.wake_r, self.wake_w = os.pipe()
+
+    def wake(self):
+        os.write(self.wake_w, b"x")
+
+    def _closed(self):
+        """Close the bridge's sockets (the lock is held)."""
+        raise NotImplementedError
+
+    def stop(self):
+        if not self.running:
+            return
+        self.running = False
+        self.wake()
+        self.join(timeout=3)
+        with self.lock:
+            self._closed()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+
+
 class PortRelay(StepLoop):
     """What a board's relay thread is, whatever runs the device (the unix port here, QEMU for the
-    qemu-m3 board): the port pty, the wake-up pipe, the state EmulatedBoard reads and waits on, the
+    qemu boards): the port pty, the wake-up pipe, the state EmulatedBoard reads and waits on, the
     backlog for a reader that is not there, freezing the device process, and a loop of _step()
     that never dies silently."""
 

@@ -1,20 +1,22 @@
-// qboard: what the Tern qemu-m3 board (MicroPython's qemu port, MPS2-AN385 under qemu-system-arm)
-// has besides the port's own: a NOR flash, the link UART and the host's files (ARM semihosting).
+// qboard: what the Tern qemu boards (MicroPython's qemu port on qemu-system-arm's MPS2-AN385, an
+// Arm Cortex-M3, or on qemu-system-riscv32's virt, RISC-V RV32) have besides the port's own: a NOR
+// flash, a ROMFS partition, the host's files (semihosting), the link UART (link.c) and a network
+// (net.c, the `socket` module). hw.h holds what differs between the two machines.
 //
-// Flash: one NOR device of `blocks` x `block_size` bytes kept in native memory (the board's PSRAM at
-// 0x21000000), read from the host file flash.img at open and written through to it on every program
-// and erase, so it survives power cycles (QEMU exiting). Program only clears bits (asking for a 1
-// where the flash holds 0 raises ValueError), erase sets a block to 0xFF. The wear counters are
-// written through to flash.img.wear in the format of device/emulated/norflash.py. A power cut at the
-// N-th program/erase (cut_at, or arm_cut) tears that operation as norflash.py does (seeded), writes
+// Flash: one NOR device of `blocks` x `block_size` bytes kept in native memory (hw.h's FLASH_BASE),
+// read from the host file flash.img at open and written through to it on every program and erase,
+// so it survives power cycles (QEMU exiting). Program only clears bits (asking for a 1 where the
+// flash holds 0 raises ValueError), erase sets a block to 0xFF. The wear counters are written
+// through to flash.img.wear in the format of device/emulated/norflash.py. A power cut at the N-th
+// program/erase (cut_at, or arm_cut) tears that operation as norflash.py does (seeded), writes
 // cut.json and ends QEMU with exit status 80: the host sees the board lose power.
 // Flash(start, count) is a partition of it with MicroPython's extended block protocol.
 //
-// UART(): the link UART (UART1) as a non-blocking stream (read/readinto/write, select.poll). UART2
-// is its carrier line (a modem's DCD): when the host's bridge says the far end hung up, reads return
-// end of stream (0) once what the far end sent before is read, and go on returning it, as a socket's
-// do when its peer closed, until the next CONNECT is written (the bridge dials for it); close() drops
-// the line the other way (a modem's DTR: one byte out on UART2), and the bridge hangs up the far end.
+// Boot arguments (the semihosting command line, written by the host): heap=N, the heap's size (the
+// firmware holds the largest a profile may ask for; the rest stays unused), and romfs=N, the ROMFS
+// partition's size: vfs.rom_ioctl serves it as a board's port does (the host file romfs.img, read
+// into hw.h's ROMFS_BASE, erased past its end; writable through rom_ioctl as `mpremote romfs
+// deploy` writes a board's), and MicroPython mounts it at /rom at every boot.
 
 #include <string.h>
 #include <stdio.h>
@@ -23,49 +25,43 @@
 #include "py/mperrno.h"
 #include "py/objstr.h"
 #include "shared/runtime/pyexec.h"
+#include "extmod/vfs.h"
+#include "hw.h"
+#include "qboard.h"
 
-#define FLASH_BASE ((uint8_t *)0x21000000)
 #define FLASH_MAX (8u << 20)
-#define ROMFS_BASE ((uint8_t *)0x21800000)
 #define ROMFS_MAX (8u << 20)
 #define MAX_BLOCKS 2048
 #define WEAR_HDR 24
 #define EXIT_POWER_CUT 80
 
 // ---------------------------------------------------------------- semihosting
-static uint32_t semi(uint32_t num, const void *arg) {
-    register uint32_t r0 __asm__ ("r0") = num;
-    register const void *r1 __asm__ ("r1") = arg;
-    __asm__ __volatile__ ("bkpt 0xAB\n" : "+r" (r0) : "r" (r1) : "memory");
-    return r0;
-}
-
-static int h_open(const char *path, uint32_t mode) {
+int h_open(const char *path, uint32_t mode) {
     uint32_t a[3] = { (uint32_t)path, mode, strlen(path) };
     return (int)semi(0x01, a);
 }
 
-static void h_close(int fd) {
+void h_close(int fd) {
     uint32_t a[1] = { (uint32_t)fd };
     semi(0x02, a);
 }
 
-static void h_seek(int fd, uint32_t pos) {
+void h_seek(int fd, uint32_t pos) {
     uint32_t a[2] = { (uint32_t)fd, pos };
     semi(0x0A, a);
 }
 
-static uint32_t h_write(int fd, const void *buf, uint32_t n) {  // bytes NOT written
+uint32_t h_write(int fd, const void *buf, uint32_t n) {  // bytes NOT written
     uint32_t a[3] = { (uint32_t)fd, (uint32_t)buf, n };
     return semi(0x05, a);
 }
 
-static uint32_t h_read(int fd, void *buf, uint32_t n) {  // bytes NOT read
+uint32_t h_read(int fd, void *buf, uint32_t n) {  // bytes NOT read
     uint32_t a[3] = { (uint32_t)fd, (uint32_t)buf, n };
     return semi(0x06, a);
 }
 
-static int h_flen(int fd) {
+int h_flen(int fd) {
     uint32_t a[1] = { (uint32_t)fd };
     return (int)semi(0x0C, a);
 }
@@ -390,95 +386,6 @@ static MP_DEFINE_CONST_DICT(qb_flash_locals, qb_flash_locals_table);
 static MP_DEFINE_CONST_OBJ_TYPE(qb_flash_type, MP_QSTR_Flash, MP_TYPE_FLAG_NONE,
     make_new, qb_flash_make_new, locals_dict, &qb_flash_locals);
 
-// ---------------------------------------------------------------- UART(): the link UART (UART1)
-extern int uart1_rx_chr(void);
-extern size_t uart1_rx_any(void);
-extern int uart1_eof(void);
-extern void uart1_carrier_up(void);
-extern void uart1_hang_up(void);
-extern void uart1_tx_strn(const char *buf, size_t len);
-
-typedef struct {
-    mp_obj_base_t base;
-} qb_uart_obj_t;
-
-static const mp_obj_type_t qb_uart_type;
-static const qb_uart_obj_t qb_uart_obj = { { &qb_uart_type } };
-
-static mp_obj_t qb_uart_make_new(const mp_obj_type_t *type, size_t n_args, size_t n_kw, const mp_obj_t *args) {
-    return MP_OBJ_FROM_PTR(&qb_uart_obj);
-}
-
-static mp_uint_t qb_uart_read(mp_obj_t self, void *buf, mp_uint_t size, int *err) {
-    uint8_t *b = buf;
-    mp_uint_t n = 0;
-    while (n < size) {
-        int c = uart1_rx_chr();
-        if (c < 0) {
-            break;
-        }
-        b[n++] = c;
-    }
-    if (n == 0 && size) {
-        if (uart1_eof()) {
-            return 0;  // end of stream: the far end hung up (the carrier line), every read from now on
-        }
-        *err = MP_EAGAIN;
-        return MP_STREAM_ERROR;
-    }
-    return n;
-}
-
-static mp_uint_t qb_uart_write(mp_obj_t self, const void *buf, mp_uint_t size, int *err) {
-    if (size && ((const uint8_t *)buf)[0] == 0x10) {
-        uart1_carrier_up();  // a CONNECT: the bridge dials for it, so a hang-up not read yet is over
-    }
-    uart1_tx_strn(buf, size);
-    return size;
-}
-
-static mp_uint_t qb_uart_ioctl(mp_obj_t self, mp_uint_t request, uintptr_t arg, int *err) {
-    if (request == MP_STREAM_POLL) {
-        mp_uint_t r = arg & MP_STREAM_POLL_WR;
-        if ((arg & MP_STREAM_POLL_RD) && (uart1_rx_any() || uart1_eof())) {
-            r |= MP_STREAM_POLL_RD;
-        }
-        return r;
-    }
-    if (request == MP_STREAM_CLOSE) {
-        uart1_hang_up();  // the line is dropped (DTR): the bridge hangs up the far end; the UART stays usable
-        return 0;
-    }
-    if (request == MP_STREAM_FLUSH) {
-        return 0;
-    }
-    *err = MP_EINVAL;
-    return MP_STREAM_ERROR;
-}
-
-static mp_obj_t qb_uart_any(mp_obj_t self) {
-    return MP_OBJ_NEW_SMALL_INT(uart1_rx_any());
-}
-static MP_DEFINE_CONST_FUN_OBJ_1(qb_uart_any_obj, qb_uart_any);
-
-static const mp_rom_map_elem_t qb_uart_locals_table[] = {
-    { MP_ROM_QSTR(MP_QSTR_read), MP_ROM_PTR(&mp_stream_read_obj) },
-    { MP_ROM_QSTR(MP_QSTR_readinto), MP_ROM_PTR(&mp_stream_readinto_obj) },
-    { MP_ROM_QSTR(MP_QSTR_write), MP_ROM_PTR(&mp_stream_write_obj) },
-    { MP_ROM_QSTR(MP_QSTR_any), MP_ROM_PTR(&qb_uart_any_obj) },
-    { MP_ROM_QSTR(MP_QSTR_close), MP_ROM_PTR(&mp_stream_close_obj) },
-};
-static MP_DEFINE_CONST_DICT(qb_uart_locals, qb_uart_locals_table);
-
-static const mp_stream_p_t qb_uart_stream = {
-    .read = qb_uart_read,
-    .write = qb_uart_write,
-    .ioctl = qb_uart_ioctl,
-};
-
-static MP_DEFINE_CONST_OBJ_TYPE(qb_uart_type, MP_QSTR_UART, MP_TYPE_FLAG_ITER_IS_STREAM,
-    make_new, qb_uart_make_new, protocol, &qb_uart_stream, locals_dict, &qb_uart_locals);
-
 // ---------------------------------------------------------------- the host
 // host_read(path): the bytes of a file in the host's board directory, None if there is none
 static mp_obj_t qb_host_read(mp_obj_t path_in) {
@@ -499,22 +406,148 @@ static mp_obj_t qb_host_read(mp_obj_t path_in) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(qb_host_read_obj, qb_host_read);
 
-// romfs(path): the ROMFS partition, read from the host file into the board's memory-mapped
-// region (not the heap); a memoryview of it, or None if there is no such file
-static mp_obj_t qb_romfs(mp_obj_t path_in) {
-    int fd = h_open(mp_obj_str_get_str(path_in), 1);
-    if (fd < 0) {
-        return mp_const_none;
+// ---------------------------------------------------------------- boot arguments, ROMFS
+// The semihosting command line ("firmware heap=N romfs=N"), read once per power-on.
+static struct {
+    int read;
+    uint32_t heap, romfs;
+    int loaded, wfd;  // the ROMFS image is in memory; wfd: romfs.img open for writing, + 1
+} boot;
+
+static uint32_t arg(const char *cmd, const char *key) {
+    size_t k = strlen(key);
+    for (const char *p = cmd; (p = strstr(p, key)) != NULL; p += k) {
+        if ((p == cmd || p[-1] == ' ') && p[k] == '=') {
+            uint32_t v = 0;
+            for (p += k + 1; *p >= '0' && *p <= '9'; p++) {
+                v = v * 10 + (*p - '0');
+            }
+            return v;
+        }
     }
-    int n = h_flen(fd);
-    if (n <= 0 || (uint32_t)n > ROMFS_MAX || h_read(fd, ROMFS_BASE, n) != 0) {
-        h_close(fd);
-        mp_raise_OSError(MP_EIO);
-    }
-    h_close(fd);
-    return mp_obj_new_memoryview('B', n, ROMFS_BASE);
+    return 0;
 }
-static MP_DEFINE_CONST_FUN_OBJ_1(qb_romfs_obj, qb_romfs);
+
+static void read_args(void) {
+    if (boot.read) {
+        return;
+    }
+    static char cmd[128];
+    uint32_t a[2] = { (uint32_t)cmd, sizeof(cmd) - 1 };
+    if (semi(0x15, a) == 0) {  // SYS_GET_CMDLINE
+        cmd[sizeof(cmd) - 1] = 0;
+        boot.heap = arg(cmd, "heap");
+        boot.romfs = arg(cmd, "romfs");
+        if (boot.romfs > ROMFS_MAX) {
+            boot.romfs = 0;
+        }
+    }
+    boot.read = 1;
+}
+
+// the heap's size for main.c's gc_init: the host's heap=N, at most what the firmware holds
+size_t qboard_heap_bytes(size_t max) {
+    read_args();
+    return boot.heap && boot.heap <= max ? boot.heap : max;
+}
+
+static void romfs_load(void) {
+    // the partition as a board's flash holds it: the image, erased (0xFF) past its end
+    if (boot.loaded) {
+        return;
+    }
+    memset(ROMFS_BASE, 0xff, boot.romfs);
+    int fd = h_open("romfs.img", 1);
+    if (fd >= 0) {
+        int n = h_flen(fd);
+        if (n > 0 && (uint32_t)n <= boot.romfs) {
+            h_read(fd, ROMFS_BASE, n);
+        }
+        h_close(fd);
+    }
+    boot.loaded = 1;
+}
+
+// vfs.rom_ioctl (MICROPY_VFS_ROM_IOCTL): one partition of romfs=N bytes, when the host gave one
+mp_obj_t mp_vfs_rom_ioctl(size_t n_args, const mp_obj_t *args) {
+    read_args();
+    if (!boot.romfs) {
+        return MP_OBJ_NEW_SMALL_INT(-MP_ENODEV);
+    }
+    mp_int_t cmd = mp_obj_get_int(args[0]);
+    if (cmd == MP_VFS_ROM_IOCTL_GET_NUMBER_OF_SEGMENTS) {
+        return MP_OBJ_NEW_SMALL_INT(1);
+    }
+    if (n_args < 2 || mp_obj_get_int(args[1]) != 0) {
+        return MP_OBJ_NEW_SMALL_INT(-MP_EINVAL);
+    }
+    switch (cmd) {
+        case MP_VFS_ROM_IOCTL_GET_SEGMENT:
+            romfs_load();
+            return mp_obj_new_memoryview('B', boot.romfs, ROMFS_BASE);
+        case MP_VFS_ROM_IOCTL_WRITE_PREPARE: {  // (3, 0, length): erased, then written from offset 0
+            if (n_args < 3 || (uint32_t)mp_obj_get_int(args[n_args - 1]) > boot.romfs) {
+                return MP_OBJ_NEW_SMALL_INT(-MP_EINVAL);
+            }
+            if (boot.wfd) {
+                h_close(boot.wfd - 1);
+            }
+            boot.wfd = h_open("romfs.img", 5) + 1;  // "wb": the image starts again
+            if (!boot.wfd) {
+                return MP_OBJ_NEW_SMALL_INT(-MP_EIO);
+            }
+            memset(ROMFS_BASE, 0xff, boot.romfs);
+            boot.loaded = 1;
+            return MP_OBJ_NEW_SMALL_INT(4);  // the smallest write
+        }
+        case MP_VFS_ROM_IOCTL_WRITE: {  // (4, 0, offset, buf)
+            mp_buffer_info_t bi;
+            if (n_args < 4 || !boot.wfd) {
+                return MP_OBJ_NEW_SMALL_INT(-MP_EINVAL);
+            }
+            mp_get_buffer_raise(args[3], &bi, MP_BUFFER_READ);
+            uint32_t off = mp_obj_get_int(args[2]);
+            if (off + bi.len > boot.romfs) {
+                return MP_OBJ_NEW_SMALL_INT(-MP_EINVAL);
+            }
+            memcpy(ROMFS_BASE + off, bi.buf, bi.len);
+            h_seek(boot.wfd - 1, off);
+            return MP_OBJ_NEW_SMALL_INT(h_write(boot.wfd - 1, bi.buf, bi.len) ? -MP_EIO : 0);
+        }
+        case MP_VFS_ROM_IOCTL_WRITE_COMPLETE:
+            if (boot.wfd) {
+                h_close(boot.wfd - 1);
+                boot.wfd = 0;
+            }
+            return MP_OBJ_NEW_SMALL_INT(0);
+    }
+    return MP_OBJ_NEW_SMALL_INT(-MP_EINVAL);
+}
+
+// icount(): instructions executed, modulo 2**30 (exact on RV32; in steps of 40 on the Cortex-M3), as
+// QEMU counts them under -icount shift=0 (without it the count follows the host's clock)
+static mp_obj_t qb_icount(void) {
+    return MP_OBJ_NEW_SMALL_INT(hw_instructions() & 0x3fffffff);
+}
+static MP_DEFINE_CONST_FUN_OBJ_0(qb_icount_obj, qb_icount);
+
+// the board's UARTs, for the port's uart.c
+void qboard_uart_init(void) {
+    hw_uart_init();
+}
+
+void qboard_poll(void) {
+    link_poll();
+    net_poll();
+}
+
+// net_reset(): the sockets of the boot before are gone (a soft reboot): the host closes what it
+// still holds for them (_boot.py calls it)
+static mp_obj_t qb_net_reset(void) {
+    net_reset();
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_0(qb_net_reset_obj, qb_net_reset);
 
 // exit(code): QEMU ends with this status (0: machine.reset, the host boots the board again)
 static mp_obj_t qb_exit(mp_obj_t code) {
@@ -538,7 +571,8 @@ static const mp_rom_map_elem_t qb_globals_table[] = {
     { MP_ROM_QSTR(MP_QSTR_Flash), MP_ROM_PTR(&qb_flash_type) },
     { MP_ROM_QSTR(MP_QSTR_UART), MP_ROM_PTR(&qb_uart_type) },
     { MP_ROM_QSTR(MP_QSTR_host_read), MP_ROM_PTR(&qb_host_read_obj) },
-    { MP_ROM_QSTR(MP_QSTR_romfs), MP_ROM_PTR(&qb_romfs_obj) },
+    { MP_ROM_QSTR(MP_QSTR_icount), MP_ROM_PTR(&qb_icount_obj) },
+    { MP_ROM_QSTR(MP_QSTR_net_reset), MP_ROM_PTR(&qb_net_reset_obj) },
     { MP_ROM_QSTR(MP_QSTR_exit), MP_ROM_PTR(&qb_exit_obj) },
     { MP_ROM_QSTR(MP_QSTR_raw_repl), MP_ROM_PTR(&qb_raw_repl_obj) },
 };
