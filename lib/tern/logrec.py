@@ -15,6 +15,7 @@ from struct import pack_into
 from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
 
 RH = const(16)  # record header bytes
+EIO = const(5)
 
 T_INID = const(0x30)
 T_META = const(0x31)
@@ -47,6 +48,16 @@ KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)  # message records: the kind code is t
 # A refreshed message goes behind the others at the next boot: one the broker
 # left unacknowledged while 268 million later records were written.
 STALE = const(0x10000000)
+
+
+class OutboxUnknown(OSError):
+    """A storage operation failed, and so did reading the medium again: what the failed call
+    wrote may or may not be there, and the store takes nothing until it has read its state
+    (lib/tern/store.py, "When storage fails"). errno EIO."""
+
+
+def unknown(e):
+    return OutboxUnknown(EIO, "outbox state unknown: the message may still be sent (%s)" % (e,))
 
 
 def sd(a, b):
@@ -132,6 +143,7 @@ class Log:
     - verbose, and _tag: what its warnings start with."""
 
     durable = True
+    epoch = seen = 0  # (store.py: the medium read again after a failure, and the session following)
 
     def reserve(self, n):
         pass
