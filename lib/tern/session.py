@@ -1442,8 +1442,10 @@ class Session:
         ids = m.sub_ids
         sids = v == _V5 and self.sid_ok
         dflt = self.on_message
-        self._pump(now)  # what the read let out of the window (see _on_ack), then
-        self.flush()  # what the read queued leaves before application code runs
+        # What the read let out of the window (see _on_ack), then what it queued, leaves before
+        # application code runs; a send that fails there (the connection broke) does not keep the
+        # message from its handler (a QoS 2 one's id is recorded: it would never be delivered).
+        err = self._first(now) if self._txn or self._unsent else None
         self._depth = d + 1
         try:
             if n_ids and sids:
@@ -1484,13 +1486,24 @@ class Session:
             # to the driver's caller): acknowledgements keep arrival order,
             # so those of messages read meanwhile follow this one's.
             self._depth = d
-            if not d:
+            if not d and err is None:  # (not over a connection that broke)
                 if q and not manual:
                     self.send_ack(t, pid, 0, now)
                 h = self._held
                 while h:
                     a = h.pop(0)
                     self.send_ack(a & 15, a >> 4, 0, now)
+        if err is not None:
+            raise err
+
+    def _first(self, now):
+        # _on_publish's sends before a handler runs; the OSError of one that fails is returned
+        try:
+            self._pump(now)
+            self.flush()
+        except OSError as e:
+            return e
+        return None
 
     def _admit(self, pid, rec, now):
         # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in
