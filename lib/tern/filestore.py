@@ -94,7 +94,6 @@ from .logrec import (
     KINDS as _KINDS,
     Log,
     OutboxUnknown,  # noqa: F401  (an app that uses FileStore finds it here)
-    unknown as _unknown,
     apply_op,
     u16 as _u16,
     u32 as _u32,
@@ -583,27 +582,17 @@ class FileStore(Log):
             raise OSError(ENOSPC, "outbox full (filesystem)")
         raise e
 
-    def _retry(self):
-        """Void what is to be voided and read the segments again; OutboxUnknown while that fails
-        (the state stays unknown: nothing is written until this succeeds)."""
-        self._busy = True
-        try:
-            if self._vseg:
-                self._void(self._vseg, self._voff)
-                self._vseg = 0
-            self._load()
-        except Exception as e:
-            e = _oserror(e)
-            if not isinstance(e, OSError):
-                raise e
-            self._unk = e
-            self.epoch += 1  # (what RAM says is not what the files hold: the session follows once it is)
-            self.dirty = True
-            raise _unknown(e)
-        finally:
-            self._busy = False
-        self._unk = None
-        self.epoch += 1
+    def _again(self, lo, n):
+        # (Log._retry's work: void what is to be voided, read the segments again)
+        if self._vseg:
+            self._void(self._vseg, self._voff)
+            self._vseg = 0
+        self._load()
+
+    def _set_unknown(self, e):
+        # (nothing is written until the segments are read again: every change starts with _known)
+        self._unk = e
+        self.epoch += 1  # (what RAM says is not what the files hold: the session follows once it is)
         self.dirty = True
 
     def _void(self, seg, at):

@@ -93,7 +93,6 @@ from .logrec import (
     KINDS as _KINDS,
     Log,
     OutboxUnknown,  # noqa: F401  (an app that uses FlashStore finds it here)
-    unknown as _unknown,
     u16 as _u16,
     u32 as _u32,
     put32 as _put32,
@@ -277,21 +276,15 @@ class FlashStore(Log):
         record(s) being written, left holding no message or inbound id. Raises OutboxUnknown when
         that could not be done; returns, and the caller raises its error, when it was (or when
         this is a failure while reading again: the outer call sees it)."""
-        if self._busy:
-            return
-        self._busy = True
-        try:
+        if not self._busy:
+            self._retry(lo, n)
+
+    def _again(self, lo, n):
+        # (Log._retry's work)
+        self._rescan()
+        if n and self._void(lo, n):
+            self._gflush()
             self._rescan()
-            if n and self._void(lo, n):
-                self._gflush()
-                self._rescan()
-        except OSError as e:
-            self._set_unknown(e)
-            raise _unknown(e)
-        finally:
-            self._busy = False
-        self.epoch += 1
-        self.dirty = True
 
     def _void(self, lo, n):
         """Void the messages and inbound ids found in [lo, lo + n): their release byte, or an
@@ -323,20 +316,6 @@ class FlashStore(Log):
         self._glen = -1
         self._total = self._cap + 1
         self.epoch += 1  # (RAM is not what the flash holds: the session follows once it is)
-        self.dirty = True
-
-    def _retry(self):
-        """Read the flash again, the state being unknown; OutboxUnknown while that fails."""
-        self._busy = True
-        try:
-            self._rescan()
-        except OSError as e:
-            self._set_unknown(e)
-            raise _unknown(e)
-        finally:
-            self._busy = False
-        self._unk = None
-        self.epoch += 1
         self.dirty = True
 
     def _rescan(self):

@@ -148,6 +148,22 @@ class Log:
     def reserve(self, n):
         pass
 
+    def _retry(self, lo=0, n=0):
+        """Read the medium again (the state being unknown, or after a failed write: _again's
+        work, which voids what the store says); OutboxUnknown while that fails, the state then
+        unknown (see store.py, "When storage fails")."""
+        self._busy = True
+        try:
+            self._again(lo, n)
+        except OSError as e:
+            self._set_unknown(e)
+            raise unknown(e)
+        finally:
+            self._busy = False
+        self._unk = None
+        self.epoch += 1
+        self.dirty = True
+
     def _say(self, msg):
         if self.verbose:
             print(self._tag + msg)

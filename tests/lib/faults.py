@@ -10,6 +10,7 @@ operations in a row (-1: until heal()). Power cuts stay the media's own (NorFlas
 """
 
 from check import Rng
+from cutfs import ShimFile
 from norflash import NorFlash, PowerCut
 
 BEFORE = 0
@@ -111,10 +112,10 @@ class FaultFlash(NorFlash):
             self.dead = False
 
 
-class FaultFile:
+class FaultFile(ShimFile):
     """A file of a FaultFs: writes fail as the fault says; the rest passes through."""
 
-    def __init__(self, ffs, f):
+    def __init__(self, ffs, f):  # (over an open file, not ShimFile's path)
         self.ffs = ffs
         self.f = f
 
@@ -127,15 +128,6 @@ class FaultFile:
         elif w == TORN and len(b) > 1:
             self.f.write(bytes(b[: 1 + self.ffs.fault.rng.below(len(b) - 1)]))
         raise self.ffs.fault.error("write")
-
-    def read(self, n=-1):
-        return self.f.read(n) if n >= 0 else self.f.read()
-
-    def readinto(self, b):
-        return self.f.readinto(b)
-
-    def seek(self, pos, whence=0):
-        return self.f.seek(pos, whence)
 
     def flush(self):
         return self.f.flush()
@@ -150,12 +142,6 @@ class FaultFile:
             if raw is not None:
                 setattr(raw, "__IOBase_closed", True)
             raise
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        self.close()
 
 
 class FaultFs:
