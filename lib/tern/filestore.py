@@ -229,10 +229,8 @@ class FileStore(Log):
         self._off = 0
         self.dirty = False
         self._soff = 0  # end of what the last sync made durable in the current segment
-        self._unk = None  # the error that left the state unknown (see _fail)
         self._vseg = 0  # a segment whose bytes from _voff on are to be voided (see _fail)
         self._voff = 0
-        self._busy = False  # voiding and reading again after a failure
         self._segs = []  # segment numbers, oldest first
         self._live = {}  # segment -> bytes of its live records
         self._sz = {}  # segment -> file size (the current one: _off)

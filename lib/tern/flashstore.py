@@ -225,8 +225,6 @@ class FlashStore(Log):
         self._rseq = 1
         self._last = 0
         self._opened = False
-        self._unk = None  # the error that left the state unknown (see _failed)
-        self._busy = False  # reading the flash again after a failure
         self._nfree = -1  # caches
         self._old = -2
         self._total = 0
@@ -255,11 +253,11 @@ class FlashStore(Log):
             raise
         self._blank[s] = 1
 
-    def _zap(self, s, off):
-        # Program a status byte 0 (a release in place: the one write of release(), whose own
-        # frame has no room for a try), in a frame of 11 words.
+    def _zap(self, a):
+        # Program the status byte at a to 0 (a release in place: the one write of release(),
+        # whose own frame has no room for a try), in a frame of 11 words.
         try:
-            self.dev.writeblocks(s, self._zero, off)
+            self.dev.writeblocks(a >> self._shift, self._zero, a & self._mask)
         except OSError:
             self._failed()
             raise
@@ -276,7 +274,7 @@ class FlashStore(Log):
         record(s) being written, left holding no message or inbound id. Raises OutboxUnknown when
         that could not be done; returns, and the caller raises its error, when it was (or when
         this is a failure while reading again: the outer call sees it)."""
-        if not self._busy:
+        if self._opened and not self._busy:  # (not at open, nor while reading again)
             self._retry(lo, n)
 
     def _again(self, lo, n):
@@ -361,13 +359,10 @@ class FlashStore(Log):
             return self  # a second scan would count every record twice
         # A write of the scan's (a repair) that fails leaves the state unknown rather than
         # raise: the first write or commit reads the flash again (a board does not boot-loop)
-        self._busy = True
         try:
             self._load()
         except OSError as e:
             self._set_unknown(e)
-        finally:
-            self._busy = False
         return self
 
     def _load(self):
@@ -1114,51 +1109,58 @@ class FlashStore(Log):
             body = _bs(body)
         c = crc32(body, crc32(head, crc32(h)))
         if size > _WIN:
-            if self.group:
-                self._gflush()
             pack_into("<I", self._crcb, 0, c)
-            d = self.dev
-            sh = self._shift
-            m = self._mask
-            try:
-                d.writeblocks(addr >> sh, h, addr & m)
-                if lh:
-                    d.writeblocks(addr >> sh, head, (addr + _RH) & m)
-                if lb:
-                    d.writeblocks(addr >> sh, body, (addr + _RH + lh) & m)
-                d.writeblocks(addr >> sh, self._crcb, (addr + _RH + ln) & m)
-            except OSError:
-                self._failed(addr, size)
-                raise
-            return
-        k = lh | lb << 16
-        if k != self._fk:
+            return self._big(addr, size, head, body)
+        # (rseq, h and lh are used again below: their first values are done with, and a frame
+        # no larger than before the try below keeps what its allocation costs a board)
+        rseq = lh | lb << 16
+        if rseq != self._fk:
             self._fmt = "<%ds%dsI%ds" % (lh, lb, size - ln - 20)
-            self._fk = k
+            self._fk = rseq
         pack_into(self._fmt, w, _RH, head, body, c, _FF8)
         if size == _SMALL:
-            mv = self._smv
+            h = self._smv
         else:
             if size != self._stsz:
                 self._stmv = self._winmv[0:size]
                 self._stsz = size
-            mv = self._stmv
+            h = self._stmv
         if self.group:
-            g = self._gbuf
-            p = self._glen
-            if p and (self._gaddr + p != addr or p + size > len(g)):
+            lh = self._glen
+            if lh and (self._gaddr + lh != addr or lh + size > len(self._gbuf)):
                 self._gflush()
-                p = 0
-            if size <= len(g):
-                if not p:
+                lh = 0
+            if size <= len(self._gbuf):
+                if not lh:
                     self._gaddr = addr
-                g[p : p + size] = mv
-                self._glen = p + size
+                self._gbuf[lh : lh + size] = h
+                self._glen = lh + size
                 self.dirty = True
                 return
         # _prog without its call (the head sector's header is programmed, so it is not blank)
         try:
-            self.dev.writeblocks(addr >> self._shift, mv, addr & self._mask)
+            self.dev.writeblocks(addr >> self._shift, h, addr & self._mask)
+        except OSError:
+            self._failed(addr, size)
+            raise
+
+    def _big(self, addr, size, head, body):
+        # _write's record larger than the read window, its header in it and its CRC in _crcb:
+        # four programs (after the group buffer's, whose room comes first)
+        if self.group:
+            self._gflush()
+        lh = len(head)
+        ln = lh + len(body)
+        d = self.dev
+        b = addr >> self._shift
+        m = self._mask
+        try:
+            d.writeblocks(b, self._hmv, addr & m)
+            if lh:
+                d.writeblocks(b, head, (addr + _RH) & m)
+            if ln - lh:
+                d.writeblocks(b, body, (addr + _RH + lh) & m)
+            d.writeblocks(b, self._crcb, (addr + _RH + ln) & m)
         except OSError:
             self._failed(addr, size)
             raise
@@ -1312,7 +1314,7 @@ class FlashStore(Log):
         s = a >> self._shift
         if not self.append_acks:
             self._wl = 0  # (_prog's work without its frame: the record's sector is not blank)
-            self._zap(s, (a & self._mask) + 13)
+            self._zap(a + 13)
         self._live[s] -= self._isz[i]  # _lv
         self._total -= self._isz[i]
         self._drop(i)

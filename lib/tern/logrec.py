@@ -144,6 +144,11 @@ class Log:
 
     durable = True
     epoch = seen = 0  # (store.py: the medium read again after a failure, and the session following)
+    # What follows a failure (class attributes until one comes: an instance's map stays the size
+    # every attribute lookup of the steady path pays for): the error that left the state unknown,
+    # and True while the medium is being read again.
+    _unk = None
+    _busy = False
 
     def reserve(self, n):
         pass

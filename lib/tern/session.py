@@ -269,7 +269,8 @@ class Session:
         self._cap = cap  # (len() is a global lookup and a call: too dear for every message on MicroPython)
         for pid in pids:
             self._push(pid, self._stored_flags(pid))
-        store.seen = store.epoch  # (the ring says what the store holds: see _follow)
+        if store.seen != store.epoch:  # (the ring says what the store holds: see _follow)
+            store.seen = store.epoch
         self.stats_recovered = self._n
 
     def _stored_flags(self, pid, b=None):
