@@ -324,7 +324,7 @@ def main(argv):
                     "A power cut at %s operation of each workload%s, reboot, check." % (
                         "a sample of 200 cut points of each" if quick else "every",
                         " and right after every packet the client sends" if group else "")),
-                "", "| target | cut points | failures | time |", "|---|---:|---:|---:|"]
+                "", "| target | %s points | failures | time |" % ("failure" if faults else "cut"), "|---|---:|---:|---:|"]
         text += ["| %s | %s | %d | %.1f s |" % (
             t[0], "%d operations + %d packets" % GROUP[t[0]] if t[0] in GROUP else
             "%d operations x 6" % FAULTS[t[0]] if t[0] in FAULTS else t[1], t[2], t[3]) for t in totals]
