@@ -581,11 +581,15 @@ class FileStore(Log):
         raise e
 
     def _again(self, lo, n):
-        # (Log._retry's work: void what is to be voided, read the segments again)
-        if self._vseg:
-            self._void(self._vseg, self._voff)
-            self._vseg = 0
-        self._load()
+        # (Log._retry's work: void what is to be voided, read the segments again; a filesystem
+        # object's own error, littlefs-python's from a file's write, as OSError)
+        try:
+            if self._vseg:
+                self._void(self._vseg, self._voff)
+                self._vseg = 0
+            self._load()
+        except Exception as e:
+            raise _oserror(e)
 
     def _set_unknown(self, e):
         # (nothing is written until the segments are read again: every change starts with _known)
