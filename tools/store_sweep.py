@@ -28,15 +28,24 @@ Targets (the engine is tests/lib/test_store_powercut.py):
                FileStore on POSIX (max_bytes=4000), MQTT 3.1.1 with max_pending
                4 and MQTT 5 with 8; the model's invariants after every step.
   group-flash, group-flash-acks, group-posix, group-lfs
-               the write-ahead rule under group commit (tests/lib/walsweep.py):
-               a real Session on FlashStore in place / with appended acks /
-               FileStore on POSIX / FileStore on LittleFS (littlefs-python), all
-               with group_commit=True, against a broker model that keeps its
-               session; a cut at every operation of the medium and right after
-               every packet the client sends; checked at each reboot that no
-               packet's announced state (record, mark, inbound id, its release)
-               was lost, and at the end exactly-once / at-least-once delivery
-               both ways, in order.
+               the write-ahead rule under group commit (tests/lib/walsweep.py on
+               tests/lib/model.py's engine): a real Client on FlashStore in place /
+               with appended acks / FileStore on POSIX / FileStore on LittleFS
+               (littlefs-python), all with group_commit=True, against a broker
+               model that keeps its session; a cut at every operation of the
+               medium and right after every packet the client sends; checked at
+               each reboot that no packet's announced state (record, mark,
+               inbound id, its release) was lost, and at the end exactly-once /
+               at-least-once delivery both ways, in order.
+  faults-flash, faults-flash-acks, faults-group-flash, faults-group-flash-acks,
+  faults-posix, faults-group-posix, faults-lfs, faults-group-lfs
+               storage that fails and returns (issue 35), the same workload and
+               checks: at every storage operation (program, erase; write, sync,
+               file create, remove) the medium raises OSError before any byte
+               lands, after all did, or torn, once or until the workload ends
+               (six runs per operation); besides, a publish() that raised never
+               reaches the broker, and once the fault is gone the store takes
+               messages again without a reboot.
   flash-wrap   FlashStore, in-place acks, 4 x 1 KiB sectors, started with its
                counters just before their wraps (tests/lib/test_store_powercut.py
                near_wraps: record sequence 2^32 - 41, sector sequence 2^32 - 3,
@@ -84,7 +93,9 @@ for p in ("/tests/lib", "/lib"):
 
 TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full",
            "session-edge", "group-flash", "group-flash-acks", "group-posix", "group-lfs", "flash-wrap",
-           "flash-acks-wrap", "posix-wrap", "flash-stale", "flash-acks-stale", "posix-stale")
+           "flash-acks-wrap", "posix-wrap", "flash-stale", "flash-acks-stale", "posix-stale", "faults-flash",
+           "faults-flash-acks", "faults-group-flash", "faults-group-flash-acks", "faults-posix", "faults-group-posix",
+           "faults-lfs", "faults-group-lfs")
 
 # The capacity-edge workload of session-edge, in tests/lib/model.py's steps.
 EDGE = [("sub", 0), ("sub", 1), ("sub", 2), ("fill", 160), ("connect",), ("net",), ("hold",), ("fill", 0),
@@ -148,6 +159,25 @@ def run_group(name, quick):
     return n, len(found)
 
 
+FAULTS = {}  # faults-* target -> storage operations failed at
+
+
+def run_faults(name, quick):
+    import walsweep
+    from test_store_powercut import sample
+
+    t0 = time.time()
+    rig = name[len("faults-"):]
+    ops = walsweep.fault_ops(rig)
+    ks = sample(ops, 40, 1) if quick else list(range(1, ops + 1))
+    print("%s: %d storage operations; a failure at %d of them, %d ways each" % (name, ops, len(ks), len(walsweep.MODES)))
+    found = walsweep.fault_sweep(rig, ks, report=print)
+    FAULTS[name] = len(ks)
+    n = len(ks) * len(walsweep.MODES)
+    print("RESULT %s: %d fault points, %d failures, %.1f s" % (name, n, len(found), time.time() - t0))
+    return n, len(found)
+
+
 def make(name):
     """(rig, workload size): a number of scripted calls, or a full-store workload."""
     import test_store_powercut as t
@@ -191,6 +221,8 @@ def run_target(name, seed, quick):
         return run_edge(seed, quick)
     if name.startswith("group-"):
         return run_group(name, quick)
+    if name.startswith("faults-"):
+        return run_faults(name, quick)
     made = make(name)
     if not isinstance(made, list):
         made = [(made[0], made[1])]
@@ -275,18 +307,27 @@ def main(argv):
         from bench.benchdoc import write_section
 
         group = all(t.startswith("group-") for t in only)  # (their own section: the other table stays)
-        section = "store_sweep_group" if group and a.section == "store_sweep" else a.section
-        title = {"store_sweep": "", "store_sweep_group": ", group commit"}.get(section, " across the counter wraps")
+        faults = all(t.startswith("faults-") for t in only)
+        section = ("store_sweep_group" if group else "store_sweep_faults" if faults else a.section) \
+            if a.section == "store_sweep" else a.section
+        title = {"store_sweep": "", "store_sweep_group": ", group commit",
+                 "store_sweep_faults": ": storage that fails and returns"}.get(section, " across the counter wraps")
         text = ["## Store crash-point sweep%s (`tools/store_sweep.py`)" % title, "",
                 "Command: `python tools/store_sweep.py --only %s%s --seed %d --write %s%s`, %s (targets: the "
-                "tool's docstring). A power cut at %s operation of each workload%s, reboot, check." % (
+                "tool's docstring). %s" % (
                     ",".join(only), " --quick" if quick else "", seed, a.write,
                     " --section " + a.section if a.section != "store_sweep" else "", datetime.date.today().isoformat(),
-                    "a sample of 200 cut points of each" if quick else "every",
-                    " and right after every packet the client sends" if group else ""),
-                "", "| target | cut points | failures | time |", "|---|---:|---:|---:|"]
+                    "A storage failure at %s operation of the workload, six ways (before any byte lands, after "
+                    "all did, torn; once or until the workload ends), then drained with the fault gone, a power "
+                    "cut, reboot, check." % ("a sample of 40 storage operations of" if quick else "every")
+                    if faults else
+                    "A power cut at %s operation of each workload%s, reboot, check." % (
+                        "a sample of 200 cut points of each" if quick else "every",
+                        " and right after every packet the client sends" if group else "")),
+                "", "| target | %s points | failures | time |" % ("failure" if faults else "cut"), "|---|---:|---:|---:|"]
         text += ["| %s | %s | %d | %.1f s |" % (
-            t[0], "%d operations + %d packets" % GROUP[t[0]] if t[0] in GROUP else t[1], t[2], t[3]) for t in totals]
+            t[0], "%d operations + %d packets" % GROUP[t[0]] if t[0] in GROUP else
+            "%d operations x 6" % FAULTS[t[0]] if t[0] in FAULTS else t[1], t[2], t[3]) for t in totals]
         write_section(a.write, section, "\n".join(text))
     sys.exit(1 if any(t[2] for t in totals) else 0)
 

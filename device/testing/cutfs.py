@@ -20,8 +20,8 @@ class ShimFile:
     def readinto(self, b):
         return self.f.readinto(b)
 
-    def seek(self, pos):
-        return self.f.seek(pos)
+    def seek(self, pos, whence=0):
+        return self.f.seek(pos, whence)
 
     def fileno(self):
         return self.f.fileno()

@@ -9,6 +9,14 @@ lives in the session. The transport is a TCP socket, or any byte stream given
 as `stream=` (a UART to a cellular or LoRa modem in transparent mode, say).
 Runs unchanged on MicroPython and CPython; the few places the two differ
 (reading into a buffer, TLS, the clock) are the small functions at the top.
+
+The drivers' rule for errors: an OSError is connection or storage trouble (a
+socket that failed, a store whose write failed: see lib/tern/store.py) and an
+MQTTError a broker that broke the protocol; either ends the connection and
+loop() reconnects. Anything else is a bug and goes on to the caller (tern.aio's
+background tasks, which have no caller, end the connection on it too and keep it
+as last_error). From publish(), an OSError means not accepted (OutboxUnknown:
+the store could not tell).
 """
 
 import sys

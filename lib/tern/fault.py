@@ -1,7 +1,7 @@
 """The session's rare fault paths, imported on first use: a packet its connection's state does not
 read (a PUBLISH before CONNACK, a second CONNACK), an acknowledgement of the wrong type from the server, an inbound packet larger than the receive buffer, and inbound QoS 2 messages
-over the cap of ids awaiting PUBREL (Session._admit says why). Functions of the session (`s`),
-called from where they were its methods.
+over the cap of ids awaiting PUBREL or whose id the store could not record (Session._admit says
+why). Functions of the session (`s`), called from where they were its methods.
 """
 
 from .wire import const, MQTTError, fail
@@ -84,6 +84,26 @@ def over_cap(s, n, now):
         s.violation(0x93, "Receive Maximum exceeded: %d QoS 2 messages await PUBREL" % n, now)
     s.stats_deferred += 1
     s.deferred += 1
+    return False
+
+
+def unrecorded(s, e, now):
+    # Session._admit: the store could not record an inbound QoS 2 id (OSError e: ENOSPC, a failed
+    # write; the store then holds no id, lib/tern/store.py). The message is deferred as one over
+    # the cap is: not delivered, not acknowledged, and the session reconnects so that the broker
+    # sends it again, once the ids taken are released (their PUBRELs free the room an inbound id
+    # is given), or at once when none are: never a wait for an unrelated disconnect while the
+    # broker's window fills. When the store's state is unknown (its id may have landed: then the
+    # message is lost, never delivered twice, as after a power cut in that write), the error goes
+    # on: the connection ends, and the driver keeps it as the reason.
+    from .logrec import OutboxUnknown
+
+    if isinstance(e, OutboxUnknown):
+        raise e
+    s.stats_deferred += 1
+    s.deferred += 1
+    if not s.in2:
+        redeliver(s, now)
     return False
 
 

@@ -57,11 +57,20 @@ Capacity (a full outbox must still take its acks, or it never drains):
   forward (same record sequence) and the segment deleted, which always fits
   in that headroom. So an ack never fails for room, and releases make room
   for appends again.
-- a write or sync that fails anyway (the filesystem filled from elsewhere)
-  raises OSError (ENOSPC as "outbox full (filesystem)"); the store then boots
-  again from what is durable and goes on in a new segment, so a half-written
-  record is never followed by another and never comes back. With
-  group_commit, changes not yet committed are lost then, as in a power cut.
+- a write, sync or file create that fails anyway (the filesystem filled from
+  elsewhere, an I/O error) raises OSError (ENOSPC as "outbox full
+  (filesystem)") as lib/tern/store.py says ("When storage fails"): what the
+  segment holds past its last good sync (POSIX may keep any part of it, now
+  or after a power cut; LittleFS may commit it when the file closes) is
+  voided, zeros written over it and synced (the boot scan skips them), and
+  the segments are read again; the next write opens a new segment. So the
+  failed call did not happen, a half-written record never comes back, and
+  with group_commit the changes not yet committed are gone (the session
+  re-derives its view). If voiding or reading fails too, the state is
+  unknown (OutboxUnknown) until a later write or commit manages both. A
+  segment counts only once its directory entry is synced; a delete whose
+  directory sync fails is kept (a dead segment that comes back at a power
+  cut holds nothing live).
 """
 
 import os
@@ -84,6 +93,7 @@ from .logrec import (
     OP_INREL,
     KINDS as _KINDS,
     Log,
+    OutboxUnknown,  # noqa: F401  (an app that uses FileStore finds it here)
     apply_op,
     u16 as _u16,
     u32 as _u32,
@@ -103,6 +113,7 @@ _E = const(20)  # a record without a body: SEG, OP, INCLEAR, INID
 _SPARE = const(3)  # blocks of the free space left to the filesystem
 _RSV = const(640)  # live bytes messages leave to inbound ids and meta updates (32 ids)
 ENOSPC = const(28)
+ENOENT = const(2)
 _MICROPYTHON = __import__("sys").implementation.name == "micropython"
 
 
@@ -218,7 +229,8 @@ class FileStore(Log):
         self._off = 0
         self.dirty = False
         self._soff = 0  # end of what the last sync made durable in the current segment
-        self._lost = None  # group commit: the error that lost records not yet durable (see _fail)
+        self._vseg = 0  # a segment whose bytes from _voff on are to be voided (see _fail)
+        self._voff = 0
         self._segs = []  # segment numbers, oldest first
         self._live = {}  # segment -> bytes of its live records
         self._sz = {}  # segment -> file size (the current one: _off)
@@ -226,7 +238,6 @@ class FileStore(Log):
         self._u = 1  # allocation unit (the filesystem's block)
         self._seg = segment_bytes
         self._mx = _E  # largest live record (for the headroom)
-        self._bad = False
         # index in record-sequence order (pid 0 = hole)
         self._ipid = array("H")
         self._iseg = array("I")
@@ -251,6 +262,21 @@ class FileStore(Log):
 
     # ------------------------------------------------------------ boot
     def open(self):
+        self._load()
+        self._budget()
+        self.stats = {"segments": len(self._segs), "pending": self._n - self._lo, "budget": self._cap}
+        # A first segment that cannot be made (a full filesystem) or a move that fails is not an
+        # error at boot: the next write tries again (a board does not boot-loop over it).
+        try:
+            self._new_segment()
+            self._gc()
+            self._room(0)
+        except OSError:
+            pass
+        return self
+
+    def _load(self):
+        """The segments read: the index, inbound ids and meta values they hold."""
         fs = self.fs
         try:
             names = fs.listdir(self.path)
@@ -309,14 +335,7 @@ class FileStore(Log):
             m = self._meta[k]
             self._live[m[1]] += _E + 1 + len(k) + len(m[0])
         self._cur = 0
-        if not self._bad:  # (a recovery keeps the budget: the filesystem may be full for now)
-            self._budget()
-        self.stats = {"segments": len(segs), "pending": len(keys), "budget": self._cap}
         self._f = None
-        self._new_segment()
-        self._gc()
-        self._room(0)
-        return self
 
     def _budget(self):
         """The byte budget of the segment files and the segment size (see the module doc)."""
@@ -472,6 +491,8 @@ class FileStore(Log):
 
     # ------------------------------------------------------------ segments
     def _new_segment(self):
+        if self._unk is not None:
+            self._retry()
         if self._f is not None:
             self._sync()
             self._f.close()
@@ -492,7 +513,12 @@ class FileStore(Log):
         self._off = self._soff = 0
         self._emit(T_SEG, 0, self._rseq, self._last, b"", b"")
         self._sync()
-        self.fs.sync_dir(self.path)
+        self._soff = 0  # (nothing in it counts until its name is durable too)
+        try:
+            self.fs.sync_dir(self.path)
+        except Exception as e:
+            self._fail(e)
+        self._soff = self._off
 
     def _emit(self, t, flags, rseq, pid, head, body):
         """Write one record at the end of the current segment (a new one if it
@@ -521,47 +547,76 @@ class FileStore(Log):
         return off
 
     def _sync(self):
-        if self.dirty:
+        if self._off > self._soff and self._f is not None:  # (not `dirty`: it also says the session is to follow)
             try:
                 self.fs.sync_file(self._f)
             except Exception as e:
                 self._fail(e)
             self._soff = self._off
-            self.dirty = self._lost is not None
+        self.dirty = self.seen != self.epoch
 
     def _fail(self, e):
-        """A write or sync failed (a full filesystem, say): what the file holds
-        past its last sync cannot be trusted (LittleFS drops it, POSIX may keep
-        part of it), so boot again from what is durable, in a new segment, and
-        raise. A failure while doing so leaves no segment open: the next write
-        opens one."""
+        """A write, sync or create failed (see the module doc): the current segment's bytes past
+        its last good sync voided, the segments read again; then raise e (ENOSPC as "outbox full
+        (filesystem)"), or OutboxUnknown when that could not be done. No segment is left open:
+        the next write opens one."""
         e = _oserror(e)
-        if not self._bad:
-            self._bad = True
-            f = self._f
-            self._f = None
-            if self.group and self._soff < self._off:
-                # Under group commit this drops records written before the
-                # failed one and not yet synced: a mark, an inbound id, that a
-                # packet queued meanwhile announces (a PUBREL the session
-                # flushes in its finally). The store stays dirty and its next
-                # commit raises, so that none leaves.
-                self._lost = e
-            self.dirty = False
+        if self._busy or not isinstance(e, OSError):  # (while voiding: the outer call says unknown)
+            raise e
+        f = self._f
+        self._f = None
+        if f is not None:
             try:
                 f.close()
             except Exception:
                 pass
-            try:
-                self.open()
-            except Exception:
-                pass
-            self._bad = False
-            if self._lost is not None:
-                self.dirty = True
-        if isinstance(e, OSError) and e.args and e.args[0] == ENOSPC:
+        if self._cur:  # (what a failed write left there is past _off: _void looks at the file)
+            self._vseg = self._cur
+            self._voff = self._soff
+        self._cur = 0
+        self._unk = e
+        self._retry()
+        if e.args and e.args[0] == ENOSPC:
             raise OSError(ENOSPC, "outbox full (filesystem)")
         raise e
+
+    def _again(self, lo, n):
+        # (Log._retry's work: void what is to be voided, read the segments again; a filesystem
+        # object's own error, littlefs-python's from a file's write, as OSError)
+        try:
+            if self._vseg:
+                self._void(self._vseg, self._voff)
+                self._vseg = 0
+            self._load()
+        except Exception as e:
+            raise _oserror(e)
+
+    def _set_unknown(self, e):
+        # (nothing is written until the segments are read again: every change starts with _known)
+        self._unk = e
+        self.epoch += 1  # (what RAM says is not what the files hold: the session follows once it is)
+        self.dirty = True
+
+    def _void(self, seg, at):
+        """Zeros over segment seg from `at` to its end, synced: no record there is read again."""
+        try:
+            f = self.fs.open(self._name(seg), "r+b")
+        except OSError as e:
+            if e.args and e.args[0] == ENOENT:
+                return  # never made: nothing to void
+            raise
+        try:
+            end = f.seek(0, 2)
+            if end > at:
+                f.seek(at)
+                z = bytes(256)
+                while at < end:
+                    k = end - at if end - at < 256 else 256
+                    f.write(z if k == 256 else z[:k])
+                    at += k
+                self.fs.sync_file(f)
+        finally:
+            f.close()
 
     def _done(self):
         """End of one change: durable now unless group commit defers it."""
@@ -646,15 +701,21 @@ class FileStore(Log):
 
     def _drop(self, old):
         """Delete the oldest segment (nothing in it is live)."""
+        if self._unk is not None:
+            return False
         self._sync()  # the copies (and releases) are durable before the delete
         try:
             self.fs.remove(self._name(old))
-        except OSError:
-            return False  # still there: tried again later (what it releases must outlive it)
-        self.fs.sync_dir(self.path)
+        except OSError as e:
+            if not e.args or e.args[0] != ENOENT:  # (gone: removed by a call that raised after)
+                return False  # still there: tried again later (what it releases must outlive it)
         self._segs.pop(0)
         self._live.pop(old, None)
         self._sz.pop(old, None)
+        try:
+            self.fs.sync_dir(self.path)
+        except OSError:
+            pass  # if it comes back at a power cut, it holds nothing live
         return True
 
     def _gc(self):
@@ -750,7 +811,14 @@ class FileStore(Log):
             self._lo = 0
 
     # ------------------------------------------------------------ contract
+    def _known(self):
+        # Every change starts from a known state: after a failure left it unknown, the segments
+        # are read again first (OutboxUnknown while that fails).
+        if self._unk is not None:
+            self._retry()
+
     def append(self, kind, pid, head, body=b""):
+        self._known()
         kc = self._check(kind, pid)
         n = len(head) + len(body)
         if n > 65535:  # the record's length field: a longer one would not read back
@@ -770,6 +838,7 @@ class FileStore(Log):
         self._done()
 
     def _setmark(self, pid, want):
+        self._known()
         if self._iaddr[self._get(pid)] & 1 == want:
             return
         self._room(_E)
@@ -779,6 +848,7 @@ class FileStore(Log):
         self._done()
 
     def release(self, pid):
+        self._known()
         if not self.has(pid):
             return
         self._room(_E)
@@ -817,6 +887,7 @@ class FileStore(Log):
         return c
 
     def in_add(self, pid):
+        self._known()
         if pid in self._in:
             return
         self._take(_E)
@@ -831,6 +902,7 @@ class FileStore(Log):
         return pid in self._in
 
     def in_release(self, pid):
+        self._known()
         if pid not in self._in:
             return
         self._room(_E)
@@ -842,6 +914,7 @@ class FileStore(Log):
         self._gc()
 
     def in_clear(self):
+        self._known()
         if not self._in:
             return
         self._room(_E)
@@ -854,6 +927,7 @@ class FileStore(Log):
         self._gc()
 
     def set_meta(self, key, value):
+        self._known()
         kv = self._meta_kv(key, value)
         if kv is None:
             return
@@ -872,15 +946,7 @@ class FileStore(Log):
         self._gc()
 
     def commit(self):
-        e = self._lost
-        if e is not None:
-            self._lost = None
-            if self._soff == self._off:
-                # nothing written since the loss: what is about to leave may
-                # announce what was lost (records written since mean the
-                # session went on, e.g. a publish that was told of the error)
-                self.dirty = False
-                raise OSError(e.args[0] if e.args else 5, "records not yet durable were lost by a failed write")
+        self._known()
         self._sync()
 
     def close(self):

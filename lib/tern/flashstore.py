@@ -92,6 +92,7 @@ from .logrec import (
     OP_INREL,
     KINDS as _KINDS,
     Log,
+    OutboxUnknown,  # noqa: F401  (an app that uses FlashStore finds it here)
     u16 as _u16,
     u32 as _u32,
     put32 as _put32,
@@ -233,7 +234,11 @@ class FlashStore(Log):
     def _prog(self, addr, buf):
         self._wl = 0
         self._blank[addr >> self._shift] = 0
-        self.dev.writeblocks(addr >> self._shift, buf, addr & self._mask)
+        try:
+            self.dev.writeblocks(addr >> self._shift, buf, addr & self._mask)
+        except OSError:
+            self._failed()
+            raise
 
     def _read(self, addr, buf):
         self.dev.readblocks(addr >> self._shift, buf, addr & self._mask)
@@ -241,8 +246,93 @@ class FlashStore(Log):
     def _erase(self, s):
         self._wl = 0
         self._blank[s] = 0
-        self.dev.ioctl(6, s)
+        try:
+            self.dev.ioctl(6, s)
+        except OSError:
+            self._failed()
+            raise
         self._blank[s] = 1
+
+    def _zap(self, a):
+        # Program the status byte at a to 0 (a release in place: the one write of release(),
+        # whose own frame has no room for a try), in a frame of 11 words.
+        try:
+            self.dev.writeblocks(a >> self._shift, self._zero, a & self._mask)
+        except OSError:
+            self._failed()
+            raise
+
+    # ------------------------------------------------------------ failures
+    # (lib/tern/store.py, "When storage fails".) A program or erase that raises OSError may have
+    # done nothing, all or part of its work: the flash is read again as a boot reads it, which is
+    # then what RAM says (and what any reboot would find); a record the failed call was writing
+    # that landed anyway is voided, so that the call did not happen. Every program and erase goes
+    # through _prog, _erase, _zap, _write or _gflush, which call _failed and raise the error again.
+
+    def _failed(self, lo=0, n=0):
+        """After a program or erase raised: the flash read again, and [lo, lo + n), the
+        record(s) being written, left holding no message or inbound id. Raises OutboxUnknown when
+        that could not be done; returns, and the caller raises its error, when it was (or when
+        this is a failure while reading again: the outer call sees it)."""
+        if self._opened and not self._busy:  # (not at open, nor while reading again)
+            self._retry(lo, n)
+
+    def _again(self, lo, n):
+        # (Log._retry's work)
+        self._rescan()
+        if n and self._void(lo, n):
+            self._gflush()
+            self._rescan()
+
+    def _void(self, lo, n):
+        """Void the messages and inbound ids found in [lo, lo + n): their release byte, or an
+        appended release (append_acks). True if there were any."""
+        hit = False
+        for i in range(self._lo, self._n):
+            a = self._iaddr[i] & ~7
+            if self._ipid[i] and lo <= a < lo + n:
+                self._kill(a, OP_RELEASE, self._ipid[i])
+                hit = True
+        for i in range(self._inn):
+            a = self._inaddr[i]
+            if lo <= a < lo + n:
+                self._kill(a, OP_INREL, self._inpid[i])
+                hit = True
+        return hit
+
+    def _kill(self, a, op, pid):
+        if self.append_acks:
+            self._small(T_OP, op, pid)
+        else:
+            self._zero[0] = 0
+            self._prog(a + 13, self._zero)
+
+    def _set_unknown(self, e):
+        # Nothing is written until the flash is read again: every write comes through _gflush
+        # (which sees _glen < 0) or _alloc (which sees _total over the capacity) first.
+        self._unk = e
+        self._glen = -1
+        self._total = self._cap + 1
+        self.epoch += 1  # (RAM is not what the flash holds: the session follows once it is)
+        self.dirty = True
+
+    def _rescan(self):
+        """RAM as a boot leaves it: what the flash holds (the group buffer is gone)."""
+        self._opened = False
+        self._glen = 0
+        self._wl = 0
+        self._meta = {}
+        self._inn = 0
+        self._n = self._lo = self._count = 0
+        self._head = -1
+        self._off = 0
+        self._sealed = False
+        self._total = 0
+        for s in range(self.nsec):
+            self._live[s] = 0
+            self._pin[s] = 0
+            self._ret[s] = 0
+        self._load()
 
     def _at(self, addr, n):
         """Index into the read window of `n` bytes at `addr` (same sector)."""
@@ -267,6 +357,15 @@ class FlashStore(Log):
     def open(self):
         if self._opened:  # recovered already (by the app, before the session opens it):
             return self  # a second scan would count every record twice
+        # A write of the scan's (a repair) that fails leaves the state unknown rather than
+        # raise: the first write or commit reads the flash again (a board does not boot-loop)
+        try:
+            self._load()
+        except OSError as e:
+            self._set_unknown(e)
+        return self
+
+    def _load(self):
         dev = self.dev
         n = self.nsec
         bs = self.bs
@@ -399,7 +498,6 @@ class FlashStore(Log):
             "pending": self._count,
         }
         del ins, repair
-        return self
 
     def _recover(self, s, valid, floor):
         """Sequence of sector s, whose header is damaged (a flipped bit), found
@@ -709,7 +807,10 @@ class FlashStore(Log):
         if size > self._maxrec:
             raise ValueError("record of %d bytes does not fit a %d-byte sector" % (size, self.bs))
         if keep is not None and self._total + size + keep > self._cap:
-            raise OSError(ENOSPC, "flash outbox full")
+            if self._unk is None:
+                raise OSError(ENOSPC, "flash outbox full")
+            self._retry()  # (the state was unknown: _total is over the capacity until it is read)
+            return self._alloc(size, keep)
         off = self._off
         if self._nfree > 1 and not self._sealed and self._head >= 0 and off + size <= self._limit:
             # the steady case, as _room would find it: a spare sector (so no reclaim to keep room
@@ -732,7 +833,9 @@ class FlashStore(Log):
                 o = self._oldest() if free <= 1 else -1
                 res = self._live[o] if o >= 0 else 0
                 room = self._limit - self._off
-                if free and room >= size + res:  # (no spare left, after a torn head: reclaim first)
+                # (with no spare sector, a record that may be voided leaves room for its appended
+                # release besides the reclaim's copy: see _failed)
+                if free and room >= size + res + (_FLOOR_SZ if o >= 0 and keep is not None and self.append_acks else 0):
                     a = self._head * self.bs + self._off
                     self._off += size
                     return a
@@ -782,7 +885,7 @@ class FlashStore(Log):
                 s = c
                 break
         if s < 0:
-            raise OSError(ENOSPC, "flash outbox full")
+            s = self._scrap()
         if not self._blank[s] and self._written_end(s, 0, True):
             self._erase(s)
         old = self._head
@@ -801,6 +904,8 @@ class FlashStore(Log):
         self._ret[s] = 0
         try:
             self._prog(s * self.bs, sh)
+        except OSError:
+            raise  # (_prog read the flash again: RAM says what it holds)
         except BaseException:
             self._sseq[s] = 0
             self._nfree = -1
@@ -812,6 +917,21 @@ class FlashStore(Log):
         self._sealed = False
         if old >= 0:
             self._maybe_retire(old)
+
+    def _scrap(self):
+        """No sector is free: one that holds nothing live and no acks, erased and reused (writes
+        that failed can leave only junk in the head, too little room to reclaim the oldest sector
+        into, and no spare). With none free there is no void sector below the floor, so the floor
+        the next header carries is all that voids anything. ENOSPC if there is none."""
+        for s in range(self.nsec):
+            if self._sseq[s] and not self._live[s] and not self._pin[s]:
+                self._sseq[s] = 0
+                self._nfree = -1
+                self._old = -2
+                if s == self._head:
+                    self._head = -1
+                return s
+        raise OSError(ENOSPC, "flash outbox full")
 
     def _reclaim(self, o):
         """Copy what is live in sector o into the head, void it, erase it."""
@@ -892,6 +1012,19 @@ class FlashStore(Log):
         h[1] = (h[1] & ~(F_RELOC | F_MARKED | F_RENUM)) | flags
         self._mkhdr(h[0], h[1], ln, r, _u16(h, 8), dst)
         new = hcrc(self._hdr, 12, 0)
+        if ln + _RH + 4 <= _WIN:
+            # in one program: one that fails leaves no copy, a torn one or a whole one (which
+            # the flash read again then counts: the reclaim got that far), not a header alone
+            w = self._winmv
+            self._wl = 0
+            self._read(src + _RH, w[_RH : _RH + ln + 4])
+            if _u32(self._win, _RH + ln) != crc32(w[_RH : _RH + ln], old) & 0xFFFFFFFF:
+                self._say("record at 0x%x went bad on flash: dropped" % src)
+                return False
+            w[0:_RH] = h
+            _put32(self._win, _RH + ln, crc32(w[_RH : _RH + ln], new) & 0xFFFFFFFF)
+            self._prog(dst, w[0 : _RH + ln + 4])
+            return True
         self._prog(dst, h)
         p = 0
         while p < ln:
@@ -976,52 +1109,77 @@ class FlashStore(Log):
             body = _bs(body)
         c = crc32(body, crc32(head, crc32(h)))
         if size > _WIN:
-            if self.group:
-                self._gflush()
             pack_into("<I", self._crcb, 0, c)
-            self._prog(addr, h)
-            if lh:
-                self._prog(addr + _RH, head)
-            if lb:
-                self._prog(addr + _RH + lh, body)
-            self._prog(addr + _RH + ln, self._crcb)
-            return
-        k = lh | lb << 16
-        if k != self._fk:
+            return self._big(addr, size, head, body)
+        # (rseq, h and lh are used again below: their first values are done with, and a frame
+        # no larger than before the try below keeps what its allocation costs a board)
+        rseq = lh | lb << 16
+        if rseq != self._fk:
             self._fmt = "<%ds%dsI%ds" % (lh, lb, size - ln - 20)
-            self._fk = k
+            self._fk = rseq
         pack_into(self._fmt, w, _RH, head, body, c, _FF8)
         if size == _SMALL:
-            mv = self._smv
+            h = self._smv
         else:
             if size != self._stsz:
                 self._stmv = self._winmv[0:size]
                 self._stsz = size
-            mv = self._stmv
+            h = self._stmv
         if self.group:
-            g = self._gbuf
-            p = self._glen
-            if p and (self._gaddr + p != addr or p + size > len(g)):
+            lh = self._glen
+            if lh and (self._gaddr + lh != addr or lh + size > len(self._gbuf)):
                 self._gflush()
-                p = 0
-            if size <= len(g):
-                if not p:
+                lh = 0
+            if size <= len(self._gbuf):
+                if not lh:
                     self._gaddr = addr
-                g[p : p + size] = mv
-                self._glen = p + size
+                self._gbuf[lh : lh + size] = h
+                self._glen = lh + size
                 self.dirty = True
                 return
         # _prog without its call (the head sector's header is programmed, so it is not blank)
-        self.dev.writeblocks(addr >> self._shift, mv, addr & self._mask)
+        try:
+            self.dev.writeblocks(addr >> self._shift, h, addr & self._mask)
+        except OSError:
+            self._failed(addr, size)
+            raise
+
+    def _big(self, addr, size, head, body):
+        # _write's record larger than the read window, its header in it and its CRC in _crcb:
+        # four programs (after the group buffer's, whose room comes first)
+        if self.group:
+            self._gflush()
+        lh = len(head)
+        ln = lh + len(body)
+        d = self.dev
+        b = addr >> self._shift
+        m = self._mask
+        try:
+            d.writeblocks(b, self._hmv, addr & m)
+            if lh:
+                d.writeblocks(b, head, (addr + _RH) & m)
+            if ln - lh:
+                d.writeblocks(b, body, (addr + _RH + lh) & m)
+            d.writeblocks(b, self._crcb, (addr + _RH + ln) & m)
+        except OSError:
+            self._failed(addr, size)
+            raise
 
     def _gflush(self):
-        # clean only once programmed: a program that raised leaves the store
-        # dirty, so no packet that announces its records can leave (a retry
-        # programs the same bytes again, which NOR flash takes)
+        # Clean only once programmed; a program that raises is _failed's (the buffer's messages
+        # and inbound ids that landed voided: the publish() or in_add() committing them raises).
+        # _glen < 0: the state is unknown, read the flash again first.
         if self._glen:
-            self._prog(self._gaddr, self._gmv[0 : self._glen])
+            if self._glen < 0:
+                return self._retry()
+            self._wl = 0
+            try:
+                self.dev.writeblocks(self._gaddr >> self._shift, self._gmv[0 : self._glen], self._gaddr & self._mask)
+            except OSError:
+                self._failed(self._gaddr, self._glen)
+                raise
             self._glen = 0
-            self.dirty = False
+            self.dirty = self.seen != self.epoch
 
     def _small(self, t, flags, pid):
         """Append a body-less record (OP, INID, INCLEAR). Its sequence is taken
@@ -1144,17 +1302,19 @@ class FlashStore(Log):
     def release(self, pid):
         if self._glen:
             self._gflush()
-        i = self._find(pid) if pid else -1
-        if i < 0:
-            return
+        i = self._lo  # (the oldest, mostly: found without a search)
+        if i == self._n or self._ipid[i] != pid:
+            i = self._find(pid) if pid else -1
+            if i < 0:
+                return
         if self.append_acks:
             self._small(T_OP, OP_RELEASE, pid)
             i = self._find(pid)
         a = self._iaddr[i] & ~7
         s = a >> self._shift
         if not self.append_acks:
-            self._wl = 0  # (_prog without its call: the record's sector is not blank)
-            self.dev.writeblocks(s, self._zero, (a & self._mask) + 13)
+            self._wl = 0  # (_prog's work without its frame: the record's sector is not blank)
+            self._zap(a + 13)
         self._live[s] -= self._isz[i]  # _lv
         self._total -= self._isz[i]
         self._drop(i)
@@ -1164,12 +1324,14 @@ class FlashStore(Log):
             self._early()
 
     def size(self, pid):
-        self._gflush()
+        if self._glen > 0:  # (not while the state is unknown: reads are what RAM says)
+            self._gflush()
         self._read(self._iaddr[self._get(pid)] & ~7, self._hdr)
         return _u16(self._hdr, 2)
 
     def read(self, pid, offset, buf):
-        self._gflush()
+        if self._glen > 0:
+            self._gflush()
         a = self._iaddr[self._get(pid)] & ~7
         self._read(a, self._hdr)
         n = _u16(self._hdr, 2) - offset
@@ -1250,6 +1412,14 @@ class FlashStore(Log):
             self._in_del(self._inn - 1)
 
     def set_meta(self, key, value):
+        try:
+            self._set_meta(key, value)
+        except OSError:
+            # the flash read again: the value is set if its record landed (meta is not voided)
+            if self._unk is not None or self.meta(key) != bytes(value):
+                raise
+
+    def _set_meta(self, key, value):
         self._gflush()
         kv = self._meta_kv(key, value)
         if kv is None:
@@ -1269,6 +1439,7 @@ class FlashStore(Log):
 
     def commit(self):
         self._gflush()
+        self.dirty = self.seen != self.epoch
 
     def close(self):
         self._gflush()

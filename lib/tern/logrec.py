@@ -15,6 +15,7 @@ from struct import pack_into
 from .wire import const, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
 
 RH = const(16)  # record header bytes
+EIO = const(5)
 
 T_INID = const(0x30)
 T_META = const(0x31)
@@ -47,6 +48,16 @@ KINDS = (PUBLISH, SUBSCRIBE, UNSUBSCRIBE)  # message records: the kind code is t
 # A refreshed message goes behind the others at the next boot: one the broker
 # left unacknowledged while 268 million later records were written.
 STALE = const(0x10000000)
+
+
+class OutboxUnknown(OSError):
+    """A storage operation failed, and so did reading the medium again: what the failed call
+    wrote may or may not be there, and the store takes nothing until it has read its state
+    (lib/tern/store.py, "When storage fails"). errno EIO."""
+
+
+def unknown(e):
+    return OutboxUnknown(EIO, "outbox state unknown: the message may still be sent (%s)" % (e,))
 
 
 def sd(a, b):
@@ -133,9 +144,31 @@ class Log:
       what its warnings start with."""
 
     durable = True
+    epoch = seen = 0  # (store.py: the medium read again after a failure, and the session following)
+    # What follows a failure (class attributes until one comes: an instance's map stays the size
+    # every attribute lookup of the steady path pays for): the error that left the state unknown,
+    # and True while the medium is being read again.
+    _unk = None
+    _busy = False
 
     def reserve(self, n):
         pass
+
+    def _retry(self, lo=0, n=0):
+        """Read the medium again (the state being unknown, or after a failed write: _again's
+        work, which voids what the store says); OutboxUnknown while that fails, the state then
+        unknown (see store.py, "When storage fails")."""
+        self._busy = True
+        try:
+            self._again(lo, n)
+        except OSError as e:
+            self._set_unknown(e)
+            raise unknown(e)
+        finally:
+            self._busy = False
+        self._unk = None
+        self.epoch += 1
+        self.dirty = True
 
     def _say(self, msg):
         v = self.verbose  # True: printed; a function: called with each notice

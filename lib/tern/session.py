@@ -269,16 +269,21 @@ class Session:
         self._cap = cap  # (len() is a global lookup and a call: too dear for every message on MicroPython)
         for pid in pids:
             self._push(pid, self._stored_flags(pid))
+        if store.seen != store.epoch:  # (the ring says what the store holds: see _follow)
+            store.seen = store.epoch
         self.stats_recovered = self._n
 
-    def _stored_flags(self, pid):
-        # A stored packet's ring flags, from its record (at start, or for one parked, _GONE)
+    def _stored_flags(self, pid, b=None):
+        # A stored packet's ring flags, from its record (at start, for one parked, _GONE, and in
+        # _follow, which reads its first byte into b, not the transmit buffer: a packet may wait there)
         st = self.store
         f = _EVER
         if st.kind(pid) != _PUBLISH:
             return f | _CTRL
-        st.read(pid, 0, self.tx)
-        if (self.tx[0] >> 1) & 3 == 2:
+        if b is None:
+            b = self.tx
+        st.read(pid, 0, b)
+        if (b[0] >> 1) & 3 == 2:
             f |= _QOS2
         if st.marked(pid):
             f |= _MARKED
@@ -363,11 +368,68 @@ class Session:
         # store holds uncommitted (group commit: the mark a PUBREL announces,
         # the inbound id a PUBREC does, its release a PUBCOMP does, the record
         # of a PUBLISH, SUBSCRIBE or UNSUBSCRIBE) is made durable before a
-        # byte leaves. A store with nothing buffered answers by an attribute.
-        st = self.store
-        if st.dirty:
-            st.commit()
+        # byte leaves, and after a storage failure the ring follows what the
+        # store holds (_settle). A store with nothing buffered answers by an attribute.
+        if self.store.dirty:
+            self._settle()
         self.send(buf, off, n)
+
+    def _settle(self):
+        # Commit; and when the store read its medium again after a failure (epoch moved on: see
+        # lib/tern/store.py), follow it before anything more is built from the ring.
+        st = self.store
+        st.commit()
+        if st.epoch != st.seen:
+            self._follow()
+
+    def _follow(self):
+        # The ring re-derived from what the store holds after a storage failure (flags from the
+        # records: QoS 2, PUBREC seen; sent on some connection as the ring said, else a record it
+        # did not hold, which was); a SUBSCRIBE no longer stored is sent again. When anything
+        # differs on a live connection, its packets were built from what the store no longer says:
+        # the connection ends (OSError; the drivers reconnect, and the CONNACK replays the ring).
+        st = self.store
+        st.seen = st.epoch
+        old = {}
+        order = []
+        i = self._head
+        for _ in range(self._n):
+            p = self._ring[i]
+            if p:
+                old[p] = self._rflags[i]
+                order.append(p)
+            i = (i + 1) % self._cap
+        pids = st.pending()
+        same = pids == order
+        b = bytearray(1)
+        for p in pids:
+            if not same:
+                break
+            f = self._stored_flags(p, b)
+            o = old[p]
+            same = o & _GONE or (f ^ o) & (_QOS2 | _MARKED | _CTRL) == 0
+        if same:
+            return
+        if len(pids) > self._cap:
+            from array import array
+
+            self._cap = len(pids)
+            self._ring = array("H", bytes(2 * self._cap))
+            self._rflags = bytearray(self._cap)
+        self._head = self._n = self._unsent = self._uctl = 0
+        for p in pids:
+            f = self._stored_flags(p, b)
+            o = old.get(p)
+            if o is not None:
+                f = o if o & _GONE else f & ~_EVER | o & _EVER
+            self._push(p, f)
+        for e in self.subs:
+            if e.pid and e.pid not in pids:
+                e.pid = 0
+                e.late = self._late = True
+        if self.state == CONNECTED:
+            self.connection_lost()
+            raise OSError("the store read its medium again after a failure: reconnecting, to resend what it holds")
 
     def send_ack(self, ptype, pid, reason, now):
         # A PUBREL (our QoS 2 flow) waits with the rest of what the read
@@ -434,8 +496,10 @@ class Session:
             self._send_ring(now)
 
     def _send_ring(self, now):
-        limit = self._limit
         st = self.store
+        if st.dirty:
+            self._settle()  # (the records are read below, before out() would)
+        limit = self._limit
         tx = self.tx
         flags = self._rflags
         ring = self._ring
@@ -1045,130 +1109,16 @@ class Session:
             # keep its code).
             import tern.handshake
 
-            p = tern.handshake.read(self, pos, end, now)
-            if p:
-                # A CONNACK accepted the connection (tern.handshake took its
-                # properties): what it allows on this connection (messages in
-                # flight, outbound topic aliases; aliases both ways start
-                # afresh), the send ring replayed, then the application told.
-                self._limit = p.limit
-                self._oalias_cap = p.aliases
-                self.in_aliases = self._oalias = None
-                sp = self.session_present
-                # Without a session on the broker (clean start, expiry, or it
-                # forgot; tern.handshake cleared the inbound QoS 2 ids):
-                # accepted messages still go out; a QoS 2 message whose PUBREC
-                # was seen is published again, since the broker no longer
-                # holds it (at least once rather than lost); the broker's
-                # copies of our subscriptions are gone.
-                lost = not sp and self._n > 0
-                # Replay the ring in its original order (and without a session on
-                # the broker, forget the PUBRECs seen) before the application
-                # hears of the connection: what it publishes from EV_CONNACK then
-                # goes after the resends, once.
-                self._inflight = 0
-                self._unsent = self._uctl = 0
-                # A packet stored before this CONNACK said what the server takes
-                # (offline, or for another server) that breaks its Maximum Packet
-                # Size, Maximum QoS or Retain Available would only get the
-                # connection closed, again after every reconnect, with everything
-                # behind it waiting: a PUBLISH is given back refused (EV_PUBLISHED
-                # 0x95, 0x9B, 0x9A), as a PUBACK refusing it would, a SUBSCRIBE or
-                # UNSUBSCRIBE over the maximum [MQTT-3.1.2-24] as its SUBACK or
-                # UNSUBACK would (EV_SUBACK / EV_UNSUBACK [0x95]; the subscription
-                # stays registered, as after a refusing SUBACK). Its Topic Alias
-                # Maximum and Receive Maximum cannot refuse one: an MQTT 5 PUBLISH
-                # from before this connection goes without its Topic Alias (_OLD),
-                # and the window is capped by the Receive Maximum (_limit).
-                mx = self.server.get(_P_MAX_PACKET, 0)
-                chk = mx or self.max_qos < 2 or not self.retain_ok
-                old = _OLD if self.version == _V5 else 0
-                refused = []  # pid << 12 | packet type << 8 | reason
-                st = self.store
-                # Without a session on the broker every registered subscription
-                # goes again (below): a SUBSCRIBE still pending for one of them is
-                # resent as it is, any other stored SUBSCRIBE or UNSUBSCRIBE (of a
-                # filter replaced or dropped since, or from before a reboot) is
-                # superseded and released, so none piles up when a broker closes
-                # the connection instead of answering.
-                keep = [s.pid for s in self.subs if s.pid] if not sp else None
-                i = self._head
-                for _ in range(self._n):
-                    pid = self._ring[i]
-                    if pid:
-                        f = self._rflags[i] & ~_SENT
-                        if f & _GONE:  # given back at an earlier CONNACK that failed (ENOSPC) before its release
-                            if f & _TOLD:
-                                self._free(i)
-                                i = (i + 1) % len(self._rflags)
-                                continue
-                            f = self._stored_flags(pid)  # not told: looked at again
-                        if f & _MARKED and not sp:
-                            st.unmark(pid)
-                            f &= ~_MARKED
-                        r = 0
-                        k = _PUBLISH
-                        if f & _CTRL:
-                            k = st.kind(pid)
-                            if keep is not None and pid not in keep:
-                                if k != _UNSUBSCRIBE:
-                                    self._free(i)  # (nobody waits for a superseded SUBSCRIBE)
-                                    i = (i + 1) % len(self._rflags)
-                                    continue
-                                r = 0x11  # "no subscription existed", to whoever waits
-                            elif mx and st.size(pid) > mx:
-                                r = 0x95
-                        elif chk and not f & _MARKED:
-                            st.read(pid, 0, self.tx)
-                            b = self.tx[0]
-                            r = 0x95 if mx and st.size(pid) > mx else 0x9B if (b >> 1) & 3 > self.max_qos else (
-                                0x9A if b & 1 and not self.retain_ok else 0)
-                        if r:
-                            # Released only once the application was told (below): a power cut
-                            # in between tells it again after the reboot, rather than never.
-                            # Parked meanwhile as a control packet in flight: nothing sends it.
-                            self._rflags[i] = _SENT | _CTRL | _GONE
-                            refused.append(pid << 12 | k << 8 | r)
-                        else:
-                            if not f & (_MARKED | _CTRL):
-                                f |= old
-                            self._rflags[i] = f
-                            self._unsent += 1
-                            if f & _CTRL:
-                                self._uctl += 1
-                    i = (i + 1) % len(self._rflags)
-                resent = self._unsent
-                # Subscriptions go (again) to a broker without our session, and,
-                # to one that kept it, those made or dropped while offline: one
-                # SUBSCRIBE each, as each may carry its own identifier.
-                if not sp:
-                    for s in self.subs:
-                        s.late = not s.pid
-                    self._gone = []
-                for r in refused:
-                    k = r >> 8 & 15
-                    pid = r >> 12
-                    if k == _PUBLISH:
-                        self.emit(EV_PUBLISHED, pid, r & 255)
-                    else:
-                        for s in self.subs:
-                            if s.pid == pid:
-                                s.pid = 0  # answered: not resent, subscribed again after a session is lost
-                        self.emit(EV_SUBACK if k == _SUBSCRIBE else EV_UNSUBACK, pid, [r & 255])
-                    i = self._find(pid)
-                    if i >= 0:
-                        self._rflags[i] |= _TOLD
-                for r in refused:  # (all told first: a release that fails, ENOSPC, leaves only told ones parked)
-                    i = self._find(r >> 12)
-                    if i >= 0:
-                        self._free(i)
-                self._send_late(now)
-                self._pump(now)
-                if self.state == CONNECTED:  # not when a resend found the connection dead
-                    self.emit(EV_CONNACK, sp, p)
-                if resent or lost:
-                    self.stats_resent += resent
-                    self.emit(_EV_RESTORED, resent, lost)
+            try:
+                p = tern.handshake.read(self, pos, end, now)
+                if p:
+                    self._accepted(p, now)
+            except OSError:
+                # A store that failed (or a send) under the CONNACK's work: the connection ends
+                # before anything more is built from a ring replayed half-way (feed_n pumps in its
+                # finally); the driver reconnects.
+                self.connection_lost()
+                raise
             return
         p = pkt.decode(self.rxmv[pos:end], self.version, len(rx))
         if t == _DISCONNECT:
@@ -1178,6 +1128,130 @@ class Session:
             self.emit(EV_DISCONNECT, p.reason, p)
         elif t != _PINGRESP:  # PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK, UNSUBACK
             self._on_ack(t, p.pid, p.reasons if t > _PUBCOMP else p.reason, now)
+
+    def _accepted(self, p, now):
+        # A CONNACK accepted the connection (tern.handshake took its
+        # properties): what it allows on this connection (messages in
+        # flight, outbound topic aliases; aliases both ways start
+        # afresh), the send ring replayed, then the application told.
+        self._limit = p.limit
+        self._oalias_cap = p.aliases
+        self.in_aliases = self._oalias = None
+        sp = self.session_present
+        # Without a session on the broker (clean start, expiry, or it
+        # forgot; tern.handshake cleared the inbound QoS 2 ids):
+        # accepted messages still go out; a QoS 2 message whose PUBREC
+        # was seen is published again, since the broker no longer
+        # holds it (at least once rather than lost); the broker's
+        # copies of our subscriptions are gone.
+        lost = not sp and self._n > 0
+        # Replay the ring in its original order (and without a session on
+        # the broker, forget the PUBRECs seen) before the application
+        # hears of the connection: what it publishes from EV_CONNACK then
+        # goes after the resends, once.
+        self._inflight = 0
+        self._unsent = self._uctl = 0
+        # A packet stored before this CONNACK said what the server takes
+        # (offline, or for another server) that breaks its Maximum Packet
+        # Size, Maximum QoS or Retain Available would only get the
+        # connection closed, again after every reconnect, with everything
+        # behind it waiting: a PUBLISH is given back refused (EV_PUBLISHED
+        # 0x95, 0x9B, 0x9A), as a PUBACK refusing it would, a SUBSCRIBE or
+        # UNSUBSCRIBE over the maximum [MQTT-3.1.2-24] as its SUBACK or
+        # UNSUBACK would (EV_SUBACK / EV_UNSUBACK [0x95]; the subscription
+        # stays registered, as after a refusing SUBACK). Its Topic Alias
+        # Maximum and Receive Maximum cannot refuse one: an MQTT 5 PUBLISH
+        # from before this connection goes without its Topic Alias (_OLD),
+        # and the window is capped by the Receive Maximum (_limit).
+        mx = self.server.get(_P_MAX_PACKET, 0)
+        chk = mx or self.max_qos < 2 or not self.retain_ok
+        old = _OLD if self.version == _V5 else 0
+        refused = []  # pid << 12 | packet type << 8 | reason
+        st = self.store
+        # Without a session on the broker every registered subscription
+        # goes again (below): a SUBSCRIBE still pending for one of them is
+        # resent as it is, any other stored SUBSCRIBE or UNSUBSCRIBE (of a
+        # filter replaced or dropped since, or from before a reboot) is
+        # superseded and released, so none piles up when a broker closes
+        # the connection instead of answering.
+        keep = [s.pid for s in self.subs if s.pid] if not sp else None
+        i = self._head
+        for _ in range(self._n):
+            pid = self._ring[i]
+            if pid:
+                f = self._rflags[i] & ~_SENT
+                if f & _GONE:  # given back at an earlier CONNACK that failed (ENOSPC) before its release
+                    if f & _TOLD:
+                        self._free(i)
+                        i = (i + 1) % len(self._rflags)
+                        continue
+                    f = self._stored_flags(pid)  # not told: looked at again
+                if f & _MARKED and not sp:
+                    st.unmark(pid)
+                    f &= ~_MARKED
+                r = 0
+                k = _PUBLISH
+                if f & _CTRL:
+                    k = st.kind(pid)
+                    if keep is not None and pid not in keep:
+                        if k != _UNSUBSCRIBE:
+                            self._free(i)  # (nobody waits for a superseded SUBSCRIBE)
+                            i = (i + 1) % len(self._rflags)
+                            continue
+                        r = 0x11  # "no subscription existed", to whoever waits
+                    elif mx and st.size(pid) > mx:
+                        r = 0x95
+                elif chk and not f & _MARKED:
+                    st.read(pid, 0, self.tx)
+                    b = self.tx[0]
+                    r = 0x95 if mx and st.size(pid) > mx else 0x9B if (b >> 1) & 3 > self.max_qos else (
+                        0x9A if b & 1 and not self.retain_ok else 0)
+                if r:
+                    # Released only once the application was told (below): a power cut
+                    # in between tells it again after the reboot, rather than never.
+                    # Parked meanwhile as a control packet in flight: nothing sends it.
+                    self._rflags[i] = _SENT | _CTRL | _GONE
+                    refused.append(pid << 12 | k << 8 | r)
+                else:
+                    if not f & (_MARKED | _CTRL):
+                        f |= old
+                    self._rflags[i] = f
+                    self._unsent += 1
+                    if f & _CTRL:
+                        self._uctl += 1
+            i = (i + 1) % len(self._rflags)
+        resent = self._unsent
+        # Subscriptions go (again) to a broker without our session, and,
+        # to one that kept it, those made or dropped while offline: one
+        # SUBSCRIBE each, as each may carry its own identifier.
+        if not sp:
+            for s in self.subs:
+                s.late = not s.pid
+            self._gone = []
+        for r in refused:
+            k = r >> 8 & 15
+            pid = r >> 12
+            if k == _PUBLISH:
+                self.emit(EV_PUBLISHED, pid, r & 255)
+            else:
+                for s in self.subs:
+                    if s.pid == pid:
+                        s.pid = 0  # answered: not resent, subscribed again after a session is lost
+                self.emit(EV_SUBACK if k == _SUBSCRIBE else EV_UNSUBACK, pid, [r & 255])
+            i = self._find(pid)
+            if i >= 0:
+                self._rflags[i] |= _TOLD
+        for r in refused:  # (all told first: a release that fails, ENOSPC, leaves only told ones parked)
+            i = self._find(r >> 12)
+            if i >= 0:
+                self._free(i)
+        self._send_late(now)
+        self._pump(now)
+        if self.state == CONNECTED:  # not when a resend found the connection dead
+            self.emit(EV_CONNACK, sp, p)
+        if resent or lost:
+            self.stats_resent += resent
+            self.emit(_EV_RESTORED, resent, lost)
 
     def go(self, event):
         """Move the connection to the state `event` (_E_*) leads to."""
@@ -1369,8 +1443,10 @@ class Session:
         ids = m.sub_ids
         sids = v == _V5 and self.sid_ok
         dflt = self.on_message
-        self._pump(now)  # what the read let out of the window (see _on_ack), then
-        self.flush()  # what the read queued leaves before application code runs
+        # What the read let out of the window (see _on_ack), then what it queued, leaves before
+        # application code runs; a send that fails there (the connection broke) does not keep the
+        # message from its handler (a QoS 2 one's id is recorded: it would never be delivered).
+        err = self._first(now) if self._txn or self._unsent else None
         self._depth = d + 1
         try:
             if n_ids and sids:
@@ -1411,13 +1487,24 @@ class Session:
             # to the driver's caller): acknowledgements keep arrival order,
             # so those of messages read meanwhile follow this one's.
             self._depth = d
-            if not d:
+            if not d and err is None:  # (not over a connection that broke)
                 if q and not manual:
                     self.send_ack(t, pid, 0, now)
                 h = self._held
                 while h:
                     a = h.pop(0)
                     self.send_ack(a & 15, a >> 4, 0, now)
+        if err is not None:
+            raise err
+
+    def _first(self, now):
+        # _on_publish's sends before a handler runs; the OSError of one that fails is returned
+        try:
+            self._pump(now)
+            self.flush()
+        except OSError as e:
+            return e
+        return None
 
     def _admit(self, pid, rec, now):
         # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in
@@ -1435,9 +1522,8 @@ class Session:
         # bring the same after every reconnect. A deferred message is neither
         # delivered nor acknowledged, and once the ids taken are released the
         # session reconnects (see _on_ack) so the broker sends it again.
-        # False: not taken (deferred, or the store had no room, ENOSPC: then
-        # it comes again after the next reconnect, by when the outbox that
-        # fills the store has drained, rather than failing every connection).
+        # False: not taken (deferred; or the store could not record its id,
+        # then deferred as well: see tern.fault.unrecorded).
         n = self.in2
         if n >= self._in_cap:
             from .fault import over_cap
@@ -1448,9 +1534,9 @@ class Session:
                 self.store.in_add(pid)
                 self.store.commit()  # durable before the handler runs (group commit too): delivered once
             except OSError as e:
-                if e.args[0] != 28:
-                    raise
-                return False
+                from .fault import unrecorded
+
+                return unrecorded(self, e, now)
         self.in2 = n + 1
         return True
 

@@ -33,6 +33,30 @@ power loss):
   costs nothing. The session commits before any packet leaves while it is
   set (a packet may announce any change: PUBREL the mark, PUBCOMP the
   release), and before publish() returns.
+- epoch, seen: epoch counts the times the store read its medium again after
+  a failure (below); the session sets seen = epoch once it has re-derived
+  its view from what the store holds. dirty stays True while they differ, so
+  the session's look before every packet finds it.
+
+When storage fails (a write, program, erase, sync or file create raises,
+before any byte lands, after all of them did, or after part of them), the
+call raises OSError and the store is in one of two states:
+- known: the store has read its medium again (what a boot would find, no
+  more: a file's bytes past its last good sync are voided first, durably) and
+  the call's own change did not happen: append, in_add and set_meta raise
+  only when the record they wrote is not and never will be found, voided if
+  it landed anyway. An ack (release, mark, unmark, in_release, in_clear) or a
+  commit that raises may or may not have happened, and changes that waited
+  for commit may be gone: what the store holds says which (epoch moved on).
+  ENOSPC keeps its meaning: nothing was written ("outbox full"), or the
+  filesystem is full (then as any failed write).
+- unknown: voiding or reading again failed too. The call raises
+  OutboxUnknown (an OSError, errno EIO, "outbox state unknown: ..."): what
+  it wrote may or may not be there. The store accepts nothing more (every
+  write and commit tries to read its medium again first, and raises
+  OutboxUnknown while it cannot) until it has; then what it holds decides.
+Nothing a store raises after a failure is anything but OSError. MemoryStore
+has no medium: it never fails this way.
 """
 
 # Record kinds are the packet types they hold.
@@ -53,6 +77,7 @@ class MemoryStore:
 
     durable = False
     dirty = False  # nothing is ever waiting for commit()
+    epoch = seen = 0  # nor does it ever read a medium again
 
     def __init__(self):
         self._pids = []  # live pids in append order

@@ -193,6 +193,44 @@ class CutFs:
         os.remove(path)
 
 
+class CutLayer:
+    """A CutFs as a complete FileStore filesystem layer (what tests/lib/faults.py's FaultFs
+    wraps): a file's sync is its flush (what CutFs counts as durable); a torn sync makes a
+    random part of what waited durable; directories need no sync here; no statvfs (max_bytes
+    is the budget)."""
+
+    def __init__(self, cfs):
+        self.cfs = cfs
+
+    def open(self, path, mode):
+        return self.cfs.open(path, mode)
+
+    def listdir(self, path):
+        return self.cfs.listdir(path)
+
+    def mkdir(self, path):
+        self.cfs.mkdir(path)
+
+    def remove(self, path):
+        self.cfs.remove(path)
+
+    def statvfs(self, path):
+        raise OSError(95, "no statvfs")
+
+    def sync_file(self, f):
+        f.flush()
+
+    def torn_sync(self, f, below):
+        old = self.cfs.synced.get(f.path, 0)
+        f.flush()
+        new = self.cfs.synced.get(f.path, 0)
+        if new > old:
+            self.cfs.synced[f.path] = old + below(new - old)
+
+    def sync_dir(self, path):
+        pass
+
+
 class PosixRig:
     name = "file-posix"
 

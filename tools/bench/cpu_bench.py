@@ -15,6 +15,12 @@ over the UART that stops the count while it waits (the board's own sockets would
 
     python tools/bench/cpu_bench.py                            # print the table
     python tools/bench/cpu_bench.py --write docs/benchmarks.md  # and rewrite its section
+    python tools/bench/cpu_bench.py --compare /path/to/other/checkout   # and an A/B on one firmware
+
+Two builds of the firmware lay the heap out differently, which moves every count by a few per cent
+(umqtt.simple's, whose code is the same in both, too). --compare runs Tern's cases once more on the
+same firmware with the library loaded from .mpy files: this checkout's mpy/ and the other's, in
+turn, so that what differs is the library alone.
 """
 
 import argparse
@@ -92,7 +98,8 @@ sys.modules['usocket'] = usocket
 
 # each case prints "COUNT <ticks> <messages>"; N messages (or M received)
 CASES = {
-    "tern_qos0": """from tern.client import Client
+    "tern_qos0": """{path}
+from tern.client import Client
 c = Client('cpu-t0', stream=U)
 c.connect()
 acc = 0
@@ -112,7 +119,8 @@ for i in range({n}):
     acc += insns(a)
 print('COUNT', acc, {n})
 """,
-    "tern_qos1": """from tern.client import Client
+    "tern_qos1": """{path}
+from tern.client import Client
 {store}
 c = Client('cpu-t1', stream=U{store_kw})
 c.connect()
@@ -138,7 +146,8 @@ for i in range({n}):
     acc += insns(a) - Sock.idle
 print('COUNT', acc, {n})
 """,
-    "tern_window": """from tern.client import Client
+    "tern_window": """{path}
+from tern.client import Client
 c = Client('cpu-tw', stream=U, window=8)
 c.connect()
 acc = 0
@@ -154,7 +163,8 @@ for r in range({n} // 8):
 print('COUNT', acc, {n} // 8 * 8)
 """,
     # the host queued M QoS 1 messages for this persistent session while it was away
-    "tern_rx": """from tern.client import Client
+    "tern_rx": """{path}
+from tern.client import Client
 got = []
 c = Client('cpu-tr', stream=U, clean=False)
 c.subscribe('bench/rx', 1, handler=lambda m: got.append(1))
@@ -230,7 +240,7 @@ class Bench:
     partition and, for the .mpy case, Tern's package.json files in /lib; run(case) powers it on
     afresh and returns instructions per message."""
 
-    def __init__(self, broker, workdir, profile=PROFILES[0], with_umqtt=True, with_mpy=True):
+    def __init__(self, broker, workdir, profile=PROFILES[0], with_umqtt=True, with_mpy=True, compare=None):
         from ternlab.devset import app_romfs, compile_mpy
 
         self.broker = broker
@@ -252,6 +262,12 @@ class Bench:
                     b.mkdir(d)
             for p in sorted((ROOT / "mpy" / "tern").glob("*.mpy")):
                 b.write_file("lib/tern/" + p.name, p.read_bytes())
+        if compare:  # the other checkout's library, in a folder of its own
+            for d in ("libcmp", "libcmp/tern"):
+                if not b.exists(d):
+                    b.mkdir(d)
+            for p in sorted((Path(compare) / "mpy" / "tern").glob("*.mpy")):
+                b.write_file("libcmp/tern/" + p.name, p.read_bytes())
         b.qemu_args = list(ICOUNT)
 
     def queue(self, client_id, m, subscribe):
@@ -299,12 +315,12 @@ ROWS = [
 ]
 
 
-def measure(n, m, workdir, profiles=PROFILES):
-    """{profile: [(label, tern, umqtt)]}"""
-    out = {}
+def measure(n, m, workdir, profiles=PROFILES, compare=None):
+    """{profile: [(label, tern, umqtt)]}, {profile: [(label, other, mine)]} (the A/B with --compare)"""
+    out, abs_ = {}, {}
     with Broker(Path(workdir) / "broker") as broker:
         for prof in profiles:
-            bench = Bench(broker, Path(workdir) / prof, prof)
+            bench = Bench(broker, Path(workdir) / prof, prof, compare=compare)
             try:
                 rows = []
                 for label, tern, umqtt, kw in ROWS:
@@ -313,9 +329,18 @@ def measure(n, m, workdir, profiles=PROFILES):
                     print(prof, label, t, u, file=sys.stderr, flush=True)
                     rows.append((label, t, u))
                 out[prof] = rows
+                ab = []
+                for label, tern, _, kw in ROWS[:5] if compare else ():
+                    kw = dict(kw, path="sys.path.insert(0, '/lib')")
+                    mine = bench.run(tern, n=n, m=m, **kw)
+                    kw["path"] = "sys.path.insert(0, '/libcmp')"
+                    other = bench.run(tern, n=n, m=m, **kw)
+                    print(prof, label, "mpy", mine, "other", other, file=sys.stderr, flush=True)
+                    ab.append((label, other, mine))
+                abs_[prof] = ab
             finally:
                 bench.close()
-    return out
+    return out, abs_
 
 
 def render(res, a):
@@ -358,11 +383,23 @@ def main(argv=None):
                     help="messages received per case (default 16; at most 20, Mosquitto's max_inflight_messages:"
                          " more would wait for the broker inside the counted region)")
     ap.add_argument("--write", metavar="FILE", help="rewrite this file's cpu_bench section")
+    ap.add_argument("--compare", metavar="DIR", help="another checkout (its mpy/tern): Tern's cases again on the "
+                                                     "same firmware, this library and that one loaded from .mpy")
     a = ap.parse_args(argv)
+    if a.compare and not (Path(a.compare) / "mpy" / "tern" / "client.mpy").is_file():
+        ap.error("--compare %s: no mpy/tern/client.mpy there" % a.compare)
     with tempfile.TemporaryDirectory() as tmp:
-        res = measure(a.messages, a.received, tmp)
+        res, abs_ = measure(a.messages, a.received, tmp, compare=a.compare)
     text = render(res, a)
     print(text)
+    for prof, ab in abs_.items():
+        if not ab:
+            continue
+        print("\n%s, same firmware, the library from .mpy files: %s -> this checkout\n" % (prof, a.compare))
+        print("| case | %s (instructions) | this checkout (instructions) | change |" % Path(a.compare).name)
+        print("|---|---:|---:|---:|")
+        for label, other, mine in ab:
+            print("| %s | %s | %s | %+.1f%% |" % (label, f"{other:,.0f}", f"{mine:,.0f}", (mine / other - 1) * 100))
     if a.write:
         from benchdoc import write_section
 
