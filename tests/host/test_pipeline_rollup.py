@@ -118,3 +118,19 @@ def test_rows_without_their_key_are_an_error_not_merged(spark, tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tern rollup: error: 3 landing row(s) are unusable: "
                                                "seq=null") and err[0].endswith(bad), err
+
+
+def test_a_command_from_another_thread_leaves_the_running_session_running(spark, small_set):
+    # The active session is per thread: a command run from a thread that did not make the process's
+    # session took it for its own and stopped it at the end, under the test (or notebook) using it.
+    import threading
+
+    root, g, _ = small_set
+    out, status = str(root / "threaded"), []
+    t = threading.Thread(target=lambda: status.append(
+        cli.main(["rollup", g.landing, "--out", out, "--window", "1 minute"])))
+    t.start()
+    t.join(300)
+    assert status == [0]
+    assert spark.read.parquet(out).count() == len(python_rollup(
+        [r.asDict() for r in read_landing(spark, g.landing).collect()], 60))

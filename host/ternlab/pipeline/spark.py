@@ -255,9 +255,11 @@ class SparkJob:
         self.owned = False
 
     def start(self):
-        from pyspark.sql import SparkSession
+        from pyspark import SparkContext
 
-        self.owned = SparkSession.getActiveSession() is None
+        # Whether a session already runs in this process, whichever thread made it: the active session
+        # is per thread, and taking a test's or notebook's session for ours stopped it under them.
+        self.owned = SparkContext._active_spark_context is None
         self.spark = build_session(self.app_name, self.master, self.confs, jvm_log=self.log)
         return self.spark
 
