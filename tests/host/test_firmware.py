@@ -42,7 +42,7 @@ class Device:
                  romfs=None):
         prof = profile if isinstance(profile, dict) else load_profile(profile)  # a name or a profile dict
         if prof.get("kind") == "qemu":  # its sockets dial the config's broker, as a board's do
-            from ternlab import firmware
+            from ternlab.boards import firmware
             from ternlab.boards.qemu import QemuBoard
 
             self.board = QemuBoard(profile, workdir=tmp_path / name, board_id=board_id)
