@@ -320,3 +320,51 @@ def test_device_code_lives_in_device_and_boards_holds_profiles_only():
     assert stray == []
     assert sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "boards").rglob("*")
                   if p.is_file() and p.suffix not in (".json", ".csv", ".md")) == []
+
+
+# No test module is a library: what tests share lives in helper modules not named test_* (the test
+# kit tests/lib/kit.py and the modules on it; tests/host/firmwarekit.py), and tools reach the kit as
+# the package tests.lib (`python -m tools.NAME` from the root), never by putting a tests folder on
+# sys.path. Pending (another change): tests/host/test_qemu_scripted.py reads the scripts of the library
+# test module it runs on the qemu boards from that module (their SCRIPTS, among its test functions).
+PENDING_TEST_IMPORTS = ["tests/host/test_qemu_scripted.py imports test_scripted"]
+
+
+def imported_test_modules(source, name="<source>"):
+    """[(line, module)] of the test modules (test_*) that `source` imports, by any spelling."""
+    found = []
+    for n in ast.walk(ast.parse(source, name)):
+        mods = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+            [n.module or ""] + [(n.module + "." if n.module else "") + a.name for a in n.names] \
+            if isinstance(n, ast.ImportFrom) else []
+        found += [(n.lineno, m) for m in mods if m.rpartition(".")[2].startswith("test_")]
+    return found
+
+
+def sys_path_edits_to_tests(source, name="<source>"):
+    """[line] of the sys.path edits in `source` that spell a tests folder."""
+    return [arg.lineno for arg in _sys_path_edits(ast.parse(source, name))
+            if any("tests" in (_const(c) or "") for c in ast.walk(arg))]
+
+
+def test_the_library_checker_sees_a_test_module_imported():
+    assert imported_test_modules("from test_store_powercut import sample\n") == [(1, "test_store_powercut")]
+    assert imported_test_modules("def f():\n    import test_firmware as t\n") == [(2, "test_firmware")]
+    assert imported_test_modules("from tests.lib import test_model\n") == [(1, "tests.lib.test_model")]
+    assert imported_test_modules("from tests.lib import kit\nimport testing\n") == []
+    assert sys_path_edits_to_tests('import sys\nsys.path.insert(0, ROOT + "/tests/lib")\n') == [2]
+    assert sys_path_edits_to_tests('import sys\nfor p in ("/tests/lib", "/lib"):\n    sys.path.insert(0, ROOT + p)\n') == []
+    assert sys_path_edits_to_tests('import sys\nsys.path[:0] = [ROOT + "/tests/lib"]\n') == [2]
+
+
+def test_no_test_module_is_imported_and_no_tool_puts_tests_on_the_path():
+    bad = []
+    for base in (ROOT / "tests", ROOT / "tools"):
+        for path in sorted(base.rglob("*.py")):
+            text = path.read_text()
+            rel = path.relative_to(ROOT)
+            bad += ["%s:%d imports %s" % (rel, line, m) for line, m in imported_test_modules(text, str(path))
+                    if "%s imports %s" % (rel, m) not in PENDING_TEST_IMPORTS]
+            if base.name == "tools":
+                bad += ["%s:%d puts a tests folder on sys.path" % (rel, line) for line in sys_path_edits_to_tests(text, str(path))]
+    assert bad == [], "share through a helper module (tests/lib/kit.py, tests/host/firmwarekit.py)"
