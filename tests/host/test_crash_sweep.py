@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import crash_sweep as C  # noqa: E402  (it puts device/testing on the path)
 import crash_device as D  # noqa: E402
-from check import Rng, read_all  # noqa: E402
+from tests.lib.check import Rng, read_all  # noqa: E402
 
 CUTS_PER_STORE = 3
 
