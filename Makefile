@@ -55,7 +55,7 @@ bench: setup
 	$(PY) tools/bench/audit_bench.py --sizes 1M,5M,20M --write docs/benchmarks.md
 
 bench-sweep: bench
-	$(PY) tools/crash_sweep.py --write docs/benchmarks.md
+	$(PY) -m tools.crash_sweep --write docs/benchmarks.md
 
 # make interop: Tern (library on CPython and MicroPython, tern pub/sub) against Mosquitto, RabbitMQ,
 # ejabberd, aedes and amqtt on 127.0.0.1, each feature beside a peer client; writes the matrix into

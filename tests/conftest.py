@@ -11,7 +11,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from setup_check import DEBIAN_LIST, missing_programs, refusal
+from tests.setup_check import DEBIAN_LIST, missing_programs, refusal
 
 _installed = any(ep.value in ("ternlab.pytest_tern", "ternlab.pytest_plugin") for ep in entry_points(group="pytest11"))
 pytest_plugins = ["pytester"]

@@ -2,8 +2,10 @@
 durable store, a real Mosquitto, and a power cut at every flash (or file)
 operation of a scripted workload.
 
-    .venv/bin/python tools/crash_sweep.py [--store flash,lfs,posix] [--sample N]
+    .venv/bin/python -m tools.crash_sweep [--store flash,lfs,posix] [--sample N]
         [--jobs 2] [--seed S] [--write docs/benchmarks.md] [--keep DIR]
+
+(from the checkout's root: the sample of cut points is the test kit's, tests.lib.kit.sample.)
 
 The workload (device/testing/crash_device.py): 100 publishes (50 at QoS 1, 50 at
 QoS 2, payloads of 12..203 bytes), 3 SUBSCRIBE and 2 UNSUBSCRIBE, and 20
@@ -50,7 +52,7 @@ import threading
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-for _p in ("lib", "host", "tests/lib"):
+for _p in ("lib", "host"):
     if os.path.join(ROOT, _p) not in sys.path:
         sys.path.insert(0, os.path.join(ROOT, _p))
 from ternlab.paths import device_dir, device_path, use_device  # noqa: E402
@@ -544,7 +546,7 @@ def render(rows, cmd, date, running=(), kept=()):
 
 def kept_rows(path, stores):
     """Table lines of the current section for stores other than `stores`."""
-    from bench.benchdoc import read_section
+    from tools.bench.benchdoc import read_section
 
     sec = read_section(path, "crash_sweep")
     if sec is None:
@@ -569,7 +571,7 @@ LABELS = {
 
 
 def write_section(path, text):
-    from bench.benchdoc import write_section as write
+    from tools.bench.benchdoc import write_section as write
 
     write(path, "crash_sweep", text)
 
@@ -582,7 +584,10 @@ def main(argv):
     import argparse
     import datetime
 
-    from test_store_powercut import sample
+    try:
+        from tests.lib.kit import sample
+    except ImportError as e:  # (run as a file, not as tools.crash_sweep from the checkout's root)
+        raise SystemExit("crash_sweep: run it from the checkout's root as `python -m tools.crash_sweep` (%s)" % e)
 
     ap = argparse.ArgumentParser(description="Power cut at every flash/file operation of a device workload "
                                              "against a real Mosquitto; reboot, finish, check delivery.")
@@ -609,7 +614,7 @@ def main(argv):
 
     # kill (SIGTERM) stops the sweep the way Ctrl-C does: the broker and the temporary files go too
     signal.signal(signal.SIGTERM, _interrupt)
-    cmd = "python tools/crash_sweep.py" + (" --sample %d" % a.sample if a.sample else "") + \
+    cmd = "python -m tools.crash_sweep" + (" --sample %d" % a.sample if a.sample else "") + \
         (" --seed %d" % a.seed if a.seed != 1 else "") + (" --write docs/benchmarks.md" if a.write else "")
     work = tempfile.mkdtemp(prefix="tern-crash-")
     broker = Broker(os.path.join(work, "broker"), max_queued_messages=1000).start()

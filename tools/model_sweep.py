@@ -1,9 +1,10 @@
-"""The model-based test (tests/lib/model.py) on a long budget.
+"""The model-based test (tests/lib/model.py, on the rigs and broker model of tests/lib/kit.py) on a
+long budget. Run from the checkout's root (the model is imported as the package tests.lib):
 
-    .venv/bin/python tools/model_sweep.py [--rigs memory,flash,file] [--seeds 1:2001]
+    .venv/bin/python -m tools.model_sweep [--rigs memory,flash,file] [--seeds 1:2001]
         [--steps 300] [--micropython] [--mp-seeds 1:501 --write docs/benchmarks.md]
-    .venv/bin/python tools/model_sweep.py --rig flash --seed 1052 [--steps 300]   (replay one, step by step)
-    .venv/bin/python tools/model_sweep.py --first [--rigs file,file-gc,flash-gc,flash-gc-inplace] [--seeds 1:2001]
+    .venv/bin/python -m tools.model_sweep --rig flash --seed 1052 [--steps 300]   (replay one, step by step)
+    .venv/bin/python -m tools.model_sweep --first [--rigs file,file-gc,flash-gc,flash-gc-inplace] [--seeds 1:2001]
         (examples until the first finding of each of issue 35's defects 1-4; no shrinking)
 
 Each example is a seeded list of steps (publish at QoS 0/1/2 online and
@@ -27,23 +28,15 @@ import sys
 import time
 
 MICROPYTHON = sys.implementation.name == "micropython"
+ROOT = (__file__.rpartition("/")[0] or ".") + "/.."  # the checkout (the MicroPython runs' MICROPYPATH)
 if not MICROPYTHON:  # MicroPython has norflash and cutfs on its MICROPYPATH (set from device_path when launched here)
     from ternlab.paths import use_device
 
     use_device("testing")
-
-
-def _root():
-    here = __file__ if "/" in __file__ else "./" + __file__
-    return (here.rpartition("/")[0] or ".") + "/.."
-
-
-ROOT = _root()
-for _p in ("/tests/lib", "/lib"):
-    if ROOT + _p not in sys.path:
-        sys.path.insert(0, ROOT + _p)
-
-import model  # noqa: E402
+try:
+    from tests.lib import model
+except ImportError as e:  # (run as a file, not as tools.model_sweep from the checkout's root)
+    raise SystemExit("model_sweep: run it from the checkout's root as `python -m tools.model_sweep` (%s)" % e)
 
 
 def clock():
@@ -189,7 +182,7 @@ def main(argv):
 def _micropypath():
     from ternlab.paths import device_path
 
-    return ":".join([".frozen", ROOT + "/tests/lib", ROOT + "/lib"] + device_path("testing"))
+    return ":".join([".frozen", ROOT, ROOT + "/lib"] + device_path("testing"))
 
 
 def write(path, rigs, a, b, steps, mp_seeds):
@@ -197,7 +190,7 @@ def write(path, rigs, a, b, steps, mp_seeds):
     import os
     import subprocess
 
-    from bench.benchdoc import write_section
+    from tools.bench.benchdoc import write_section
 
     lines = []
     bad = sweep(rigs, a, b, steps, lines)
@@ -208,7 +201,7 @@ def write(path, rigs, a, b, steps, mp_seeds):
     sys.stdout.write(mp.stdout)
     mp_lines = [ln for ln in mp.stdout.splitlines() if ln.startswith(("RESULT", "    "))]
     bad += mp.returncode != 0
-    cmd = "python tools/model_sweep.py --rigs %s --seeds %d:%d --steps %d --mp-seeds %s --write %s" % (
+    cmd = "python -m tools.model_sweep --rigs %s --seeds %d:%d --steps %d --mp-seeds %s --write %s" % (
         ",".join(rigs), a, b, steps, mp_seeds, path)
     text = ["## Model-based test of the client at its edges (`tools/model_sweep.py`)", "",
             "Command: `%s`, %s. Each example: a seeded list of steps (see tests/lib/model.py) over the real "

@@ -1,9 +1,11 @@
 """Full crash-point sweep of the durable stores: a power cut at EVERY flash (or
 file) operation of a scripted workload, then reboot and check.
 
-    .venv/bin/python tools/store_sweep.py [--quick] [--only NAME[,NAME]] [--seed N] [--write docs/benchmarks.md]
+    .venv/bin/python -m tools.store_sweep [--quick] [--only NAME[,NAME]] [--seed N] [--write docs/benchmarks.md]
 
-Targets (the engine is tests/lib/test_store_powercut.py):
+(from the checkout's root: the engine is imported as the package tests.lib, no sys.path edit.)
+
+Targets (the engine is tests/lib/storecut.py on the rigs of tests/lib/kit.py):
   flash        FlashStore, in-place acks, emulated NOR flash (4 x 4 KiB sectors)
   flash-acks   FlashStore, appended acks, same flash
   flash-small  FlashStore, in-place acks, 4 x 1 KiB sectors (many reclaims)
@@ -19,8 +21,8 @@ Targets (the engine is tests/lib/test_store_powercut.py):
                (max_bytes=6000, 500-byte segments: compaction under acks)
   lfs-host-full  the same on LittleFS (littlefs-python, 16 blocks): ~50,000
                flash operations, so use --quick unless you have hours
-  session-edge the real Session at the capacity edge (tests/lib/model.py's rigs
-               and broker model): subscriptions registered offline, the outbox
+  session-edge the real Session at the capacity edge (tests/lib/model.py on the
+               kit's rigs and broker model): subscriptions registered offline, the outbox
                filled offline, connect (no broker session), acks withheld, the
                outbox full again, an unsubscribe waiting, inbound QoS 2, a
                reconnect with the session, one without it; then drained. A cut
@@ -47,8 +49,8 @@ Targets (the engine is tests/lib/test_store_powercut.py):
                reaches the broker, and once the fault is gone the store takes
                messages again without a reboot.
   flash-wrap   FlashStore, in-place acks, 4 x 1 KiB sectors, started with its
-               counters just before their wraps (tests/lib/test_store_powercut.py
-               near_wraps: record sequence 2^32 - 41, sector sequence 2^32 - 3,
+               counters just before their wraps (tests/lib/kit.py
+               flash_near_wraps: record sequence 2^32 - 41, sector sequence 2^32 - 3,
                last packet id 65500): all three wrap inside the workload
   flash-acks-wrap  the same with appended acks
   posix-wrap   FileStore on POSIX files (1 KiB segments, max_segments 3),
@@ -73,23 +75,17 @@ try:
 except ImportError:  # pragma: no cover
     import uos as os
 
+try:
+    if sys.implementation.name != "micropython":  # (MicroPython's MICROPYPATH has norflash and cutfs: main)
+        from ternlab.paths import use_device
+
+        use_device("testing")
+    from tests.lib import kit, storecut, walsweep
+except ImportError as e:  # (run as a file, not as tools.store_sweep from the checkout's root)
+    raise SystemExit("store_sweep: run it from the checkout's root as `python -m tools.store_sweep` (%s)" % e)
+
 MICROPYTHON = sys.implementation.name == "micropython"
-if not MICROPYTHON:  # MicroPython has norflash and cutfs on its MICROPYPATH (set from device_path when launched here)
-    from ternlab.paths import use_device
-
-    use_device("testing")
-
-
-def _root():
-    here = __file__ if "/" in __file__ else "./" + __file__
-    d = here.rpartition("/")[0] or "."
-    return d + "/.."
-
-
-ROOT = _root()
-for p in ("/tests/lib", "/lib"):
-    if ROOT + p not in sys.path:
-        sys.path.insert(0, ROOT + p)
+ROOT = (__file__.rpartition("/")[0] or ".") + "/.."  # the checkout (the lfs target's MICROPYPATH)
 
 TARGETS = ("flash", "flash-acks", "flash-small", "posix", "lfs", "lfs-host", "flash-full", "posix-full", "lfs-host-full",
            "session-edge", "group-flash", "group-flash-acks", "group-posix", "group-lfs", "flash-wrap",
@@ -105,21 +101,20 @@ EDGE = [("sub", 0), ("sub", 1), ("sub", 2), ("fill", 160), ("connect",), ("net",
 
 def edge_ops(rig_name, v, mp):
     """Store operations of a clean run of EDGE (drained)."""
-    import model
+    from tests.lib import model
 
     r = model.Run(model.RIGS[rig_name](), v, mp)
     try:
         for st in EDGE:
             r.step(st)
         r.drain()
-        return r.rig.dev.ops if rig_name == "flash" else r.rig.rig.cfs.n
+        return r.rig.ops()
     finally:
         r.rig.cleanup()
 
 
 def run_edge(seed, quick):
-    import model
-    from test_store_powercut import sample
+    from tests.lib import model
 
     t0 = time.time()
     nks = 0
@@ -127,14 +122,15 @@ def run_edge(seed, quick):
     for rig_name in ("flash", "file"):
         for v, mp in ((4, 4), (5, 8)):
             total = edge_ops(rig_name, v, mp)
-            ks = sample(total, 200, seed) if quick else list(range(1, total + 1))
+            ks = kit.sample(total, 200, seed) if quick else list(range(1, total + 1))
             print("session-edge %s MQTT %d max_pending %d: %d operations; cutting at %d points"
                   % (rig_name, v, mp, total, len(ks)))
-            for k in ks:
+
+            def one(k):
                 err = model.run(rig_name, seed, [("cut", k)] + EDGE, v, mp)
-                if err:
-                    fails += 1
-                    print("FAIL session-edge %s v%d mp%d k=%d: %s" % (rig_name, v, mp, k, err))
+                return err and "session-edge %s v%d mp%d k=%d: %s" % (rig_name, v, mp, k, err)
+
+            fails += len(kit.sweep(ks, one, print))
             nks += len(ks)
     print("RESULT %s: %d cut points, %d failures, %.1f s" % ("session-edge", nks, fails, time.time() - t0))
     return nks, fails
@@ -144,12 +140,9 @@ GROUP = {}  # group-* target -> (operations cut at, packets cut after)
 
 
 def run_group(name, quick):
-    import walsweep
-    from test_store_powercut import sample
-
     t0 = time.time()
     ops, pkts = walsweep.totals(name)
-    ks = sample(ops, 200, 1) if quick else list(range(1, ops + 1))
+    ks = kit.sample(ops, 200, 1) if quick else list(range(1, ops + 1))
     print("%s: %d medium operations, %d packets; cutting at %d operations and after %d packets"
           % (name, ops, pkts, len(ks), pkts))
     found = walsweep.sweep(name, ks, range(1, pkts + 1), report=print)
@@ -163,13 +156,10 @@ FAULTS = {}  # faults-* target -> storage operations failed at
 
 
 def run_faults(name, quick):
-    import walsweep
-    from test_store_powercut import sample
-
     t0 = time.time()
     rig = name[len("faults-"):]
     ops = walsweep.fault_ops(rig)
-    ks = sample(ops, 40, 1) if quick else list(range(1, ops + 1))
+    ks = kit.sample(ops, 40, 1) if quick else list(range(1, ops + 1))
     print("%s: %d storage operations; a failure at %d of them, %d ways each" % (name, ops, len(ks), len(walsweep.MODES)))
     found = walsweep.fault_sweep(rig, ks, report=print)
     FAULTS[name] = len(ks)
@@ -180,12 +170,11 @@ def run_faults(name, quick):
 
 def make(name):
     """(rig, workload size): a number of scripted calls, or a full-store workload."""
-    import test_store_powercut as t
-
+    t = kit
     if name == "flash-full":
         return [(t.FlashRig(blocks=4, block_size=1024, **o), ("flash", o)) for o in ({}, {"append_acks": True})]
     if name == "posix-full":
-        return [(t.PosixRig(max_bytes=6000, segment_bytes=500), ("file", 60))]
+        return [(t.FileRig(max_bytes=6000, segment_bytes=500), ("file", 60))]
     if name == "lfs-host-full":
         return [(t.LfsRig(blocks=16), ("file", 40))]
 
@@ -194,13 +183,13 @@ def make(name):
     if name == "flash-acks-stale":
         return t.FlashRig(blocks=4, block_size=1024, append_acks=True), 300
     if name == "posix-stale":
-        return t.PosixRig(segment_bytes=1024, max_segments=3), 300
+        return t.FileRig(segment_bytes=1024, max_segments=3), 300
     if name == "flash-wrap":
         return t.FlashRig(blocks=4, block_size=1024, wraps=True), 420
     if name == "flash-acks-wrap":
         return t.FlashRig(blocks=4, block_size=1024, wraps=True, append_acks=True), 420
     if name == "posix-wrap":
-        return t.PosixRig(wraps=True, segment_bytes=1024, max_segments=3), 300
+        return t.FileRig(wraps=True, segment_bytes=1024, max_segments=3), 300
     if name == "flash":
         return t.FlashRig(blocks=4, block_size=4096), 700
     if name == "flash-acks":
@@ -208,15 +197,14 @@ def make(name):
     if name == "flash-small":
         return t.FlashRig(blocks=4, block_size=1024), 420
     if name == "posix":
-        return t.PosixRig(segment_bytes=1024, max_segments=3), 300
+        return t.FileRig(segment_bytes=1024, max_segments=3), 300
     if name in ("lfs", "lfs-host"):
-        return t.LfsRig(segment_bytes=2048, max_segments=3), 150
+        return t.LfsRig(blocks=24, segment_bytes=2048, max_segments=3), 150
     raise SystemExit("unknown target " + name)
 
 
 def run_target(name, seed, quick):
-    import test_store_powercut as t
-
+    t = storecut
     if name == "session-edge":
         return run_edge(seed, quick)
     if name.startswith("group-"):
@@ -238,12 +226,12 @@ def run_target(name, seed, quick):
             else:
                 steps = t.file_full_store_steps(rig, work[1])
             total = t.total_ops(rig, steps)
-            ks = t.sample(total, 200, seed) if quick else list(range(1, total + 1))
+            ks = kit.sample(total, 200, seed) if quick else list(range(1, total + 1))
             print("%s: workload of %d calls = %d operations; cutting at %d points" % (name, len(steps), total, len(ks)))
-            for i, k in enumerate(ks):
-                fails += t.sweep(rig, steps, [k], seed, report=print)
-                if (i + 1) % 250 == 0:
-                    print("  %s: %d/%d cut points, %d failures, %.0f s" % (name, i + 1, len(ks), len(fails), time.time() - t0))
+            for i in range(0, len(ks), 250):  # (progress every 250 cut points)
+                fails += t.sweep(rig, steps, ks[i : i + 250], seed, report=print)
+                if i + 250 < len(ks):
+                    print("  %s: %d/%d cut points, %d failures, %.0f s" % (name, i + 250, len(ks), len(fails), time.time() - t0))
             nks += len(ks)
         finally:
             rig.cleanup()
@@ -281,7 +269,7 @@ def main(argv):
             exe = os.path.join(os.path.dirname(sys.executable), "micropython")
             from ternlab.paths import device_path
 
-            env = dict(os.environ, MICROPYPATH=":".join([ROOT + "/tests/lib", ROOT + "/lib"] + device_path("testing")))
+            env = dict(os.environ, MICROPYPATH=":".join([ROOT, ROOT + "/lib"] + device_path("testing")))
             cmd = [exe, "-X", "heapsize=16m", __file__, "--inner", "lfs", "--seed", str(seed)] + (["--quick"] if quick else [])
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             sys.stdout.write(proc.stdout)
@@ -304,7 +292,7 @@ def main(argv):
     if a.write:
         import datetime
 
-        from bench.benchdoc import write_section
+        from tools.bench.benchdoc import write_section
 
         group = all(t.startswith("group-") for t in only)  # (their own section: the other table stays)
         faults = all(t.startswith("faults-") for t in only)
@@ -313,7 +301,7 @@ def main(argv):
         title = {"store_sweep": "", "store_sweep_group": ", group commit",
                  "store_sweep_faults": ": storage that fails and returns"}.get(section, " across the counter wraps")
         text = ["## Store crash-point sweep%s (`tools/store_sweep.py`)" % title, "",
-                "Command: `python tools/store_sweep.py --only %s%s --seed %d --write %s%s`, %s (targets: the "
+                "Command: `python -m tools.store_sweep --only %s%s --seed %d --write %s%s`, %s (targets: the "
                 "tool's docstring). %s" % (
                     ",".join(only), " --quick" if quick else "", seed, a.write,
                     " --section " + a.section if a.section != "store_sweep" else "", datetime.date.today().isoformat(),

@@ -38,7 +38,7 @@ OPTIONAL = (
         "flash": "write a MicroPython image and the profile's partition table to an ESP32 (esptool)",
         "repl": "a terminal on a board's REPL",
     }, None),
-    ("ternlab.firmware", {"firmware": "build the qemu boards' firmware (tern firmware build)"}, None),
+    ("ternlab.boards.firmware", {"firmware": "build the qemu boards' firmware (tern firmware build)"}, None),
 )
 
 def version():

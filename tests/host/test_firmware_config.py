@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ternlab.brokers.mosquitto import Broker
-from test_firmware import Device, Watcher, check_delivery
+from firmwarekit import Device, Watcher, check_delivery
 
 
 def said(log, key):

@@ -13,7 +13,7 @@ import pytest
 
 from ternlab.boards import BoardError, load_profile
 from ternlab.boards.emulated import EmulatedBoard
-from test_firmware import Device, Watcher, check_delivery, send
+from firmwarekit import Device, Watcher, check_delivery, send
 
 
 def events(board, since=0):

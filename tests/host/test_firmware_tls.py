@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from ternlab.brokers import certs
 from ternlab.brokers.mosquitto import Broker, Listener
-from test_firmware import Device, Watcher, check_delivery
+from firmwarekit import Device, Watcher, check_delivery
 
 N = 12  # readings per run
 

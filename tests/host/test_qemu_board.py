@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ternlab import firmware
+from ternlab.boards import firmware
 from ternlab.boards import BoardError, DeviceError, load_profile
 from ternlab.boards.emulated import EmulatedBoard
 from ternlab.boards.qemu import QemuBoard

@@ -6,7 +6,7 @@ host); the app dials the chaos proxy in front of a real Mosquitto through the bo
 
 import pytest
 
-from test_firmware import Device, check_1000_readings_with_100_pending, check_delivery, run_under_faults
+from firmwarekit import Device, check_1000_readings_with_100_pending, check_delivery, run_under_faults
 
 from qemukit import BOTH_ISAS
 

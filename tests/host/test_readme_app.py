@@ -139,7 +139,7 @@ def test_tern_deploy_app_puts_the_readme_app_on_an_emulated_board(tmp_path, brok
 def _qemu_board_with_the_readme_app(tmp_path, profile, host, port):
     """A qemu board whose main.py is the README's app as printed: a stock board gets Tern in its ROMFS
     partition (as `mpremote romfs deploy` puts it there), the frozen profile has it."""
-    from ternlab import firmware
+    from ternlab.boards import firmware
     from ternlab.boards.qemu import QemuBoard
 
     from qemukit import romfs_with_tern
@@ -160,7 +160,7 @@ def _qemu_board_with_the_readme_app(tmp_path, profile, host, port):
 def test_the_readme_app_runs_as_printed_on_every_qemu_board(tmp_path, broker, profile):
     # It died on every qemu board with "no module named 'socket'": the boards' sockets now reach the
     # host's loopback, and the app dials its broker as on an ESP32
-    from ternlab import firmware
+    from ternlab.boards import firmware
 
     firmware.build(profile)  # (a build is not waited for by the subscriber: its keepalive would run out)
     sub, got = subscriber(broker, "readme-sub")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from setup_check import ROOT, debian_list, find_program, missing_programs, refusal, scan, scan_source
+from tests.setup_check import ROOT, debian_list, find_program, missing_programs, refusal, scan, scan_source
 
 BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin")
 

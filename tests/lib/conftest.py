@@ -21,8 +21,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 DEFAULT_HEAP = "1m"
 # Library tests import the library, their helpers, the emulated board's flash model (norflash) and
-# the power-cut file shim (cutfs), both put on the path by ternlab.paths (it knows where device code is).
-MP_PATH = [HERE, ROOT / "lib"] + [Path(d) for d in use_device("testing")]
+# the power-cut file shim (cutfs), both put on the path by ternlab.paths (it knows where device code is),
+# and the test kit as tests.lib.kit (from the checkout's root: pytest has it on the path by tests/__init__.py).
+MP_PATH = [HERE, ROOT / "lib", ROOT] + [Path(d) for d in use_device("testing")]
 if str(ROOT / "lib") not in sys.path:
     sys.path.insert(0, str(ROOT / "lib"))
 

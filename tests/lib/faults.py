@@ -1,7 +1,8 @@
 """Storage that fails and returns (issue 35): a NOR flash and a filesystem layer whose operations
-raise OSError when told to, and go on working after. Not a test module: the model
-(tests/lib/model.py), the store-level fault sweep (test_store_faults.py) and tools/store_sweep.py
-use it, on CPython and the MicroPython unix port alike.
+raise OSError when told to, and go on working after. Not a test module: the test kit's rigs
+(tests/lib/kit.py), the model (tests/lib/model.py), the store-level fault tests (test_store_faults.py)
+and tools/store_sweep.py use it, on CPython and the MicroPython unix port alike; imported as
+tests.lib.faults.
 
 A Fault is armed for the k-th next operation of a kind ("write": a flash program or a file write;
 "sync": a file or directory sync; "erase"; "create": a file opened for writing; "remove"; "any"),
@@ -9,9 +10,10 @@ failing before any byte lands, after all of them did, or torn (part of them), fo
 operations in a row (-1: until heal()). Power cuts stay the media's own (NorFlash cut_at, CutFs).
 """
 
-from check import Rng
 from cutfs import ShimFile
 from norflash import NorFlash, PowerCut
+
+from .check import Rng
 
 BEFORE = 0
 AFTER = 1

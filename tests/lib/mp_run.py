@@ -2,7 +2,7 @@
 
 Invoked by tests/lib/conftest.py as
     micropython mp_run.py MODULE FUNCTION
-with MICROPYPATH pointing at lib/ and tests/lib/ and the keyword arguments as
+with MICROPYPATH pointing at lib/, tests/lib/ and the checkout's root (for tests.lib.kit) and the keyword arguments as
 JSON in TERN_MP_KWARGS (not on the command line: the unix port stops with
 "FATAL: uncaught NLR" on an argument of 256 bytes or more). Prints the MicroPython
 traceback and exits 1 when the test fails.

@@ -1,12 +1,16 @@
 """Helpers the store tests share (FlashStore, FileStore, the contract, the
 power-cut sweeps): temporary paths, and LittleFS volumes on the emulated NOR
 flash on both runtimes. Not a test module: pytest collects nothing here, and
-MicroPython imports it from tests/lib like the tests themselves."""
+MicroPython imports it from tests/lib like the tests themselves (and the qemu
+boards from their ROMFS): it imports nothing of tests/lib, so the test kit
+imports it as tests.lib.storekit too."""
 
 import os
+import sys
 
-from check import MICROPYTHON
 from norflash import NorFlash, PowerCut
+
+MICROPYTHON = sys.implementation.name == "micropython"  # (as check's: a module of no imports of tests/lib)
 
 
 # -- temporary files ---------------------------------------------------------------

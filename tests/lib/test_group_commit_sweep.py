@@ -3,8 +3,8 @@ a sample of the cut points tools/store_sweep.py runs in full (targets group-*),
 on both runtimes (LittleFS: MicroPython's VfsLfs2, littlefs-python on CPython).
 Every cut point of each is in docs/benchmarks.md."""
 
-import walsweep
-from test_store_powercut import sample
+from tests.lib import walsweep
+from tests.lib.kit import sample
 
 MP_HEAPSIZE = "8m"
 

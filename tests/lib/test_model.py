@@ -1,4 +1,4 @@
-"""The model-based test (tests/lib/model.py) in CI: seeded examples of up to
+"""The model-based test (tests/lib/model.py, on the rigs and broker model of tests/lib/kit.py) in CI: seeded examples of up to
 200 steps over the real Client (its publish() and steady routes, its reads)
 with each store in each mode at small capacities (max_pending 4-8; FlashStore
 on a 4 KiB partition in place, with appended acks, with group commit either
@@ -8,10 +8,12 @@ changing, counters across their wraps and storage that fails and returns
 (issue 35: about one step in twenty-five arms a failure), the same examples on
 CPython and on the MicroPython unix port (fewer there). tools/model_sweep.py
 runs a long budget. A failure names its seed and its shrunk step list;
-`python tools/model_sweep.py --seed N --rig R` replays it."""
+`python -m tools.model_sweep --seed N --rig R` replays it."""
 
 from check import MICROPYTHON
-import model
+from tern.store import MemoryStore
+from tests.lib import model
+from tests.lib.kit import MemRig
 
 MP_HEAPSIZE = "2m"
 MP_TIMEOUT = 280
@@ -71,17 +73,17 @@ def test_model_across_the_counter_wraps():
         _budget(rig, 40, 8, seed)
 
 
-class LossyStore(model.MemoryStore):
+class LossyStore(MemoryStore):
     """A store with a planted bug: a release also drops the oldest other record."""
 
     def release(self, pid):
-        model.MemoryStore.release(self, pid)
+        MemoryStore.release(self, pid)
         if len(self._pids) > 2:
-            model.MemoryStore.release(self, self._pids[0])
+            MemoryStore.release(self, self._pids[0])
 
 
 def test_model_finds_a_planted_loss_and_shrinks_it():
-    class LossyRig(model.MemRig):
+    class LossyRig(MemRig):
         def boot(self, cut_at=0):
             self.st = LossyStore()
             return self.st

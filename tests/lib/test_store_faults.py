@@ -13,12 +13,12 @@ session workload, in every store mode) and of the model (tests/lib/model.py) wit
 """
 
 from check import MICROPYTHON, raises
-from faults import AFTER, BEFORE, ENOSPC, Fault, FaultFlash, FaultFs
 from storekit import rmtree, tmppath
 from tern.codec import Packet, decode, encode, frame_size
 from tern.filestore import FileStore, OsFs
 from tern.flashstore import FlashStore
 from tern.session import Session, CONNECTED
+from tests.lib.faults import AFTER, BEFORE, ENOSPC, Fault, FaultFlash, FaultFs
 
 MP_HEAPSIZE = "4m"
 MP_TIMEOUT = 280
@@ -137,7 +137,7 @@ def test_the_session_sends_no_pubrel_for_a_mark_the_store_lost():
     again (the mark still in the page cache, not durable) and the session's RAM ring said
     "marked": PUBREL(1) went out, and after a power cut the store held 1 unmarked: the broker,
     which forgot 1 at that PUBREL, took the PUBLISH sent again as a new message (QoS 2 twice)."""
-    from test_store_powercut import CutFs, CutLayer
+    from tests.lib.kit import CutFs, CutLayer
     import os
 
     path = tmppath("lostmark")
@@ -249,8 +249,8 @@ def test_sweep_sample_storage_failure_at_operations_of_a_session_workload():
     """A sample of tools/store_sweep.py --only faults: the workload of tests/lib/walsweep.py with a
     storage failure (before, after, torn; once or until the end) at sampled operations, FlashStore
     in place and appended, group commit or not, FileStore on POSIX; every model invariant holds."""
-    import walsweep
-    from test_store_powercut import sample
+    from tests.lib import walsweep
+    from tests.lib.kit import sample
 
     n = 2 if MICROPYTHON else 4
     for name in ("flash", "group-flash-acks", "posix", "group-posix"):
@@ -261,7 +261,7 @@ def test_sweep_sample_storage_failure_at_operations_of_a_session_workload():
 
 
 def test_sweep_sample_storage_failure_on_littlefs():
-    import walsweep
+    from tests.lib import walsweep
 
     found = walsweep.fault_sweep("group-lfs", (9, 61), ((AFTER, 1), (BEFORE, -1)))
     assert not found, "\n".join(found)

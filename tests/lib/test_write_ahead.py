@@ -13,84 +13,12 @@ FlashStore's group buffer is RAM), must find the state the packet announced:
 - PUBREC announces the inbound id, SUBSCRIBE / UNSUBSCRIBE their records.
 """
 
-import os
-
-from check import MICROPYTHON
-from norflash import NorFlash
-from storekit import rmtree, tmppath
-from test_store_powercut import CutFs
 from tern.codec import Packet, decode, encode, frame_size
-from tern.filestore import FileStore
-from tern.flashstore import FlashStore
 from tern.session import Session
-from tern.store import MemoryStore
+from tests.lib.kit import FileRig, FlashRig, MemRig
 
 
-# -- stores that lose power right after a packet ---------------------------------------
-class FileRig:
-    """FileStore on POSIX files; a cut keeps exactly what was synced."""
-
-    def __init__(self, **opts):
-        self.path = tmppath("wal")
-        self.opts = opts
-        self.cfs = None
-
-    def boot(self):
-        self.cfs = CutFs(0, 1)
-        return FileStore(self.path, fs=self.cfs, verbose=False, **self.opts).open()
-
-    def cut(self):
-        for path in self.cfs.synced:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read(self.cfs.synced[path])
-            except OSError:
-                continue
-            with open(path, "wb") as f:
-                f.write(data)
-        self.cfs.dead = True  # the old store's file objects write nothing more
-        return self.boot()
-
-    def cleanup(self):
-        rmtree(self.path)
-
-
-class FlashRig:
-    """FlashStore on the emulated NOR flash (RAM image); a cut loses the group buffer."""
-
-    def __init__(self, **opts):
-        self.opts = opts
-        self.dev = None
-
-    def boot(self):
-        old = self.dev
-        self.dev = NorFlash(None, blocks=4, block_size=1024)
-        if old is not None:
-            self.dev.mem[:] = old.mem
-            old.dead = True
-        return FlashStore(self.dev, verbose=False, **self.opts).open()
-
-    def cut(self):
-        return self.boot()
-
-    def cleanup(self):
-        pass
-
-
-class MemRig:
-    """MemoryStore: nothing survives a cut, and nothing is promised to; the rule still holds in RAM."""
-
-    def boot(self):
-        self.st = MemoryStore()
-        return self.st
-
-    def cut(self):
-        return self.st  # (a restart of the session only: RAM kept)
-
-    def cleanup(self):
-        pass
-
-
+# -- stores that lose power right after a packet (the test kit's rigs) ------------------------
 def rigs():
     return [
         ("FlashStore in place, group commit", FlashRig(group_commit=True)),
@@ -101,6 +29,13 @@ def rigs():
         ("FileStore", FileRig()),
         ("MemoryStore", MemRig()),
     ]
+
+
+def cut(rig):
+    """The power goes now (every byte written and not synced is lost; a FlashStore's group buffer
+    is RAM; a MemoryStore keeps its RAM: a restart of the session only); the store after the reboot."""
+    rig.cut_now(exact=True)
+    return rig.reboot()
 
 
 # -- a session on the wire ---------------------------------------------------------------
@@ -157,7 +92,7 @@ def test_pubrel_leaves_after_its_mark_is_durable():
         assert w.take()[-1] == (3, pid), name
         w.feed(Packet(5, pid=pid))  # PUBREC
         assert w.take() == [(6, pid)], name
-        w = Wire(rig.cut())  # power cut right after the PUBREL left
+        w = Wire(cut(rig))  # power cut right after the PUBREL left
         w.connect(True)
         sent = w.take()
         assert sent[1:] == [(6, pid)], "%s: after the cut the session sent %r, not PUBREL %d" % (name, sent, pid)
@@ -175,7 +110,7 @@ def test_pubcomp_leaves_after_the_release_is_durable():
         assert w.got == [b"first"] and w.take() == [(1, 0), (5, 7)], name
         w.feed(Packet(6, pid=7))  # PUBREL
         assert w.take() == [(7, 7)], name
-        w = Wire(rig.cut())  # power cut right after the PUBCOMP left
+        w = Wire(cut(rig))  # power cut right after the PUBCOMP left
         w.connect(True)
         w.feed(Packet(3, topic="i", payload=b"second", qos=2, pid=7))  # the id, free again, reused
         assert w.got == [b"second"], "%s: the next message under id 7 was taken for a repeat" % name
@@ -192,7 +127,7 @@ def test_pubrec_and_subscribe_leave_after_their_records():
         w.connect(False)
         w.feed(Packet(3, topic="i", payload=b"m", qos=2, pid=9))
         assert w.take()[-1] == (5, 9), name
-        w = Wire(rig.cut())
+        w = Wire(cut(rig))
         w.connect(True)
         w.take()
         w.feed(Packet(3, topic="i", payload=b"m", qos=2, pid=9, dup=True))
@@ -202,7 +137,7 @@ def test_pubrec_and_subscribe_leave_after_their_records():
         assert w.take() == [(8, sp), (10, up)], name
         if isinstance(rig, MemRig):
             return
-        w = Wire(rig.cut())
+        w = Wire(cut(rig))
         assert w.s.pending() == [sp, up], "%s: SUBSCRIBE/UNSUBSCRIBE sent, their records lost" % name
 
     each_rig(one)
@@ -219,10 +154,10 @@ def test_in_clear_is_durable_once_the_connack_is_handled():
         w = Wire(rig.boot())
         w.connect(False)
         w.feed(Packet(3, topic="i", payload=b"m", qos=2, pid=4))
-        w = Wire(rig.cut())
+        w = Wire(cut(rig))
         assert w.s.store.in_has(4), name
         w.connect(False)  # the broker lost our session
-        w = Wire(rig.cut())
+        w = Wire(cut(rig))
         w.connect(True)
         w.feed(Packet(3, topic="i", payload=b"new", qos=2, pid=4))
         assert w.got == [b"new"], "%s: the cleared id came back after the cut" % name
@@ -241,7 +176,7 @@ def test_close_commits_what_is_buffered():
         w.s.disconnect(0)
         if isinstance(rig, MemRig):
             return
-        assert rig.cut().pending() == [], "%s: the release was lost at disconnect" % name
+        assert cut(rig).pending() == [], "%s: the release was lost at disconnect" % name
 
     each_rig(one)
 
@@ -262,6 +197,6 @@ def test_client_close_commits_what_is_buffered():
                 c = make("wal", "127.0.0.1", 9, store=st, reconnect=False)
                 st.in_add(5)
                 c.close()
-                assert rig.cut().in_has(5), "%s: %s.close() left the change uncommitted" % (name, make.__module__)
+                assert cut(rig).in_has(5), "%s: %s.close() left the change uncommitted" % (name, make.__module__)
             finally:
                 rig.cleanup()

@@ -1,5 +1,6 @@
 """Sweeps of one session workload (issues 25, 35) on the model's engine (tests/lib/model.py: its
-device, broker, rigs and invariants; nothing of its own but the workload and the loops).
+device and invariants; the rigs, the broker model and the sweep loop are the test kit's,
+tests/lib/kit.py; nothing of its own but the workload and its runs). Imported as tests.lib.walsweep.
 
 The workload: QoS 1 and 2 both ways (the broker reuses a packet id as soon as it is free, as the
 spec allows), SUBSCRIBE and UNSUBSCRIBE, acknowledgements withheld and a reconnect, a broker that
@@ -18,20 +19,21 @@ took messages again once the fault was gone, without a reboot.
 The pytest parts (test_group_commit_sweep.py, test_store_faults.py) run samples on both runtimes.
 """
 
-import model
-from faults import AFTER, BEFORE, TORN, WHEN
+from . import kit, model
+from .faults import AFTER, BEFORE, TORN, WHEN
+from .kit import FileRig, Finding, FlashRig, LfsRig
 
 RIGS = {
     # group commit (the power-cut sweep)
-    "group-flash": lambda: model.FlashRig(blocks=4, block_size=1024, group_commit=True),
-    "group-flash-acks": lambda: model.FlashRig(blocks=4, block_size=1024, append_acks=True, group_commit=True),
-    "group-posix": lambda: model.FileRig(segment_bytes=600, max_segments=3, group_commit=True),
-    "group-lfs": lambda: model.LfsRig(blocks=24, segment_bytes=2048, max_segments=3, group_commit=True),
+    "group-flash": lambda: FlashRig(blocks=4, block_size=1024, group_commit=True),
+    "group-flash-acks": lambda: FlashRig(blocks=4, block_size=1024, append_acks=True, group_commit=True),
+    "group-posix": lambda: FileRig(segment_bytes=600, max_segments=3, group_commit=True),
+    "group-lfs": lambda: LfsRig(blocks=24, segment_bytes=2048, max_segments=3, group_commit=True),
     # and without it (the fault sweep runs both)
-    "flash": lambda: model.FlashRig(blocks=4, block_size=1024),
-    "flash-acks": lambda: model.FlashRig(blocks=4, block_size=1024, append_acks=True),
-    "posix": lambda: model.FileRig(segment_bytes=600, max_segments=3),
-    "lfs": lambda: model.LfsRig(blocks=24, segment_bytes=2048, max_segments=3),
+    "flash": lambda: FlashRig(blocks=4, block_size=1024),
+    "flash-acks": lambda: FlashRig(blocks=4, block_size=1024, append_acks=True),
+    "posix": lambda: FileRig(segment_bytes=600, max_segments=3),
+    "lfs": lambda: LfsRig(blocks=24, segment_bytes=2048, max_segments=3),
 }
 
 # the workload, in the model's steps (filters: model.FILTERS; "a/#" is 0, "b" is 1)
@@ -70,7 +72,7 @@ def run(name, op_cut=0, pkt_cut=0, fault=None):
         if not hit:
             return "%s %s: it never happened" % (name, what), 0, 0, 0
         return (None,) + counts
-    except model.Finding as e:
+    except Finding as e:
         return "%s %s: %s" % (name, what, e), 0, 0, 0
     finally:
         rig.cleanup()
@@ -80,26 +82,14 @@ def totals(name):
     """Medium operations and packets of a clean run (the cut points of a sweep)."""
     err, ops, pkts, _ = run(name)
     if err:
-        raise model.Finding("the clean run fails: " + err)
+        raise Finding("the clean run fails: " + err)
     return ops, pkts
 
 
 def sweep(name, ops_ks, pkt_ks, report=None):
     """Runs with a cut at each of ops_ks and right after each of pkt_ks; the findings."""
-    found = []
-    for k in ops_ks:
-        err = run(name, op_cut=k)[0]
-        if err:
-            found.append(err)
-            if report:
-                report("FAIL " + err)
-    for j in pkt_ks:
-        err = run(name, pkt_cut=j)[0]
-        if err:
-            found.append(err)
-            if report:
-                report("FAIL " + err)
-    return found
+    points = [{"op_cut": k} for k in ops_ks] + [{"pkt_cut": j} for j in pkt_ks]
+    return kit.sweep(points, lambda cut: run(name, **cut)[0], report)
 
 
 MODES = ((BEFORE, 1), (AFTER, 1), (TORN, 1), (BEFORE, -1), (AFTER, -1), (TORN, -1))
@@ -109,18 +99,11 @@ def fault_ops(name):
     """Storage operations of a clean run (the fault points of a fault sweep)."""
     err, _, _, ops = run(name)
     if err:
-        raise model.Finding("the clean run fails: " + err)
+        raise Finding("the clean run fails: " + err)
     return ops
 
 
 def fault_sweep(name, ks, modes=MODES, report=None):
     """Runs with a storage failure at each of ks (any kind of operation) in each mode; the findings."""
-    found = []
-    for k in ks:
-        for when, times in modes:
-            err = run(name, fault=("any", when, k, times))[0]
-            if err:
-                found.append(err)
-                if report:
-                    report("FAIL " + err)
-    return found
+    points = [(k, when, times) for k in ks for when, times in modes]
+    return kit.sweep(points, lambda p: run(name, fault=("any", p[1], p[0], p[2]))[0], report)

@@ -1,11 +1,11 @@
 """QemuBoard: an emulated microcontroller -- MicroPython's own firmware (the `qemu` port) for an Arm
 Cortex-M3 (MPS2-AN385, qemu-system-arm) or a RISC-V RV32 core (virt, qemu-system-riscv32: the
-ESP32-C3's ISA), stock or with Tern frozen in as the profile says (ternlab.firmware).
+ESP32-C3's ISA), stock or with Tern frozen in as the profile says (ternlab.boards.firmware).
 
 It is an EmulatedBoard (same Board interface, same power, cut and flash methods) whose device is
 QEMU instead of the unix port:
 
-- the firmware is `ternlab.firmware.build(profile)` (built once per machine and kind); each boot gets
+- the firmware is `ternlab.boards.firmware.build(profile)` (built once per machine and kind); each boot gets
   the profile's heap and ROMFS partition size on the semihosting command line;
 - UART0 is the REPL: QEMU's stdio, relayed by a thread to the board's pty (`board.port`, stable
   across power cycles), so mpremote speaks to it as to a board on USB serial; every line goes to
@@ -41,8 +41,9 @@ import signal
 import socket
 import time
 
-from .board import BoardError, device_profile
+from .board import BoardError, device_profile, load_profile
 from .emulated import EmulatedBoard
+from .firmware import KIND as FIRMWARE_KIND, MACHINES, BuildError, build as build_firmware
 from .qemu_net import NetBridge
 from .relay import BACKLOG, BridgeLoop, PortRelay
 from .spawn import popen
@@ -61,9 +62,7 @@ def _qemu_argv(b, link_port, dcd_port, net_port):
     """QEMU's command line for a board: its machine, the semihosting command line the firmware reads
     (heap=, romfs=), the REPL on stdio, the link, carrier and network UARTs as loopback TCP servers
     that wait for their bridges, and the profile's extra options (qemu_args)."""
-    from .. import firmware
-
-    m = firmware.MACHINES[b.profile["arch"]]
+    m = MACHINES[b.profile["arch"]]
     rom = (b.profile.get("romfs") or {}).get("bytes", 0)
     semi = "enable=on,target=native,arg=firmware,arg=heap=%d,arg=romfs=%d" % (b.profile["heap_bytes"], rom)
     argv = [shutil.which(m.qemu) or m.qemu, "-machine", m.machine, *m.run, "-nographic", "-monitor", "none",
@@ -437,15 +436,12 @@ class QemuBoard(EmulatedBoard):
 
     def __init__(self, profile="qemu-m3-esp32", workdir=None, board_id=None, echo=None, power=True, cut_at=0,
                  seed=1, link=None, qemu_args=()):
-        from .. import firmware
-        from .board import load_profile
-
         prof = profile if isinstance(profile, dict) else load_profile(profile)
-        if prof.get("kind") != firmware.KIND:
+        if prof.get("kind") != FIRMWARE_KIND:
             raise ValueError("profile %r is not a qemu board's" % prof["name"])
         try:
-            self.elf = firmware.build(prof, log=lambda s: None)
-        except firmware.BuildError as e:
+            self.elf = build_firmware(prof, log=lambda s: None)
+        except BuildError as e:
             raise BoardError("%s: no firmware: %s" % (prof["name"], e)) from None
         self._link = tuple(link) if link else None
         self.qemu_args = [str(a) for a in qemu_args]

@@ -16,7 +16,8 @@ import os
 import ssl
 from pathlib import Path
 
-PASSWORD_ENV = "TERN_FLEET_PASSWORD"
+from ..mqttcli.redact import PASSWORD_ENV  # the fleet's children read it: redact.env_password
+
 BOARD_CA = "fleet-ca.pem"  # the CA file's name on each board's filesystem
 
 
@@ -90,12 +91,3 @@ class BrokerLogin:
             cfg.update(tls=True, ca=BOARD_CA)
         return cfg
 
-
-def env_password() -> str | None:
-    """The password a fleet handed its child process (see PASSWORD_ENV), or None; registered with
-    ``ternlab.mqttcli.redact`` as it is read."""
-    from ..mqttcli.redact import add_secret
-
-    password = os.environ.get(PASSWORD_ENV)
-    add_secret(password)
-    return password

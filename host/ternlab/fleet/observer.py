@@ -60,7 +60,8 @@ def main(argv=None) -> int:
 
     from ..pipeline.schema import parse_payload
 
-    from .login import BrokerLogin, env_password
+    from ..mqttcli.redact import env_password
+    from .login import BrokerLogin
 
     name, host, port, topic, path, parent, *login = argv if argv is not None else sys.argv[1:]
     _give_way()

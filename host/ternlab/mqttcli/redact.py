@@ -3,22 +3,33 @@
 A password is registered the moment it is read -- `add_secret` for -P/--pw/--password (before argparse
 runs: it may quote a value), `add_url_secrets` for a -L URL however malformed, `add_config_secrets` for
 a config file (`tern deploy --config`, a fleet scenario's [firmware]), and the environment
-(`TERN_FLEET_PASSWORD`, ternlab.fleet.login) -- and `redact` masks every registered one. `guard_streams`
+(`TERN_FLEET_PASSWORD`: `env_password`, here so that the fleet and `tern collect` below it read it
+alike) -- and `redact` masks every registered one. `guard_streams`
 puts `redact` under everything the process writes as text to stdout and stderr (messages, logs,
 progress lines, summaries, tables), so no path can forget it; files a command writes are built from
 what it would print, or carry no password (a test greps every output of every command run with one).
 """
 
+import os
 import re
 import sys
 
 _SECRETS = set()
+PASSWORD_ENV = "TERN_FLEET_PASSWORD"  # a fleet hands its child processes the broker's password here
 
 
 def add_secret(value):
     """Register a value (a password) that must never appear in the CLI's output."""
     if value:
         _SECRETS.add(value)
+
+
+def env_password():
+    """The password a fleet handed its child process (PASSWORD_ENV; ternlab.fleet.login sets it), or
+    None; registered as it is read."""
+    password = os.environ.get(PASSWORD_ENV)
+    add_secret(password)
+    return password
 
 
 def forget_secrets():

@@ -13,7 +13,7 @@ import sys
 
 from ..mqttcli.flags import add_broker_options, add_login_options, add_tls_options, default_port, login, tls_context
 from ..mqttcli.errors import CLIError
-from ..mqttcli.redact import add_secret
+from ..mqttcli.redact import add_secret, env_password
 from .collect import EXIT_USAGE, Collector
 
 
@@ -141,9 +141,7 @@ def check_args(args) -> str | None:
 
 def run(args) -> int:
     if args.password is None and args.username is not None:
-        from ..fleet.login import env_password  # a fleet's collectors get it here, never in argv
-
-        args.password = env_password()
+        args.password = env_password()  # a fleet's collectors get it here, never in argv
     add_secret(args.password)  # `tern collect` registers it before argparse (mqttcli.flags.register_passwords)
     problem = check_args(args)
     if problem:

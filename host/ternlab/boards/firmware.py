@@ -34,10 +34,10 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from .boards.board import load_profile
-from .paths import CHECKOUT as ROOT  # the build needs a checkout: ../shared beside it
-from .devset import board_files
-from .paths import device_dir, lib_dir
+from ..paths import CHECKOUT as ROOT  # the build needs a checkout: ../shared beside it
+from ..devset import board_files
+from ..paths import device_dir, lib_dir
+from .board import load_profile
 
 VERSION = "1.28.0"
 TAG = "v1.28.0"
@@ -190,7 +190,7 @@ def build(profile="qemu-m3-esp32", log=print, force=False) -> Path:
         mp = source_tree(log)
         board_manifest = out.with_name("manifest-" + out.name[4:] + ".py")
         board_manifest.write_text(
-            "# written by ternlab.firmware: the qemu board's own frozen modules\n"
+            "# written by ternlab.boards.firmware: the qemu board's own frozen modules\n"
             "include(\"$(MPY_DIR)/extmod/asyncio\")\n"
             "freeze(%r, (\"_boot.py\", \"emuboard.py\"))\n" % str(DEVICE))
         # the port's boards/manifest.py is what device/app/manifest.py includes ($(PORT_DIR)/boards/manifest.py)
@@ -223,7 +223,7 @@ def _prune(cache, src, keep=6):
 
 def qemu_profiles():
     """The names of the qemu board profiles (boards/qemu-*, "kind": "qemu")."""
-    from .boards.board import profile_names
+    from .board import profile_names
 
     return [n for n in profile_names() if load_profile(n).get("kind") == KIND]
 
