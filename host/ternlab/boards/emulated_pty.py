@@ -6,7 +6,8 @@ device; it stays the same across resets and power cycles. Behind it, a
 relay thread (the "supervisor", `Supervisor` here) runs the device process --
 the unix port, started through the `emuboard` boot shim (device side:
 device/emulated/unix/emuboard.py) -- on a second pty that is its controlling
-terminal. The relay:
+terminal. Every board's relay in a process runs on one event loop (ternlab.boards.hub), not on a
+thread of its own. The relay:
 
 - copies bytes both ways, turning the unix port's bare "\\n" into the "\\r\\n"
   a board prints, timestamps every line into the console log;
@@ -50,6 +51,7 @@ from pathlib import Path
 
 from ..paths import device_path
 from .board import BoardError, device_profile
+from .hub import shared as shared_hub
 from .relay import BACKLOG, PortRelay
 from .spawn import popen
 
@@ -83,7 +85,7 @@ class Supervisor(PortRelay):
     """Owns the port pty and the device process; see the module docstring."""
 
     def __init__(self, board):
-        super().__init__(board, "emuboard-%s" % board.id)
+        super().__init__(board, "emuboard-%s" % board.id, hub=shared_hub())
         self.m_in = None
         self.mode = "friendly"  # REPL mode of the device, tracked from its output
         self.acc = bytearray()  # device output not yet passed on (sentinels)
@@ -474,6 +476,7 @@ class Supervisor(PortRelay):
         if self.acc and not self.swallow:
             self._emit(bytes(self.acc))
         self.acc.clear()
+        self._forget(self.m_in)
         os.close(self.m_in)
         self.m_in = None
         rc = self.proc.returncode
