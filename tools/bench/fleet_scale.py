@@ -209,7 +209,8 @@ def main(argv=None) -> int:
     ap.add_argument("--master", default=None, help="run the boards in slices on this Spark master (e.g. local[2]: "
                     "two slice processes on this machine; one runner process keeps under ~80 boards: docs/fleet.md)")
     a = ap.parse_args(argv)
-    sc = load_scenario(a.scenario).with_overrides(boards=a.boards, duration=a.duration)
+    # a shorter run keeps its faults in their place in the run (windows scaled with the duration)
+    sc = load_scenario(a.scenario).with_overrides(boards=a.boards, duration=a.duration, stretch=True)
     tmp = None if a.out else tempfile.TemporaryDirectory(prefix="fleet-scale-")
     out = Path(a.out or tmp.name)
     # sampling 1,000 boards ten times a second would be a cost of its own: once every N/100 seconds
@@ -252,6 +253,7 @@ def main(argv=None) -> int:
     hub_cpu = thread_cpu(hub_tid) if hub_tid else 0.0
     from ternlab.boards import hub as board_hub
     hub_events = board_hub._shared.events if board_hub._shared is not None else None
+    hub_late = round(board_hub._shared.late_max, 3) if board_hub._shared is not None else None
     fig = {
         "boards": n, "duration_s": a.duration, "seed": a.seed, "wall_s": round(wall, 1), "ok": result.ok,
         "ledger_rows": result.ledger_rows, "lost": len(result.lost),
@@ -266,7 +268,7 @@ def main(argv=None) -> int:
         "board_cpu_s": round(boards_cpu, 1), "board_cpu_pct_per_board": round(100 * boards_cpu / wall / n, 2),
         "runner_cpu_s": round(runner, 1), "runner_fleet_thread_s": round(main_cpu, 1),
         "runner_other_threads_s": round(other_cpu, 1), "runner_threads_max": meter.threads,
-        "runner_hub_thread_s": round(hub_cpu, 1), "hub_events": hub_events,
+        "runner_hub_thread_s": round(hub_cpu, 1), "hub_events": hub_events, "hub_late_max_s": hub_late,
         "runner_fds_max": meter.fds, "runner_fds_per_board": round(meter.fds / n, 2),
         "runner_cpu_pct_per_board": round(100 * (runner + tree.total("slice-runner")) / wall / n, 2),
         "runner_peak_rss_mib": round(proc_stat("/proc/self")[0] / 2**20, 1),

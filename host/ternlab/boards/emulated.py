@@ -148,8 +148,12 @@ class EmulatedBoard(Board):
 
     @property
     def is_on(self):
-        """Powered: running, booting or in deep sleep (it wakes by itself)."""
-        return self._sup.state != "off"
+        """Powered: running, booting or in deep sleep (it wakes by itself). Read under the relay's
+        lock: a reboot the relay does (a power cycle, the watchdog) passes through "off" inside it."""
+        if self._sup.state != "off":
+            return True
+        with self._sup.lock:
+            return self._sup.state != "off"
 
     @property
     def asleep(self):

@@ -58,6 +58,7 @@ class Hub(threading.Thread):
         self.heap: list = []
         self.seq = itertools.count()
         self.events = 0  # descriptor events handled (tools/bench/fleet_scale.py reports them)
+        self.late_max = 0.0  # the most a deadline was handled late, in seconds (the loop's lag)
 
     # -- from any thread ---------------------------------------------------------------------------
     def add(self, relay) -> None:
@@ -166,6 +167,7 @@ class Hub(threading.Thread):
             while self.heap and self.heap[0][0] <= now:
                 due, _, relay = heapq.heappop(self.heap)
                 if relay._sched == due:  # else an older deadline, moved since
+                    self.late_max = max(self.late_max, now - due)
                     relay._sched = None
                     self._guard(relay, relay._due)
                     touched.add(relay)

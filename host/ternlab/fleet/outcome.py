@@ -54,17 +54,19 @@ def judge(fleet, elapsed: float) -> FleetResult:
     ledger, boards, more = fleet._board_results()
     failures += more
     # without an observer (a slice of a spread fleet) the driver's observer judges the losses
-    lost = tally(ledger, seen)[0] if fleet.observer is not None else []
+    # the observer's copies: what reached the broker's subscribers (its duplicates are the broker's
+    # and the devices' doing, counted in the summary; the landing is where exactly once is judged)
+    lost, per_qos = tally(ledger, seen) if fleet.observer is not None else ([], {})
     per_board = Counter(r["device"] for r in lost)
     for name, b in boards.items():
         b["received"] = fleet.observer.received(name) if fleet.observer else None
         b["lost"] = per_board[name]
+        # what of it landed, from the fleet's one read of the landing (tern demo uses it, not a read of its own)
+        b["landed"] = fleet.landing.by_device[name] if fleet.landing is not None else None
+
     def examples(rows):
         return f"e.g. {[(r['device'], r['boot'], r['qos'], r['seq']) for r in rows[:5]]}"
 
-    # the observer's copies: what reached the broker's subscribers (its duplicates are the broker's
-    # and the devices' doing, counted in the summary; the landing is where exactly once is judged)
-    _, per_qos = tally(ledger, seen)
     for why in verdict({q: {"lost": c["lost"]} for q, c in per_qos.items()})["reasons"] if fleet.observer else ():
         failures.append(f"observer: {why} (accepted, never reached the broker's subscriber), {examples(lost)}")
     dups = Counter({q: c["duplicated"] for q, c in per_qos.items() if c["duplicated"]})

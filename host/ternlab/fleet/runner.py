@@ -260,8 +260,7 @@ class Fleet:
         if f.params["at"] == "time":
             s.expect_off = True
             s.boot_by = None  # a cut during a boot ends that boot: not a failure to boot
-            s.board.cut_power(0)
-            s.board.wait_off(5)
+            s.board.cut_power(0)  # the boards' event loop kills it; power comes back once it is off
             s.power_cuts += 1
             s.off_until = self.now() + f.params["off"]
             self._record(f, "injected", s.name, f"SIGKILL, off {f.params['off']:.2f} s")
@@ -295,7 +294,7 @@ class Fleet:
             elif not s.expect_off:
                 s.unexpected.append(f"t={now:.2f}s {s.name} lost power without a fault")
                 s.off_until = now
-        if s.off_until is not None and (restore_all or now >= s.off_until):
+        if s.off_until is not None and (restore_all or now >= s.off_until) and not b.is_on:
             b.power_on(wait=False)
             s.boot_by = time.monotonic() + BOOT_TIMEOUT
             s.off_until = None
