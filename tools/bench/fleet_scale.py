@@ -20,9 +20,11 @@ Exit status 1 when the run fails its checks (a reading lost, a QoS 2 reading lan
 
 import argparse
 import cProfile
+import faulthandler
 import json
 import os
 import pstats
+import signal
 import sys
 import tempfile
 import threading
@@ -205,19 +207,26 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--out", default=None, help="output directory (default: a temporary one, removed)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--no-faults", action="store_true", help="the scenario without its [[faults]]: the steady cost "
+                    "of the boards at their reading rate (a run with faults adds the boots of its power cuts)")
     ap.add_argument("--profile", action="store_true", help="cProfile the fleet's thread; print the top 25")
     ap.add_argument("--master", default=None, help="run the boards in slices on this Spark master (e.g. local[2]: "
-                    "two slice processes on this machine; one runner process keeps under ~80 boards: docs/fleet.md)")
+                    "two slice processes on this machine; docs/fleet.md says what one runner process holds)")
     a = ap.parse_args(argv)
     # a shorter run keeps its faults in their place in the run (windows scaled with the duration)
     sc = load_scenario(a.scenario).with_overrides(boards=a.boards, duration=a.duration, stretch=True)
+    if a.no_faults:
+        import dataclasses
+
+        sc = dataclasses.replace(sc, faults=())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
     tmp = None if a.out else tempfile.TemporaryDirectory(prefix="fleet-scale-")
     out = Path(a.out or tmp.name)
     # sampling 1,000 boards ten times a second would be a cost of its own: once every N/100 seconds
     every = max(0.1, a.boards / 100)
     meter = Meter(every=every)
     replay = (f"python tools/bench/fleet_scale.py --scenario {a.scenario} --boards {a.boards} "
-              f"--duration {a.duration:g} --seed {a.seed}")
+              f"--duration {a.duration:g} --seed {a.seed}" + (" --no-faults" if a.no_faults else ""))
     if a.master:
         from ternlab.fleet.spread import DriverFleet, default_slices, spark_session
 
@@ -255,10 +264,10 @@ def main(argv=None) -> int:
     hub_events = board_hub._shared.events if board_hub._shared is not None else None
     hub_late = round(board_hub._shared.late_max, 3) if board_hub._shared is not None else None
     fig = {
-        "boards": n, "duration_s": a.duration, "seed": a.seed, "wall_s": round(wall, 1), "ok": result.ok,
+        "boards": n, "duration_s": a.duration, "no_faults": a.no_faults, "seed": a.seed, "wall_s": round(wall, 1), "ok": result.ok,
         "ledger_rows": result.ledger_rows, "lost": len(result.lost),
         "landing_lost": (result.landing or {}).get("lost"), "landing_duplicates": (result.landing or {}).get("duplicates"),
-        "faults": len(result.faults),
+        "faults": len(result.faults), "boots": sum(b.get("boots", 0) for b in result.boards.values()),
         "board_rss_median_mib": round(rss[len(rss) // 2] / 2**20, 1) if rss else None,
         "board_rss_max_mib": round(rss[-1] / 2**20, 1) if rss else None,
         "board_rss_n_times_median_mib": round(n * rss[len(rss) // 2] / 2**20, 1) if rss else None,
