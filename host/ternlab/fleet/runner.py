@@ -4,7 +4,8 @@ every QoS >= 1 message a board accepted reached the broker's subscribers.
 
 Over 600 lines because `Fleet` is one schedule run by one thread (see below): the faults, boards,
 collectors and ledger it drives share that thread's state, and what stands alone (the scenario,
-schedule, collectors' processes and the view) is already a module of its own.
+schedule, collectors' processes, the view, the result's parts in parts.py and the verdict and output
+in outcome.py) is a module of its own. Every board's relay runs on one event loop (boards/hub.py).
 
 Why it is built like this:
 - One thread (the caller's) runs the schedule, reads the consoles and calls the callbacks, so a
@@ -12,7 +13,8 @@ Why it is built like this:
   observer (an MQTT subscriber that records what the broker delivered) is a process of its own at
   idle CPU priority, subscribed after the collectors so that they are served first (see
   observer.py), read on the fleet's tick.
-- Each board has its own flash image and workdir under ``out/boards/<name>`` and its own emulated
+- Each board has its own flash image (a copy of one prepared once with the app and its config, so no
+  board's serial port is opened) and workdir under ``out/boards/<name>`` and its own emulated
   Wi-Fi link (profile ``"network": "wifi"``, ``EmulatedBoard.set_link``). A network cut takes the
   board's link down and ends its connections; while the link is down the app keeps measuring and does
   not dial. The boards talk to the broker directly: the fleet holds a duplicate of each board's
