@@ -234,11 +234,8 @@ def _verdict(console, result, summary, report, out, seed, replay, elapsed) -> in
         reasons.append(f"the Spark audit did not run: {report}")
     else:
         reasons += summary["verdict"]["reasons"]  # the judge's rule, on the audit's counts
-        from .pipeline.judge import LandingIndex
-
-        landed = LandingIndex(out / "landing")
-        landed.refresh()
-        reasons += [f"{name}: nothing of it landed" for name in result.boards if not landed.by_device[name]]
+        # the fleet's own read of the landing (its LandingIndex, each file once): not read again here
+        reasons += [f"{name}: nothing of it landed" for name, b in result.boards.items() if not b.get("landed")]
     reasons += [f"fleet: {f}" for f in result.failures]
     for f in (f for f in result.faults if f["status"] == "unfired"):
         console.print(f"[yellow]note[/]: fault #{f['index']} ({f['kind']} on {f['target']}) never fired: {f['detail']}")

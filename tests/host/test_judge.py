@@ -68,3 +68,37 @@ def test_the_landing_is_read_back_once_a_file_keyed_as_the_ledger(tmp_path):
     assert index.has(("b", 2, 2, 0)) and index.copies[("b", 2, 2, 0)] == 2
     lost, per_qos = tally(ledger, index.copies)
     assert lost == [] and verdict(per_qos) == {"ok": False, "reasons": ["QoS 2: 1 message(s) duplicated"]}
+
+
+def test_python_and_spark_count_loss_and_duplicates_by_one_definition(spark, tmp_path):
+    """The fleet judges its landing in Python (tally over LandingIndex), the audit in Spark: the same
+    landing and ledger give the same lost and duplicated per QoS, including the cases where two
+    definitions could part: a ledger row written twice (a console line read twice), a landed message
+    the ledger does not list, QoS 0 losses, and duplicates at every QoS."""
+    from ternlab.app_events import write_ledger
+    from ternlab.pipeline.audit import run_audit
+
+    no_quarantine = {k: [] for k in (*schema.QUARANTINE_FIELDS, "_idx", "_q2")}
+    ledger = [row(d, b, q, s) for d in ("a", "b") for b in (1, 2) for q in (0, 1, 2) for s in range(6)]
+    gone = {("a", 1, 1, 2), ("a", 2, 2, 5), ("b", 1, 0, 0), ("b", 2, 1, 0), ("b", 2, 1, 1)}
+    landed = [r for r in ledger if message_key(r) not in gone]
+    landed += [r for r in landed if message_key(r) in {("a", 1, 2, 3), ("b", 1, 1, 4), ("b", 2, 0, 2)}]
+    landed.append(row("c", 1, 1, 0))  # landed, listed by no ledger row
+    ledger.append(dict(ledger[7]))    # ("a", 1, 1, 1) twice in the ledger, landed once
+    ledger.append(row("a", 1, 1, 2))  # ("a", 1, 1, 2) twice in the ledger, never landed: one loss
+
+    LandingWriter(str(tmp_path / "landing"), "col-1").commit(landing_columns(landed, 0, "col-1"), no_quarantine)
+    index = LandingIndex(tmp_path / "landing")
+    index.refresh()
+    lost, per_qos = tally(ledger, index.copies)
+    python = {q: (c["lost"], c["duplicated"]) for q, c in per_qos.items()}
+    assert python == {0: (0, 1), 1: (3, 1), 2: (1, 1)}, python  # QoS 0: tally counts no QoS 0 loss
+    assert sorted(message_key(r) for r in lost) == sorted(k for k in gone if k[2])
+
+    write_ledger(ledger, tmp_path / "ledger.jsonl")
+    summary = run_audit(spark, str(tmp_path / "landing"), str(tmp_path / "audit"), ledger=str(tmp_path / "ledger.jsonl"))
+    by_qos = {int(q): (c["lost"], c["duplicated"]) for q, c in summary["per_qos"].items()}
+    for q in (1, 2):
+        assert by_qos[q] == python[q], (q, by_qos, python)
+    assert by_qos[0] == (1, python[0][1])  # the audit also counts QoS 0's loss, which does not fail
+    assert verdict(per_qos)["reasons"] == summary["verdict"]["reasons"]

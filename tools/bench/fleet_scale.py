@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""What a fleet costs the host per board: N emulated boards under the demo's fault mix, with every
-process of the run sampled from /proc about ten times a second (peak RSS, CPU time).
+"""What a fleet costs the host per board: N emulated boards under a scenario's fault mix (the
+demo's by default), with every process of the run sampled from /proc (CPU time, peak RSS; PSS from
+/proc/PID/smaps_rollup, which shares the pages of the unix port's binary and libraries out among the
+processes that map them, so PSS x N is what N boards take; RSS counts those pages in every board).
 
 Figures: the board processes (MicroPython unix port), the runner (this process: its fleet thread
-and the boards' relay threads, apart, from /proc/self/task), the collectors, the observer and
-Mosquitto; per board = the boards' and the runner's share divided by N. CPU is counted in the
-kernel's clock ticks per process, not timed, but a busy machine still shifts it (more context
-switches, more polling rounds): compare runs made on the same machine.
+and the boards' event loop, ternlab.boards.hub, apart, from /proc/self/task; its descriptors), the
+collectors, the observer and Mosquitto; per board = the boards' and the runner's share divided by
+N. CPU is counted in the kernel's clock ticks per process, not timed, but a busy machine still
+shifts it (more context switches, more polling rounds): compare runs made on the same machine.
 
     python tools/bench/fleet_scale.py --boards 16 --duration 120 --seed 16
     python tools/bench/fleet_scale.py --boards 100 --duration 600 --seed 100 --json fleet100.json
+    nice -n 10 python tools/bench/fleet_scale.py --scenario scenarios/thousand.toml --boards 1000 --duration 600 --seed 1000
     python tools/bench/fleet_scale.py --boards 16 --duration 60 --profile   # where the fleet thread spends
 
 Exit status 1 when the run fails its checks (a reading lost, a QoS 2 reading landed twice ...).
@@ -17,9 +20,11 @@ Exit status 1 when the run fails its checks (a reading lost, a QoS 2 reading lan
 
 import argparse
 import cProfile
+import faulthandler
 import json
 import os
 import pstats
+import signal
 import sys
 import tempfile
 import threading
@@ -32,6 +37,25 @@ sys.path[:0] = [str(ROOT / "host"), str(ROOT / "lib")]
 from ternlab.fleet import Callbacks, Fleet, load_scenario  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+
+
+def pss(pid) -> int | None:
+    """Proportional set size of a process in bytes (its share of every page it maps), or None."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def fd_count(pid="self") -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
 
 
 def proc_stat(path: str):
@@ -49,12 +73,16 @@ class Meter(Callbacks):
     """Samples every process of the run on the fleet's tick; CPU per pid is its last reading (a board
     process reborn after a power cut is a new pid, counted apart)."""
 
-    def __init__(self):
+    def __init__(self, every=0.1, pss_every=10.0):
         self.rss = {}          # board name -> peak RSS
+        self.pss = {}          # board name -> peak PSS
         self.cpu = {}          # (role, name, pid) -> CPU seconds
         self.peak = {}         # role -> peak RSS of one process
         self.fleet = None
         self.threads = 0       # most threads this process had at once
+        self.fds = 0           # most descriptors this process had open at once
+        self.every, self.pss_every = every, pss_every
+        self._next = self._next_pss = 0.0
 
     def on_start(self, fleet):
         self.fleet = fleet
@@ -68,10 +96,21 @@ class Meter(Callbacks):
                 self.rss[name] = max(self.rss.get(name, 0), st[0])
 
     def on_tick(self, fleet):
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every
         self.threads = max(self.threads, len(os.listdir("/proc/self/task")))
+        self.fds = max(self.fds, fd_count())
+        with_pss = now >= self._next_pss
+        if with_pss:
+            self._next_pss = now + self.pss_every
         for s in fleet.slots:
             if s.board is not None and s.board.is_on:
                 self._take("board", s.name, s.board.pid)
+                p = pss(s.board.pid) if with_pss and s.board.pid else None
+                if p:
+                    self.pss[s.name] = max(self.pss.get(s.name, 0), p)
         if getattr(fleet.broker, "proc", None) is not None:
             self._take("broker", "broker", fleet.broker.proc.pid)
         if fleet.observer is not None and fleet.observer.proc is not None:
@@ -108,9 +147,11 @@ class TreeSampler(threading.Thread):
     per role. With --master the slices' runners and boards are children of Spark's workers, which are
     children of this process's JVM, so the whole tree is walked."""
 
-    def __init__(self):
+    def __init__(self, every=0.5):
         super().__init__(daemon=True)
+        self.every = every
         self.cpu, self.rss, self.peak, self.stop_ = {}, {}, {}, threading.Event()
+        self.pss = {}  # role -> peak PSS of one process (not the boards': the Meter's)
 
     def _tree(self):
         kids = {}
@@ -131,10 +172,16 @@ class TreeSampler(threading.Thread):
         return out
 
     def run(self):
-        while not self.stop_.wait(0.5):
+        n = 0
+        while not self.stop_.wait(self.every):
+            n += 1
             for pid in self._tree():
                 role = self.cpu.get(pid, (None,))[0] or classify(pid)
                 st = proc_stat(f"/proc/{pid}")
+                if role and role != "board" and n % 10 == 1:
+                    p = pss(pid)
+                    if p:
+                        self.pss[role] = max(self.pss.get(role, 0), p)
                 if role and st:
                     self.cpu[pid] = (role, st[1])
                     self.rss[pid] = (role, max(self.rss.get(pid, (role, 0))[1], st[0]))
@@ -160,15 +207,26 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--out", default=None, help="output directory (default: a temporary one, removed)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--no-faults", action="store_true", help="the scenario without its [[faults]]: the steady cost "
+                    "of the boards at their reading rate (a run with faults adds the boots of its power cuts)")
     ap.add_argument("--profile", action="store_true", help="cProfile the fleet's thread; print the top 25")
     ap.add_argument("--master", default=None, help="run the boards in slices on this Spark master (e.g. local[2]: "
-                    "two slice processes on this machine; one runner process keeps under ~80 boards: docs/fleet.md)")
+                    "two slice processes on this machine; docs/fleet.md says what one runner process holds)")
     a = ap.parse_args(argv)
-    sc = load_scenario(a.scenario).with_overrides(boards=a.boards, duration=a.duration)
+    # a shorter run keeps its faults in their place in the run (windows scaled with the duration)
+    sc = load_scenario(a.scenario).with_overrides(boards=a.boards, duration=a.duration, stretch=True)
+    if a.no_faults:
+        import dataclasses
+
+        sc = dataclasses.replace(sc, faults=())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
     tmp = None if a.out else tempfile.TemporaryDirectory(prefix="fleet-scale-")
     out = Path(a.out or tmp.name)
-    meter = Meter()
-    replay = f"python tools/bench/fleet_scale.py --boards {a.boards} --duration {a.duration:g} --seed {a.seed}"
+    # sampling 1,000 boards ten times a second would be a cost of its own: once every N/100 seconds
+    every = max(0.1, a.boards / 100)
+    meter = Meter(every=every)
+    replay = (f"python tools/bench/fleet_scale.py --scenario {a.scenario} --boards {a.boards} "
+              f"--duration {a.duration:g} --seed {a.seed}" + (" --no-faults" if a.no_faults else ""))
     if a.master:
         from ternlab.fleet.spread import DriverFleet, default_slices, spark_session
 
@@ -178,7 +236,7 @@ def main(argv=None) -> int:
                             spark=spark, slices=min(a.boards, default_slices(spark)))
     else:
         fleet = Fleet(sc, seed=a.seed, out=out, callbacks=meter, replay=replay)
-    tree = TreeSampler()
+    tree = TreeSampler(every=max(0.5, a.boards / 200))
     tree.start()
     prof = cProfile.Profile() if a.profile else None
     t0, c0, main0 = time.monotonic(), os.times(), thread_cpu(threading.get_native_id())
@@ -199,19 +257,34 @@ def main(argv=None) -> int:
     rss = tree.rss_of("board")
     n = a.boards
     boards_cpu = tree.total("board")
+    psss = sorted(meter.pss.values())
+    hub_tid = next((t.native_id for t in threading.enumerate() if t.name == "board-hub"), None)
+    hub_cpu = thread_cpu(hub_tid) if hub_tid else 0.0
+    from ternlab.boards import hub as board_hub
+    hub_events = board_hub._shared.events if board_hub._shared is not None else None
+    hub_late = round(board_hub._shared.late_max, 3) if board_hub._shared is not None else None
     fig = {
-        "boards": n, "duration_s": a.duration, "seed": a.seed, "wall_s": round(wall, 1), "ok": result.ok,
+        "boards": n, "duration_s": a.duration, "no_faults": a.no_faults, "seed": a.seed, "wall_s": round(wall, 1), "ok": result.ok,
         "ledger_rows": result.ledger_rows, "lost": len(result.lost),
         "landing_lost": (result.landing or {}).get("lost"), "landing_duplicates": (result.landing or {}).get("duplicates"),
-        "faults": len(result.faults),
+        "faults": len(result.faults), "boots": sum(b.get("boots", 0) for b in result.boards.values()),
         "board_rss_median_mib": round(rss[len(rss) // 2] / 2**20, 1) if rss else None,
         "board_rss_max_mib": round(rss[-1] / 2**20, 1) if rss else None,
         "board_rss_n_times_median_mib": round(n * rss[len(rss) // 2] / 2**20, 1) if rss else None,
+        "board_pss_median_mib": round(psss[len(psss) // 2] / 2**20, 2) if psss else None,
+        "board_pss_max_mib": round(psss[-1] / 2**20, 2) if psss else None,
+        "board_pss_n_times_median_mib": round(n * psss[len(psss) // 2] / 2**20, 1) if psss else None,
         "board_cpu_s": round(boards_cpu, 1), "board_cpu_pct_per_board": round(100 * boards_cpu / wall / n, 2),
         "runner_cpu_s": round(runner, 1), "runner_fleet_thread_s": round(main_cpu, 1),
         "runner_other_threads_s": round(other_cpu, 1), "runner_threads_max": meter.threads,
+        "runner_hub_thread_s": round(hub_cpu, 1), "hub_events": hub_events, "hub_late_max_s": hub_late,
+        "runner_fds_max": meter.fds, "runner_fds_per_board": round(meter.fds / n, 2),
         "runner_cpu_pct_per_board": round(100 * (runner + tree.total("slice-runner")) / wall / n, 2),
         "runner_peak_rss_mib": round(proc_stat("/proc/self")[0] / 2**20, 1),
+        "runner_rss_per_board_mib": round(proc_stat("/proc/self")[0] / 2**20 / n, 2),
+        "collectors_pss_max_mib": round(tree.pss.get("collector", 0) / 2**20, 1),
+        "observer_pss_mib": round(tree.pss.get("observer", 0) / 2**20, 1),
+        "broker_pss_mib": round(tree.pss.get("broker", 0) / 2**20, 1),
         "collectors_cpu_s": round(tree.total("collector"), 1), "observer_cpu_s": round(tree.total("observer"), 1),
         "broker_cpu_s": round(tree.total("broker"), 1),
         "broker_rss_mib": round(tree.peak.get("broker", 0) / 2**20, 1),

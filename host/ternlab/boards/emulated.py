@@ -3,7 +3,8 @@
 Two pseudo-terminals per board. The *port* (`board.port`, /dev/pts/N) is what
 mpremote, pyserial or a terminal opens, exactly like a board's USB serial
 device; it stays the same across resets and power cycles. Behind it, a
-relay thread (the "supervisor", ternlab.boards.emulated_pty) runs the device
+relay (the "supervisor", ternlab.boards.emulated_pty; every board's on one event loop,
+ternlab.boards.hub) runs the device
 process -- the unix port, started through the `emuboard` boot shim (device
 side: device/emulated/unix/emuboard.py) -- on a second pty; that module says what
 the relay does (line endings, Ctrl-C, soft reboot and hard reset, the
@@ -147,8 +148,12 @@ class EmulatedBoard(Board):
 
     @property
     def is_on(self):
-        """Powered: running, booting or in deep sleep (it wakes by itself)."""
-        return self._sup.state != "off"
+        """Powered: running, booting or in deep sleep (it wakes by itself). Read under the relay's
+        lock: a reboot the relay does (a power cycle, the watchdog) passes through "off" inside it."""
+        if self._sup.state != "off":
+            return True
+        with self._sup.lock:
+            return self._sup.state != "off"
 
     @property
     def asleep(self):
@@ -207,11 +212,12 @@ class EmulatedBoard(Board):
         self._busy = False
 
     # -- power -----------------------------------------------------------------
-    def power_on(self, cut_at=0, seed=1, timeout=10.0, app=True):
+    def power_on(self, cut_at=0, seed=1, timeout=10.0, app=True, wait=True):
         """Boot the board (boot.py, then main.py). cut_at=N: the power fails at the
         N-th flash program/erase counted from power-on (seeded torn write). app=False:
         boot.py only, then the raw REPL, as a soft reset in raw mode (main.py does not run:
-        what `tern deploy` boots a board with)."""
+        what `tern deploy` boots a board with). wait=False: return at once (wait_booted()
+        then: a fleet powers its boards on together)."""
         with self._lock:
             with self._sup.lock:
                 if self._sup.state != "off":
@@ -220,6 +226,20 @@ class EmulatedBoard(Board):
                 self.log.event("power on" + (" (cut at flash operation %d, seed %d)" % (cut_at, seed) if cut_at else "")
                                + ("" if app else " (main.py not run)"))
                 self._sup.spawn("friendly" if app else "raw", cut_at, seed)
+        if wait:
+            self._wait_booted(timeout)
+
+    @property
+    def booted(self):
+        """After power_on(wait=False) or power_cycle(wait=False): True once the firmware is up,
+        False if it failed to boot (or lost power first), None while it boots."""
+        if self._sup.booted.is_set():
+            return True
+        return False if (self._sup.off.is_set() or self._sup.boot_failed.is_set()) else None
+
+    def wait_booted(self, timeout=10.0):
+        """Wait until the board's firmware is up (after power_on(wait=False)); BoardError if it
+        failed to boot or did not in time."""
         self._wait_booted(timeout)
 
     def _wait_booted(self, timeout):
@@ -238,8 +258,9 @@ class EmulatedBoard(Board):
                 self._wait_off(timeout)
             self._reset_transport()
 
-    def power_cycle(self, cut_at=0, seed=1, timeout=10.0):
-        """Power off and on again: a hard reset (boot.py and main.py run)."""
+    def power_cycle(self, cut_at=0, seed=1, timeout=10.0, wait=True):
+        """Power off and on again: a hard reset (boot.py and main.py run). wait=False: return once
+        the new boot is under way (see booted)."""
         with self._lock:
             with self._sup.lock:
                 self._boot_args = (cut_at, seed)
@@ -249,9 +270,10 @@ class EmulatedBoard(Board):
             self._reset_transport()
             if not killed:
                 self._boot_args = (0, 1)
-                self.power_on(cut_at=cut_at, seed=seed, timeout=timeout)
+                self.power_on(cut_at=cut_at, seed=seed, timeout=timeout, wait=wait)
                 return
-            self._wait_booted(timeout)
+            if wait:
+                self._wait_booted(timeout)
 
     def cut_power(self, after=0.0, seed=None):
         """Power cut from the host (SIGKILL) after `after` seconds, or after a

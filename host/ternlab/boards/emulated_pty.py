@@ -6,7 +6,8 @@ device; it stays the same across resets and power cycles. Behind it, a
 relay thread (the "supervisor", `Supervisor` here) runs the device process --
 the unix port, started through the `emuboard` boot shim (device side:
 device/emulated/unix/emuboard.py) -- on a second pty that is its controlling
-terminal. The relay:
+terminal. Every board's relay in a process runs on one event loop (ternlab.boards.hub), not on a
+thread of its own. The relay:
 
 - copies bytes both ways, turning the unix port's bare "\\n" into the "\\r\\n"
   a board prints, timestamps every line into the console log;
@@ -50,6 +51,7 @@ from pathlib import Path
 
 from ..paths import device_path
 from .board import BoardError, device_profile
+from .hub import shared as shared_hub
 from .relay import BACKLOG, PortRelay
 from .spawn import popen
 
@@ -58,6 +60,7 @@ _SENT = b"\x00TERN:"
 _HOLD_MAX = 5.0  # seconds a Ctrl-C waits for the device at most (its flash operations take well under 1 ms)
 _RETRY = 0.002  # seconds between tries of a Ctrl-C the device holds (a flash operation takes well under 1 ms)
 _READ_SYSCALL = {"x86_64": 0, "aarch64": 63, "riscv64": 63, "armv7l": 3, "i686": 3}  # read(2)'s number
+_REAP = 0.01  # seconds between looks for the exit of a process whose pty hung up (on the hub)
 _RAW_BANNER = b"raw REPL; CTRL-B to exit"
 _FRIENDLY_BANNER = b'Type "help()" for more information.'
 
@@ -83,7 +86,7 @@ class Supervisor(PortRelay):
     """Owns the port pty and the device process; see the module docstring."""
 
     def __init__(self, board):
-        super().__init__(board, "emuboard-%s" % board.id)
+        super().__init__(board, "emuboard-%s" % board.id, hub=shared_hub())
         self.m_in = None
         self.mode = "friendly"  # REPL mode of the device, tracked from its output
         self.acc = bytearray()  # device output not yet passed on (sentinels)
@@ -99,6 +102,8 @@ class Supervisor(PortRelay):
         self.wdt_deadline = None  # monotonic time by which the next feed must arrive
         self.sleep_ms = None  # from the device's deep-sleep sentinel (-1: no wake-up timer)
         self.wake_at = None  # monotonic time the sleeping board boots again
+        self.hung_up = False  # the device's pty hung up before its process was reaped (hub only)
+        self.reap_at = None  # then: when to look for the exit next
 
     # -- device process ---------------------------------------------------------
     def spawn(self, mode="friendly", cut_at=0, seed=1, cause="pwron"):
@@ -145,6 +150,7 @@ class Supervisor(PortRelay):
         os.close(s_in)
         os.set_blocking(m_in, False)
         self.m_in = m_in
+        self.hung_up, self.reap_at = False, None
         self.mode = "raw" if mode == "raw" else "friendly"
         self.swallow = False
         self.acc.clear()
@@ -202,12 +208,14 @@ class Supervisor(PortRelay):
 
     # -- relay (the loop is PortRelay._step) -----------------------------------------
     def _device_fd(self):
-        return self.m_in
+        return None if self.hung_up else self.m_in
 
     def _deadlines(self):
-        return (self.wdt_deadline, self.wake_at, self.retry_at)
+        return (self.wdt_deadline, self.wake_at, self.retry_at, self.reap_at)
 
     def _timers(self):
+        if self.reap_at is not None and time.monotonic() >= self.reap_at:  # _due() then looks for the exit
+            self.reap_at = time.monotonic() + _REAP if self.proc is not None else None
         if self.retry_at is not None and time.monotonic() >= self.retry_at:
             with self.lock:
                 self._retry_interrupt()
@@ -227,6 +235,13 @@ class Supervisor(PortRelay):
     def _device_closed(self):  # the device's side of the pty closed: the process is ending
         with self.lock:
             if self.proc is not None:
+                if self.hub is not None and self.proc.poll() is None:
+                    # not reaped yet (a killed process on a loaded host takes a while to exit): the
+                    # shared loop must not wait for it; the pty is no longer watched (it would say
+                    # "hung up" on every pass) and the exit is looked for every few milliseconds
+                    self.hung_up = True
+                    self.reap_at = time.monotonic() + _REAP
+                    return
                 try:
                     self.proc.wait(timeout=2)
                 except subprocess.TimeoutExpired:
@@ -474,6 +489,8 @@ class Supervisor(PortRelay):
         if self.acc and not self.swallow:
             self._emit(bytes(self.acc))
         self.acc.clear()
+        self.hung_up, self.reap_at = False, None
+        self._forget(self.m_in)
         os.close(self.m_in)
         self.m_in = None
         rc = self.proc.returncode

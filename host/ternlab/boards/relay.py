@@ -1,11 +1,14 @@
 """The relay between a board's port and the process that is the board, for both emulated kinds
 (the unix port, ternlab.boards.emulated_pty; QEMU, ternlab.boards.qemu): the loop, reading the
 device, holding host bytes while it boots, power cuts at a deadline, stopping. Each kind says only
-what differs (its device fd, its timers, what its exit means)."""
+what differs (its device fd, its timers, what its exit means). A relay runs on a thread of its own
+(select() over its descriptors: the qemu boards) or on the process's one event loop for all boards
+(`hub`, ternlab.boards.hub: the unix port's, so a process holds a thousand of them)."""
 
 import errno
 import os
 import select
+import selectors
 import signal
 import subprocess
 import threading
@@ -71,15 +74,16 @@ class PortRelay(StepLoop):
     backlog for a reader that is not there, freezing the device process, and a loop of _step()
     that never dies silently."""
 
-    def __init__(self, board, name):
+    def __init__(self, board, name, hub=None):
         super().__init__(name=name, daemon=True)
         self.b = board
         self.log = board.log
+        self.hub = hub  # the shared event loop (ternlab.boards.hub), or None: a thread of its own
         self.m_out, self.s_out = os.openpty()
         tty.setraw(self.s_out)  # no echo: the port is a wire, not a terminal
         os.set_blocking(self.m_out, False)
         self.port = os.ttyname(self.s_out)
-        self.wake_r, self.wake_w = os.pipe()
+        self.wake_r, self.wake_w = os.pipe() if hub is None else (None, None)
         self.lock = threading.RLock()
         self.proc = None
         self.state = "off"  # off | booting | on
@@ -106,9 +110,23 @@ class PortRelay(StepLoop):
             self.frozen = on
             return True
 
+    def start(self):
+        if self.hub is None:
+            super().start()
+        else:
+            self.hub.add(self)
+
     def _wake(self):
         if self.running:
-            os.write(self.wake_w, b"x")
+            if self.hub is not None:
+                self.hub.poke(self)
+            else:
+                os.write(self.wake_w, b"x")
+
+    def _forget(self, fd):
+        """fd (the device's) is about to be closed: the hub stops watching it first."""
+        if self.hub is not None:
+            self.hub.forget_fd(self, fd)
 
     # -- the relay loop, one for both kinds of board --------------------------------
     def _device_fd(self):
@@ -154,9 +172,9 @@ class PortRelay(StepLoop):
         wl = [self.m_out] if self.backlog else []
         timeout = 0.2
         now = time.monotonic()
-        for t in (self.cut_deadline,) + tuple(self._deadlines()):
-            if t is not None:
-                timeout = max(0.0, min(timeout, t - now))
+        due = self._next_due()
+        if due is not None:
+            timeout = max(0.0, min(timeout, due - now))
         try:
             r, _, _ = select.select(rl, wl, [], timeout)
         except (OSError, ValueError):
@@ -170,6 +188,37 @@ class PortRelay(StepLoop):
             self._read_host()
         if self.backlog:
             self._flush()
+        self._due()
+
+    # -- what the hub calls (ternlab.boards.hub): the same steps, one board at a time -------------
+    def _watch(self):
+        """{fd: (selector events, role)} to watch now."""
+        out = {self.m_out: (selectors.EVENT_READ | (selectors.EVENT_WRITE if self.backlog else 0), "port")}
+        with self.lock:
+            dev = self._device_fd()
+        if dev is not None:
+            out[dev] = (selectors.EVENT_READ, "dev")
+        return out
+
+    def _ready(self, role, mask):
+        if role == "dev":
+            with self.lock:
+                dev = self._device_fd()
+            if dev is not None:
+                self._read_device(dev)
+        elif mask & selectors.EVENT_READ:
+            self._read_host()
+        if self.backlog:
+            self._flush()
+        self._due()
+
+    def _next_due(self):
+        """The earliest monotonic time the relay must run by (None: no deadline)."""
+        ts = [t for t in (self.cut_deadline,) + tuple(self._deadlines()) if t is not None]
+        return min(ts) if ts else None
+
+    def _due(self):
+        """What is due after a pass: a power cut at its deadline, the kind's timers, an exit."""
         if self.cut_deadline is not None and time.monotonic() >= self.cut_deadline:
             self.cut_deadline = None
             self.kill("random-cut")
@@ -191,9 +240,13 @@ class PortRelay(StepLoop):
 
     def _close(self, *device_fds):
         """End the loop, then close the port, the wake-up pipe and these fds of the device's."""
-        self.running = False
-        self._wake()
-        self.join(timeout=5)
+        if self.hub is not None:
+            self.running = False
+            self.hub.remove(self)
+        else:
+            self.running = False
+            os.write(self.wake_w, b"x")
+            self.join(timeout=5)
         for fd in (self.m_out, self.s_out, self.wake_r, self.wake_w) + device_fds:
             if fd is not None:
                 try:

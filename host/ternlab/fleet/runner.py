@@ -4,7 +4,8 @@ every QoS >= 1 message a board accepted reached the broker's subscribers.
 
 Over 600 lines because `Fleet` is one schedule run by one thread (see below): the faults, boards,
 collectors and ledger it drives share that thread's state, and what stands alone (the scenario,
-schedule, collectors' processes and the view) is already a module of its own.
+schedule, collectors' processes, the view, the result's parts in parts.py and the verdict and output
+in outcome.py) is a module of its own. Every board's relay runs on one event loop (boards/hub.py).
 
 Why it is built like this:
 - One thread (the caller's) runs the schedule, reads the consoles and calls the callbacks, so a
@@ -12,7 +13,8 @@ Why it is built like this:
   observer (an MQTT subscriber that records what the broker delivered) is a process of its own at
   idle CPU priority, subscribed after the collectors so that they are served first (see
   observer.py), read on the fleet's tick.
-- Each board has its own flash image and workdir under ``out/boards/<name>`` and its own emulated
+- Each board has its own flash image (a copy of one prepared once with the app and its config, so no
+  board's serial port is opened) and workdir under ``out/boards/<name>`` and its own emulated
   Wi-Fi link (profile ``"network": "wifi"``, ``EmulatedBoard.set_link``). A network cut takes the
   board's link down and ends its connections; while the link is down the app keeps measuring and does
   not dial. The boards talk to the broker directly: the fleet holds a duplicate of each board's
@@ -41,19 +43,15 @@ a relay), ``broker/mosquitto.log``; with collectors ``landing/`` and ``collector
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..pipeline.judge import KEY, message_key, tally, verdict
-from ..app_events import write_ledger
+from ..pipeline.judge import message_key
 from .observer import Observer
+from .outcome import check_slots, judge
+from .parts import Callbacks, ExternalBroker, FaultRecord, FleetResult, send_commands  # noqa: F401 (re-exported)
 from .scenario import Scenario
 from .schedule import Fault, check_seed, collector_id, make_schedule
 
@@ -65,113 +63,9 @@ STOP_INTERVAL_MS = 86400000  # the firmware's largest interval: "stop measuring"
 OBSERVER_TOPIC = "tern/+/telemetry"
 KILL_WAIT = 3.0  # a collector_kill waits up to this long for the collector to hold an unwritten batch
 CONNECTION_EVENTS = ("connected", "disconnected", "boot", "connect_failed")  # firmware console events
-HOLD_EVERY = 50
-BOOT_TIMEOUT = 60.0  # a board's boot, on a host whose cores 100 boards and other work share (10 s was short)  # ticks (about a second) between custody's looks at a board whose console said nothing
-
-
-class Callbacks:
-    """What a fleet reports while it runs; subclass and override what you need. All calls come from
-    the thread that called Fleet.run(), one at a time.
-
-    on_start(fleet)            boards named (fleet.board_names), schedule drawn (fleet.schedule)
-    on_phase(name)             "starting", "running", "settling", "stopping", "done"
-    on_fault(record)           a FaultRecord each time a fault is injected, fires, ends or is skipped
-                               (collector_kill targets are collector ids)
-    on_event(board, event)     every console event of a board's firmware (dict with "ev")
-    on_tick(fleet)             about 10 times a second: poll fleet.progress() for counters
-    on_end(result)             the FleetResult
-    """
-
-    def on_start(self, fleet): pass
-    def on_phase(self, name): pass
-    def on_fault(self, record): pass
-    def on_event(self, board, event): pass
-    def on_tick(self, fleet): pass
-    def on_end(self, result): pass
-
-
-@dataclass
-class FaultRecord:
-    """What happened to one scheduled fault. status: injected (done now), armed (a flash-op cut
-    waiting for its operation), fired (an armed cut happened), restored (power or network back),
-    skipped (the target was already off), unfired (an armed cut whose operation never came)."""
-    fault: Fault
-    t: float                    # seconds since the fleet started, when this happened
-    status: str
-    target: str                 # board name, "broker" or a collector id
-    detail: str = ""
-    ts: float = field(default_factory=time.time)  # wall clock, to line faults up with landing times
-
-    def line(self) -> str:
-        return f"t={self.t:7.2f}s fault #{self.fault.index} {self.fault.kind} {self.target}: {self.status}" + (
-            f" ({self.detail})" if self.detail else "")
-
-    def as_dict(self) -> dict:
-        return {"t": round(self.t, 3), "index": self.fault.index, "kind": self.fault.kind,
-                "target": self.target, "status": self.status, "detail": self.detail,
-                "ts": round(self.ts, 3), "scheduled_t": self.fault.t, **self.fault.params}
-
-
-class ExternalBroker:
-    """A broker the fleet did not start (``tern fleet run --broker HOST:PORT``): its address, and what
-    stands for a restart. The fleet's broker faults run ``hook`` (a shell command, with
-    ``TERN_BROKER_FAULT`` = ``soft`` or ``hard`` and ``TERN_BROKER`` = ``HOST:PORT`` in its
-    environment; it returns once the broker is back); without a hook they are skipped, and the fault
-    log and the summary say so. Nothing else of the broker's is touched: no log, no stop."""
-
-    log_path = None
-
-    def __init__(self, host: str, port: int, hook: str | None = None, timeout: float = 120.0):
-        self.host, self.port, self.hook, self.timeout = host, port, hook, timeout
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return (self.host, self.port)
-
-    @property
-    def name(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def restart(self, hard: bool) -> str:
-        env = dict(os.environ, TERN_BROKER_FAULT="hard" if hard else "soft", TERN_BROKER=self.name)
-        r = subprocess.run(self.hook, shell=True, env=env, capture_output=True, text=True, timeout=self.timeout)
-        if r.returncode != 0:
-            raise RuntimeError(f"the broker fault hook {self.hook!r} failed (status {r.returncode}): "
-                               f"{(r.stderr or r.stdout).strip()[-300:]}")
-        return "the hook returned (status 0)"
-
-    def stop(self) -> None:
-        pass
-
-
-@dataclass
-class FleetResult:
-    ok: bool
-    seed: int
-    failures: list[str]
-    replay: str | None
-    out: Path
-    boards: dict                # name -> counters
-    ledger_rows: int
-    lost: list[dict]            # QoS >= 1 ledger rows never received
-    duplicates: Counter         # qos -> extra copies received
-    faults: list[dict]
-    elapsed: float
-    summary: dict = field(default_factory=dict)
-    landing: dict | None = None  # with collectors: rows, unique, lost, duplicates, per collector
-
-
-def send_commands(addr, messages, timeout=10.0, login=None, name="fleet-commander"):
-    """Publish [(topic, payload)] at QoS 2 from a short-lived client and wait for each to complete."""
-    from tern.client import Client
-
-    c = Client(name, server=addr[0], port=addr[1], version=5, **(login.client_kwargs() if login else {}))
-    c.connect()
-    try:
-        for topic, payload in messages:
-            c.wait_published(c.publish(topic, payload, qos=2), timeout=timeout)
-    finally:
-        c.disconnect()
+HOLD_EVERY = 50  # ticks (about a second) between custody's looks at a board whose console said nothing
+BOOT_TIMEOUT = 60.0  # a board's boot, on a host whose cores 100 boards and other work share (10 s was short)
+BOOT_BATCH = 25  # boards powered on at once at the start (each then waited for)
 
 
 class _Slot:
@@ -187,6 +81,7 @@ class _Slot:
         self.off_until = None      # powered off by a fault until this fleet time
         self.net_until = None      # network cut until this fleet time
         self.armed = None          # FaultRecord of a flash-op cut waiting to fire
+        self.boot_by = None        # a power-on under way: the board is up by this monotonic time
         self.expect_off = False
         self.power_cuts = 0
         self.network_cuts = 0
@@ -366,19 +261,30 @@ class Fleet:
         self._hold(s)  # a connection opened since the last tick stays open too
         if f.params["at"] == "time":
             s.expect_off = True
-            s.board.cut_power(0)
-            s.board.wait_off(5)
+            s.boot_by = None  # a cut during a boot ends that boot: not a failure to boot
+            s.board.cut_power(0)  # the boards' event loop kills it; power comes back once it is off
             s.power_cuts += 1
             s.off_until = self.now() + f.params["off"]
             self._record(f, "injected", s.name, f"SIGKILL, off {f.params['off']:.2f} s")
         else:
             n = f.params["flash_op"]
-            s.board.power_cycle(cut_at=n, seed=self.seed * 1009 + f.index, timeout=BOOT_TIMEOUT)
+            s.board.power_cycle(cut_at=n, seed=self.seed * 1009 + f.index, wait=False)
+            s.boot_by = time.monotonic() + BOOT_TIMEOUT
             s.armed = self._record(f, "armed", s.name, f"power-cycled; power fails at flash operation {n} of this boot")
 
     def _housekeep(self, s: _Slot, restore_all: bool = False) -> None:
         now = self.now()
         b = s.board
+        if s.boot_by is not None:  # a power-on this thread did not wait for (hundreds of boards)
+            up = b.booted
+            if up or (up is None and time.monotonic() < s.boot_by):
+                s.boot_by = None if up else s.boot_by
+            elif s.armed is None or up is None:  # (an armed cut may fire during the boot: not a failure)
+                s.unexpected.append(f"t={now:.2f}s {s.name} did not boot " + (
+                    f"within {BOOT_TIMEOUT:.0f} s" if up is None else "(see its console.log)"))
+                s.boot_by = None
+            else:
+                s.boot_by = None
         if not b.is_on and s.off_until is None:
             if s.armed is not None:
                 cut = b.last_cut() or {}
@@ -390,8 +296,9 @@ class Fleet:
             elif not s.expect_off:
                 s.unexpected.append(f"t={now:.2f}s {s.name} lost power without a fault")
                 s.off_until = now
-        if s.off_until is not None and (restore_all or now >= s.off_until):
-            b.power_on(timeout=BOOT_TIMEOUT)
+        if s.off_until is not None and (restore_all or now >= s.off_until) and not b.is_on:
+            b.power_on(wait=False)
+            s.boot_by = time.monotonic() + BOOT_TIMEOUT
             s.off_until = None
             s.expect_off = False
             self._record(self._last_power_fault(s), "restored", s.name, "power back")
@@ -515,7 +422,7 @@ class Fleet:
         from ..brokers.mosquitto import Broker
 
         self.out.mkdir(parents=True, exist_ok=True)
-        for old in ("boards", "broker", "landing", "collectors", "observer"):
+        for old in ("boards", "broker", "landing", "collectors", "observer", "image"):
             # an earlier run into the same directory: its flash images (outboxes, boot counters, the
             # stop command they were sent), broker state and landed rows would leak into this one
             shutil.rmtree(self.out / old, ignore_errors=True)
@@ -556,24 +463,51 @@ class Fleet:
             self.custody = SocketCustody(self.broker.address)
         profile = dict(load_profile(self.scenario.profile), network="wifi")  # a link the fleet can cut
         relays = self.custody is None and (self.relay or any(f.kind == "network_cut" for f in self.schedule))
+        # every board the same files (its client id is its own board id): one flash image prepared once
+        # and copied per board; with relays each board dials its own proxy, so each is installed apart
+        image = None if relays else self._prepare_image(profile, code)
         for s in self.slots:
+            workdir = self.out / "boards" / s.name
+            if image is not None:
+                workdir.mkdir(parents=True, exist_ok=True)
+                for f in image:
+                    shutil.copyfile(f, workdir / f.name)
             if relays:
                 s.proxy = ChaosProxy(self.broker.address, seed=self.seed * 1009 + s.index).start()
                 s.proxy.client_vanishes()
-            host, port = s.proxy.address if s.proxy else self.broker.address
-            s.board = EmulatedBoard(profile, workdir=self.out / "boards" / s.name, board_id=s.name,
-                                    host_paths=[code], power=False)
-            s.board.power_on(timeout=BOOT_TIMEOUT)
+            s.board = EmulatedBoard(profile, workdir=workdir, board_id=s.name, host_paths=[code], power=False)
             s.tlog = TelemetryLog()
-            install(s.board, dict(self.firmware, host=host, port=port, client_id=s.name,
-                                  **(self.tls.firmware(s.board) if self.tls else {})))
-            # the serial port (and pyserial's four pipes) closed until the board is talked to again: a
-            # board then holds 7 of this process's descriptors, not 12, and every descriptor pyserial
-            # select()s on stays below 1024 up to about 140 boards (docs/fleet.md)
-            s.board.disconnect()
+            if image is None:
+                s.board.power_on(timeout=BOOT_TIMEOUT)  # a fresh flash: no main.py yet
+                host, port = s.proxy.address
+                install(s.board, dict(self.firmware, host=host, port=port, client_id=s.name,
+                                      **(self.tls.firmware(s.board) if self.tls else {})))
+                s.board.power_off()
+                # the serial port (and pyserial's four pipes) closed: this process never opens it again
+                s.board.disconnect()
         self.cb.on_start(self)
-        for s in self.slots:
-            s.board.power_cycle(timeout=BOOT_TIMEOUT)  # boots into main.py: the app runs
+        for i in range(0, len(self.slots), BOOT_BATCH):  # booted together, a batch at a time
+            batch = self.slots[i:i + BOOT_BATCH]
+            for s in batch:
+                s.board.power_on(timeout=BOOT_TIMEOUT, wait=False)  # main.py: the app runs
+            for s in batch:
+                s.board.wait_booted(BOOT_TIMEOUT)
+
+    def _prepare_image(self, profile, code) -> list:
+        """A board's flash with the app and its config on its filesystem (no client id: each board's
+        is its own id, board-NNN), made once on a board of its own; returns the files to copy."""
+        from ..boards.emulated import EmulatedBoard
+        from ..devset import install_app
+
+        b = EmulatedBoard(profile, workdir=self.out / "image", board_id="fleet-image", host_paths=[code], power=False)
+        try:
+            b.power_on(timeout=BOOT_TIMEOUT)  # a fresh flash: no main.py yet, the REPL
+            install_app(b, dict(self.firmware, host=self.broker.host, port=self.broker.port,
+                                **(self.tls.firmware(b) if self.tls else {})))
+            b.power_off()
+        finally:
+            b.close()
+        return [b.image, b.image.with_name(b.image.name + ".wear")]
 
     def _start_collectors(self, topic) -> None:
         """Every collector subscribed before any board boots: none of the fleet's messages predates them."""
@@ -726,100 +660,9 @@ class Fleet:
             if self.broker is not None and self.external is None:
                 self.broker.stop()
 
-    # ------------------------------------------------------------ output and verdict
+    # ------------------------------------------------------------ output and verdict (fleet/outcome.py)
     def _check_slots(self) -> tuple[list, dict, list]:
-        """This process's boards: their ledger rows, counters, and what their consoles say went wrong
-        (crashes, tracebacks, power lost without a fault, boot counters and sequence numbers)."""
-        ledger, boards, failures = [], {}, []
-        for s in self.slots:
-            t = s.tlog
-            if t is None:
-                failures.append(f"{s.name}: never started")
-                continue
-            ledger += t.ledger
-            failures += s.unexpected
-            failures += [f"{s.name}: {e}" for e in t.errors]
-            for e in t.of("crash"):
-                failures.append(f"{s.name}: the app crashed: {e.get('err')}")
-            if any("Traceback" in x for x in s.board.log.texts()):
-                failures.append(f"{s.name}: a traceback on the console (see boards/{s.name}/console.log)")
-            if not t.ledger:
-                failures.append(f"{s.name}: published nothing" + ("" if t.boots else
-                                " (its app never started: no boot line on boards/%s/console.log)" % s.name))
-            boots = t.boots
-            if boots != sorted(set(boots)):
-                failures.append(f"{s.name}: boot counter not increasing: {boots}")
-            streams = defaultdict(list)
-            for r in t.ledger:
-                streams[(r["boot"], r["qos"])].append(r["seq"])
-            for (boot, q), seqs in sorted(streams.items()):
-                if seqs != list(range(len(seqs))):
-                    failures.append(f"{s.name}: boot {boot} QoS {q}: sequence numbers are not 0..n-1: {seqs[:12]}")
-            boards[s.name] = {"boots": len(boots), "published": len(t.ledger), "acked": len(t.acked),
-                              "power_cuts": s.power_cuts, "network_cuts": s.network_cuts,
-                              "recovered": t.recovered(), "torn_lines": t.torn}
-        return ledger, boards, failures
+        return check_slots(self)
 
     def _judge(self, elapsed: float) -> FleetResult:
-        failures = [self.observer_trouble] if self.observer_trouble else []
-        seen = Counter(k[:4] for k in (self.observer.copies() if self.observer else []))
-        ledger, boards, more = self._board_results()
-        failures += more
-        # without an observer (a slice of a spread fleet) the driver's observer judges the losses
-        lost = tally(ledger, seen)[0] if self.observer is not None else []
-        per_board = Counter(r["device"] for r in lost)
-        for name, b in boards.items():
-            b["received"] = self.observer.received(name) if self.observer else None
-            b["lost"] = per_board[name]
-        def examples(rows):
-            return f"e.g. {[(r['device'], r['boot'], r['qos'], r['seq']) for r in rows[:5]]}"
-
-        # the observer's copies: what reached the broker's subscribers (its duplicates are the broker's
-        # and the devices' doing, counted in the summary; the landing is where exactly once is judged)
-        _, per_qos = tally(ledger, seen)
-        for why in verdict({q: {"lost": c["lost"]} for q, c in per_qos.items()})["reasons"] if self.observer else ():
-            failures.append(f"observer: {why} (accepted, never reached the broker's subscriber), {examples(lost)}")
-        dups = Counter({q: c["duplicated"] for q, c in per_qos.items() if c["duplicated"]})
-        landing = None
-        if self.landing is not None:
-            unlanded, landed = tally(ledger, self.landing.copies)
-            ldups = {q: c["duplicated"] for q, c in landed.items() if c["duplicated"]}
-            landing = {"rows": self.landing.rows, "unique": len(self.landing.copies), "files": self.landing.files(),
-                       "lost": len(unlanded), "duplicates": {str(q): n for q, n in sorted(ldups.items())},
-                       "collectors": {c.proc.id: dict(c.proc.stats(), landed=self.landing.by_collector[c.proc.id])
-                                      for c in self.collectors}}
-            for c in self.collectors:
-                failures += c.unexpected
-            for why in verdict(landed)["reasons"]:
-                twice = [dict(zip(KEY, k))
-                         for k, n in self.landing.copies.items() if n > 1 and k[2] == 2]
-                failures.append(f"landing: {why}, {examples(unlanded if 'lost' in why else twice)}")
-        self.out.mkdir(parents=True, exist_ok=True)
-        write_ledger(ledger, self.out / "ledger.jsonl")
-        with open(self.out / "faults.jsonl", "w") as f:
-            for r in self._fault_rows():
-                f.write(json.dumps(r) + "\n")
-        with open(self.out / "received.jsonl", "w") as f:
-            for d, b, q, sq, topic, ts in (self.observer.copies() if self.observer else []):
-                f.write(json.dumps({"device": d, "boot": b, "seq": sq, "qos": q, "topic": topic, "recv_ts": ts}) + "\n")
-        for s in self.slots:
-            if s.proxy is not None:
-                s.proxy.write_log(self.out / "boards" / s.name / "packets.jsonl", events=True)
-        summary = {"scenario": self.scenario.name, "source": self.scenario.source, "seed": self.seed,
-                   "boards": boards, "ledger_rows": len(ledger), "lost": len(lost),
-                   "duplicates": {str(q): n for q, n in dups.items()}, "failures": failures,
-                   "replay": self.replay, "elapsed_s": round(elapsed, 2),
-                   "relays": any(s.proxy is not None for s in self.slots),
-                   # packets.jsonl times are time.monotonic(): this offset puts them on the wall clock
-                   "wall_minus_monotonic": time.time() - time.monotonic(),
-                   "schedule": [f.as_dict() for f in self.schedule], "landing": landing,
-                   "broker": (f"external {self.external.name}" + (f" ({self.tls.describe()})" if self.tls else "")
-                              if self.external is not None
-                              else f"own Mosquitto on {self.broker.host}:{self.broker.port}" if self.broker else None),
-                   "skipped_faults": [r for r in self._fault_rows() if r["status"] == "skipped"],
-                   **self._summary_extra()}
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
-        return FleetResult(ok=not failures, seed=self.seed, failures=failures, replay=self.replay, out=self.out,
-                           boards=boards, ledger_rows=len(ledger), lost=lost, duplicates=dups,
-                           faults=self._fault_rows(), elapsed=elapsed, summary=summary,
-                           landing=landing)
+        return judge(self, elapsed)

@@ -39,10 +39,21 @@ def verdict(per_qos: dict) -> dict:
 
 
 def tally(ledger: list, copies: Counter) -> tuple[list, dict]:
-    """The QoS >= 1 ledger rows with no copy in ``copies`` (message key -> copies), and the per-QoS
-    counts :func:`verdict` takes: ``{qos: {"lost": n, "duplicated": n}}`` (duplicated: copies past
-    the first, of every message in ``copies``)."""
-    lost = [r for r in ledger if r["qos"] and message_key(r) not in copies]
+    """The QoS >= 1 ledger messages with no copy in ``copies`` (message key -> copies), and the
+    per-QoS counts :func:`verdict` takes: ``{qos: {"lost": n, "duplicated": n}}``.
+
+    The one definition, the Spark audit's too (audit.audit_frame; tests/host/test_judge_spark.py
+    holds them to the same counts): *lost* = messages of the ledger (one per key, however many rows
+    name it) with no copy; *duplicated* = copies past the first, of every message in ``copies``
+    (the ledger's or not)."""
+    seen = set()
+    lost = []
+    for r in ledger:
+        if r["qos"]:
+            key = message_key(r)
+            if key not in copies and key not in seen:
+                lost.append(r)
+            seen.add(key)
     per_qos: dict = {}
     for r in lost:
         per_qos.setdefault(r["qos"], {"lost": 0, "duplicated": 0})["lost"] += 1
