@@ -109,7 +109,7 @@ def _report(spark, args) -> int:
     from .report import run_report
 
     res = run_report(spark, args.audit, args.out, landing=args.landing, bucket=args.bucket,
-                     faults=args.faults)
+                     faults=args.faults, observer=args.observer)
     print(f"report written to {res['index']}")
     return EXIT_OK
 
@@ -162,18 +162,25 @@ def add_subcommands(subparsers) -> None:
         "report", help="HTML report with plots, and the terminal summary",
         description="Reads an audit output directory (and the landing data) and writes OUT/index.html, "
                     "one self-contained page (inline SVG plots): delivery over time with the faults, "
-                    "latency per QoS, which messages were lost, duplicated or reordered.")
+                    "latency per QoS, which messages were lost (and where: before the broker or between "
+                    "broker and landing, with the fault that overlapped each one's flight), duplicated or "
+                    "reordered, every fault of the run, each board's reboots, links to the run's logs.")
     p.add_argument("--audit", required=True, help="audit output directory (from tern audit --out)")
     p.add_argument("--out", required=True, help="report directory")
     p.add_argument("--landing", help="landing root (default: the one recorded by the audit)")
     p.add_argument("--faults", help="the run's faults.jsonl, drawn over the time plots (default: "
                                     "faults.jsonl beside the landing directory, if there is one)")
+    p.add_argument("--observer", help="copies a subscriber of its own received (JSON lines or Parquet: device, boot, "
+                                      "qos, seq, recv_ts), which say whether a loss happened before the broker or "
+                                      "after it (default: the audit's --order-ref, else received.jsonl beside the "
+                                      "landing directory, if there is one)")
     p.add_argument("--bucket", type=float, default=None,
                    help="time bucket in seconds for the time plots (default: about 60 buckets)")
     _spark_options(p)
     p.set_defaults(func=_runner("report", _report), local_inputs=lambda a: [
         ("audit", a.audit), *([("landing", a.landing)] if a.landing else []),
-        *([("fault log", a.faults)] if a.faults else [])])
+        *([("fault log", a.faults)] if a.faults else []),
+        *([("observer's copies", a.observer)] if a.observer else [])])
 
 
 def main(argv=None) -> int:
