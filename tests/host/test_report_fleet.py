@@ -1,6 +1,7 @@
 """The report of a real fleet run whose collector is killed holding QoS 0 readings it has received and
 not yet written: those losses are said to be between broker and landing, and the collector kill is the
-fault named for them; the fault log, the reboots and the log links are those of the run."""
+fault named for them; the fault log, the reboots (each board's power is cut at a flash operation) and
+the log links are those of the run."""
 
 import html as _html
 import json
@@ -18,10 +19,10 @@ from ternlab.pipeline.audit import run_audit
 TERN = str(Path(sys.executable).with_name("tern"))
 SCENARIO = """
 name = "kill-qos0"
-description = "2 boards, QoS 0 and 1, one collector with 2 s batches, killed once"
+description = "2 boards, QoS 0 and 1, a power cut at a flash operation on each, one collector with 2 s batches, killed once"
 boards = 2
 profile = "unix-emulated"
-duration = 8.0
+duration = 9.0
 warmup = 2.0
 settle = 30.0
 
@@ -38,10 +39,18 @@ group = "kill"
 batch_time = 2.0
 
 [[faults]]
+kind = "power_cut"
+per_board = true
+at = "flash_op"
+flash_ops = [2, 10]
+off = [0.3, 0.5]
+window = [2.0, 2.5]
+
+[[faults]]
 kind = "collector_kill"
 count = 1
 down = [1.0, 1.5]
-window = [3.0, 4.0]
+window = [4.0, 5.0]
 """
 
 
@@ -97,5 +106,11 @@ def test_the_report_lists_the_faults_and_links_the_logs(run):
     for href in [*logs["boards"].values(), *logs["collectors"].values()]:
         assert f'href="{href}"' in page and not os.path.isabs(href)
         assert (out / "report" / href).resolve().is_file()
-    # nothing rebooted in this run, and the page says so
-    assert res["reboots"] == [] and "No board rebooted." in page
+    # every reboot is one of the power cuts' (an arm's power cycle, power back after the cut), on its board
+    reboots = res["reboots"]
+    assert {r["device"] for r in reboots} == {"board-000", "board-001"}, reboots
+    for r in reboots:
+        assert r["unexplained"] == 0 and len(r["explained_by"]) == r["reboots"] >= 1, r
+        assert all(f["kind"] == "power_cut" and f["target"] == r["device"] for f in r["explained_by"]), r
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page.split('<section id="reboots">')[1].split("</section>")[0]))
+    assert "unexplained" not in text.split("unexplained", 1)[1] and "power_cut" in text

@@ -76,6 +76,8 @@ def test_every_fault_is_in_the_log_with_what_became_of_it():
         3: ("skipped", [], []),                          # listed, acted nowhere
     }  # a record without a wall time cannot be placed: left out
     assert "unfired: the run ended first" in faults[0]["detail"]
+    # in the log, a fault lasts from its first span to the end of its last
+    assert [(f["start"], f["end"]) for f in faults] == [(5.0, 5.0), (6.0, 8.0), (9.0, 9.5), (10.0, 10.0)]
 
 
 def test_every_reboot_is_explained_or_said_unexplained():
@@ -92,6 +94,7 @@ def test_every_reboot_is_explained_or_said_unexplained():
         (1, 2, 1, [], 1),    # board-001's cut at 40-41 is not this board's
         (2, 4, 2, [1], 1),   # two boots, one power back: one unexplained
     ]
+    assert [r["events"] for r in rows] == [["#0 power_cut: the power cycle that armed it"], [], ["#1 power_cut: power back"]]
 
 
 def test_flight_ends_at_the_expected_landing():

@@ -52,10 +52,10 @@ class FaultLogError(ValueError):
 
 def fault_log(records) -> list[dict]:
     """Every fault of a run's fault records (``faults.jsonl`` rows, in order), one dict each:
-    ``index, kind, target, outcome, detail, start, end, spans, boots``. ``spans``: (start, end) in
-    which it acted (end None: to the end of the run); ``boots``: the times it booted its board (an
-    arm's power cycle, power back). ``start``/``end``: its first span (or first record). Records
-    without a wall time (``ts``) are left out."""
+    ``index, kind, target, outcome, detail, start, end, spans, boots, boot_causes``. ``spans``: (start,
+    end) in which it acted (end None: to the end of the run); ``boots``: the times it booted its board
+    (an arm's power cycle, power back), ``boot_causes`` what each was. ``start``/``end``: from its first
+    span (or first record) to the end of its last. Records without a wall time (``ts``) are left out."""
     faults: dict = {}
     for n, r in enumerate(records, 1):
         try:
@@ -66,13 +66,15 @@ def fault_log(records) -> list[dict]:
             continue
         ts = float(ts)
         f = faults.setdefault(idx, {"index": idx, "kind": r.get("kind", "?"), "target": r.get("target", "?"),
-                                    "statuses": [], "details": [], "spans": [], "boots": [], "first": ts})
+                                    "statuses": [], "details": [], "spans": [], "boots": [], "boot_causes": {},
+                                    "first": ts})
         f["statuses"].append(status)
         if r.get("detail"):
             f["details"].append(f"{status}: {r['detail']}")
         if status == "armed":
             f["spans"].append([ts, ts])  # the power cycle that arms the cut
             f["boots"].append(ts)
+            f["boot_causes"][ts] = "the power cycle that armed it"
         elif status in ("injected", "fired"):
             f["spans"].append([ts, None])
         elif status == "restored":
@@ -81,6 +83,7 @@ def fault_log(records) -> list[dict]:
                 open_[-1][1] = ts
             if f["kind"] == "power_cut":
                 f["boots"].append(ts)
+                f["boot_causes"][ts] = "power back"
     out = []
     for f in faults.values():
         st = f.pop("statuses")
@@ -91,7 +94,8 @@ def fault_log(records) -> list[dict]:
         else:
             outcome = " -> ".join(dict.fromkeys(st))
         spans = [tuple(s) for s in f["spans"]]
-        start, end = spans[0] if spans else (f["first"], f["first"])
+        start = spans[0][0] if spans else f["first"]  # from its first span to the end of its last
+        end = None if any(b is None for _, b in spans) else max((b for _, b in spans), default=start)
         out.append(dict(f, outcome=outcome, spans=spans, start=start, end=end,
                         detail="; ".join(f.pop("details"))))
     return sorted(out, key=lambda f: (f["start"], f["index"]))
@@ -139,7 +143,8 @@ def flight(sent: float, reached_broker: float | None, delay: float) -> tuple:
 def explain_reboots(windows: dict, faults: list[dict]) -> list[dict]:
     """Each rise of each device's boot counter, explained. ``windows``: device -> [(boot, first send,
     last send)] in boot order. Rows: ``device, from_boot, to_boot, after, before, reboots,
-    explained_by`` (the faults whose boot events fall in ``[after, before]``, each used once) and
+    explained_by`` (the faults whose boot events fall in ``[after, before]``, each used once),
+    ``events`` (what each was, as text) and
     ``unexplained`` (reboots no fault accounts for)."""
     rows = []
     for device in sorted(windows):
@@ -154,5 +159,7 @@ def explain_reboots(windows: dict, faults: list[dict]) -> list[dict]:
             used.update(hits)
             by = {f["index"]: f for f in faults}
             rows.append({"device": device, "from_boot": b0, "to_boot": b1, "after": last, "before": first,
-                         "reboots": n, "explained_by": [by[i] for _, i in hits], "unexplained": n - len(hits)})
+                         "reboots": n, "explained_by": [by[i] for _, i in hits],
+                         "events": [f"#{i} {by[i]['kind']}: {by[i]['boot_causes'].get(t, 'boot')}" for t, i in hits],
+                         "unexplained": n - len(hits)})
     return rows
