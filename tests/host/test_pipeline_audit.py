@@ -237,13 +237,15 @@ def test_audit_exit_status(spark, fleet_set, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, needle", [
     (["audit", "/nonexistent/landing", "--out", "/tmp/x"], "landing path not found: /nonexistent"),
-    (["audit", ".", "--out", "/tmp/x", "--ledger", "/nonexistent/ledger"], "ledger path not found"),
-    (["audit", ".", "--out", "/tmp/x", "--conf", "spark.foo"], "--conf expects key=value"),
+    (["audit", "LANDING", "--out", "/tmp/x", "--ledger", "/nonexistent/ledger"], "ledger path not found"),
+    (["audit", "LANDING", "--out", "/tmp/x", "--conf", "spark.foo"], "--conf expects key=value"),
     # Spark's own failure here is a Python traceback about the Java gateway, and status 1 (= FAIL)
-    (["audit", ".", "--out", "/tmp/x", "--master", "banana"],
+    (["audit", "LANDING", "--out", "/tmp/x", "--master", "banana"],
      "--master 'banana' is not a Spark master URL"),
 ])
-def test_bad_input_is_one_clear_line(argv, needle, capsys):
+def test_bad_input_is_one_clear_line(argv, needle, capsys, tmp_path):
+    (tmp_path / "landing" / ".tern").mkdir(parents=True)  # a collector's landing, nothing landed yet
+    argv = [str(tmp_path / "landing") if a == "LANDING" else a for a in argv]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and err[0].startswith("tern audit: error:")
@@ -252,7 +254,8 @@ def test_bad_input_is_one_clear_line(argv, needle, capsys):
 def _run_cli_without_java(tmp_path, env_update):
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env.update(env_update)
-    return subprocess.run([sys.executable, "-m", "ternlab.pipeline.cli", "audit", str(tmp_path),
+    (tmp_path / "landing" / ".tern").mkdir(parents=True, exist_ok=True)  # a collector's landing
+    return subprocess.run([sys.executable, "-m", "ternlab.pipeline.cli", "audit", str(tmp_path / "landing"),
                            "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, timeout=120)
 
@@ -409,7 +412,12 @@ def test_empty_landing_is_an_error_not_a_pass(spark, tmp_path, capsys):
     pq.write_table(pa.Table.from_pylist([{"payload_raw": b"x", "reason": "payload is not JSON",
                                           "recv_ts": 1.7e9, "topic": "t", "collector": "c"}],
                                         schema=QUARANTINE_ARROW), str(q / "q-c-1.parquet"))
-    for name in ("empty", "qonly"):
+    # an empty folder is not a landing (said before Spark starts, tests/host/test_pipeline_inputs.py)
+    assert cli.main(["audit", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"tern audit: error: {tmp_path / 'empty'} is empty: pass the folder the collectors wrote "
+                   "(tern collect LANDING: date=*/hour=*/part-*.parquet)"], err
+    for name in ("qonly",):
         assert cli.main(["audit", str(tmp_path / name), "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"tern audit: error: no landing rows under {tmp_path / name}: nothing to audit "

@@ -19,7 +19,7 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--hide-scrollbars")
 FAIL_RGB, PASS_RGB = (0xB0, 0x00, 0x20), (0x17, 0x6B, 0x2C)  # the verdict's colours in the template
-SECTIONS = ("verdict", "delivery", "latency", "problems", "devices", "faults")
+SECTIONS = ("verdict", "delivery", "latency", "problems", "devices", "faults", "reboots", "logs")
 
 
 def chromium(page, tmp_path, *args) -> str:
@@ -103,7 +103,7 @@ def test_report_is_one_self_contained_page(lossy_report):
     # nothing to fetch: no image files, scripts, style sheets or fonts from elsewhere
     assert not re.search(r"<img|<script|<link|<iframe|src=|url\((?!#)|@import", page)
     assert page.count("<svg") == 3 and res["plots"] == ["delivery", "latency", "problems"]
-    assert res["faults"] == 2
+    assert res["faults"] == 3  # every fault of the log, the skipped one too
     assert "Verdict: FAIL" in page
     for reason in summary["verdict"]["reasons"]:
         assert _html.escape(reason) in page
@@ -142,16 +142,17 @@ def test_latency_is_drawn_per_qos_with_the_audits_percentiles(spark, fleet_set, 
     assert "log scale" in svg and all(f"QoS {k}: p50" in svg for k in q)
 
 
-def test_fault_log_becomes_spans_and_explains_problems(tmp_path, spark):
-    spans = report.load_faults(spark, write_faults(tmp_path / "f.jsonl", 1000.0))
-    # the armed-only phase and the skipped fault did nothing: not drawn
-    assert [(s["index"], s["kind"], s["target"], s["start"], s["end"]) for s in spans] == [
-        (0, "power_cut", "dev-0000", 1020.0, 1030.0), (1, "network_cut", "dev-0001", 1050.0, 1060.0)]
-    p = {"device": "dev-0000", "ts": 1033.0}
-    assert report.fault_for(p, spans)["index"] == 0
-    assert report.fault_for(dict(p, device="dev-0001"), spans) is None
-    assert report.fault_for(dict(p, ts=1030 + report.FAULT_REACH_S + 1), spans) is None
-    (tmp_path / "bad.jsonl").write_text('{"index": 0}\n')
+def test_fault_log_lists_every_fault_with_the_spans_it_acted_in(tmp_path, spark):
+    faults = report.load_faults(spark, write_faults(tmp_path / "f.jsonl", 1000.0))
+    # every fault, the skipped one too; the arm's power cycle is a span (and a boot) of its own
+    assert [(f["index"], f["kind"], f["target"], f["outcome"], f["spans"], f["boots"]) for f in faults] == [
+        (0, "power_cut", "dev-0000", "armed -> fired -> restored", [(1015.0, 1015.0), (1020.0, 1030.0)],
+         [1015.0, 1030.0]),
+        (1, "network_cut", "dev-0001", "injected -> restored", [(1050.0, 1060.0)], []),
+        (2, "broker_restart", "broker", "skipped", [], [])]
+    assert [(s["index"], s["start"], s["end"]) for s in report.fault_spans(faults)] == [
+        (0, 1015.0, 1015.0), (0, 1020.0, 1030.0), (1, 1050.0, 1060.0)]
+    (tmp_path / "bad.jsonl").write_text('{"kind": "x"}\n\n{"index": 0}\n')
     with pytest.raises(report.PipelineError, match="bad.jsonl:1: not a fault record"):
         report.load_faults(spark, str(tmp_path / "bad.jsonl"))
 
@@ -199,5 +200,5 @@ def test_chromium_shows_pass_and_no_empty_loss_plot_when_nothing_went_wrong(clea
     assert all(rows == [] for rows in lists.values()) and len(lists) == 4
     assert "None: no device lost, duplicated or reordered a message." in sections["devices"][0]
     # the fault log beside the landing directory was found by itself
-    assert res["faults"] == 2 and "power_cut dev-0000" in sections["faults"][0]
+    assert res["faults"] == 3 and "power_cut dev-0000" in sections["faults"][0]
     assert pixels(img, PASS_RGB, slice(0, 300)) > 100 and pixels(img, FAIL_RGB) == 0

@@ -268,9 +268,10 @@ class Fleet:
             self._record(f, "injected", s.name, f"SIGKILL, off {f.params['off']:.2f} s")
         else:
             n = f.params["flash_op"]
+            # recorded first: its time is the power cycle's (a reboot of its own, fired or not: the report's)
+            s.armed = self._record(f, "armed", s.name, f"power-cycled; power fails at flash operation {n} of this boot")
             s.board.power_cycle(cut_at=n, seed=self.seed * 1009 + f.index, wait=False)
             s.boot_by = time.monotonic() + BOOT_TIMEOUT
-            s.armed = self._record(f, "armed", s.name, f"power-cycled; power fails at flash operation {n} of this boot")
 
     def _housekeep(self, s: _Slot, restore_all: bool = False) -> None:
         now = self.now()

@@ -16,6 +16,9 @@ Modules:
   pass rule (used by the audit, the fleet and the demo);
 - ``rollup``   -- per device and time window statistics of each reading, batch or Structured Streaming;
 - ``report``   -- an HTML page (``templates/``) with inline plots and the rich terminal summary;
+- ``losses``   -- the report's rules: where a message was lost, the fault that overlapped its flight, every
+  fault's outcome and spans, each reboot explained (plain Python);
+- ``inputs``   -- what a folder given to a pipeline command is, said in one line before Spark starts;
 - ``generate`` -- a seeded synthetic landing set (and ledger) with known injected faults;
 - ``cli``      -- the ``collect``, ``audit``, ``rollup`` and ``report`` subcommands of ``tern``.
 

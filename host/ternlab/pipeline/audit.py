@@ -79,8 +79,9 @@ TAIL_NOTE = ("expected was inferred per (device, boot, qos) as max(seq)+1 of wha
 
 # --- reading ---------------------------------------------------------------------------------------
 
-def read_landing(spark: SparkSession, root: str) -> DataFrame:
-    """Landing rows under ``root`` (``date=*/hour=*`` partitions; else ``root`` is read as is)."""
+def read_landing(spark: SparkSession, root: str, written: bool = False) -> DataFrame:
+    """Landing rows under ``root`` (``date=*/hour=*`` partitions; else ``root`` is read as is);
+    ``written``: also ``written_ts``, when the row's file was written (its modification time)."""
     if not path_exists(spark, root):
         raise PipelineError(f"landing path not found: {root}")
     reader = spark.read.schema(schema.landing_schema())
@@ -97,7 +98,14 @@ def read_landing(spark: SparkSession, root: str) -> DataFrame:
               else spark.createDataFrame([], schema.landing_schema()))
     else:
         df = reader.parquet(root)
-    return df.select(*schema.LANDING_FIELDS)
+    if not written:
+        return df.select(*schema.LANDING_FIELDS)
+    when = F.col("_metadata.file_modification_time").cast("double")
+    try:  # a file source's hidden column (select analyses at once); the empty frame of a landing has none
+        df.select(when)
+    except Exception:
+        when = F.lit(None).cast("double")
+    return df.select(*schema.LANDING_FIELDS, when.alias("written_ts"))
 
 
 def _why_invalid(fields) -> "F.Column":

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .spark import PipelineError, SparkJob, check_local_input, parse_confs, spark_error_line
+from . import inputs
+from .spark import PipelineError, SparkJob, check_master, parse_confs, spark_error_line
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -50,8 +51,10 @@ def _runner(name: str, job):
 
         try:
             confs = parse_confs(args.conf)
-            for what, path in getattr(args, "local_inputs", lambda a: [])(args):
-                check_local_input(path, what)
+            check_master(args.master)
+            # what each path is, before Spark starts: a wrong folder is one line naming what it is
+            for kind, path in getattr(args, "local_inputs", lambda a: [])(args):
+                inputs.check(kind, path)
             sj = SparkJob(f"tern-{name}", args.master, confs, args.spark_log)
         except PipelineError as e:
             return fail(str(e))
@@ -106,7 +109,7 @@ def _report(spark, args) -> int:
     from .report import run_report
 
     res = run_report(spark, args.audit, args.out, landing=args.landing, bucket=args.bucket,
-                     faults=args.faults)
+                     faults=args.faults, observer=args.observer)
     print(f"report written to {res['index']}")
     return EXIT_OK
 
@@ -135,7 +138,7 @@ def add_subcommands(subparsers) -> None:
                         "first 200 of each kind; all of them are in OUT/problems)")
     _spark_options(p)
     p.set_defaults(func=_runner("audit", _audit), local_inputs=lambda a: [
-        ("landing path", a.landing), *([("ledger path", a.ledger)] if a.ledger else []),
+        ("landing", a.landing), *([("ledger", a.ledger)] if a.ledger else []),
         *([("order reference", a.order_ref)] if a.order_ref else [])])
 
     p = subparsers.add_parser(
@@ -153,24 +156,31 @@ def add_subcommands(subparsers) -> None:
                    help="with --stream: process what is there now and stop (availableNow trigger)")
     p.add_argument("--checkpoint", help="with --stream: checkpoint location (default OUT/_checkpoint)")
     _spark_options(p)
-    p.set_defaults(func=_runner("rollup", _rollup), local_inputs=lambda a: [("landing path", a.landing)])
+    p.set_defaults(func=_runner("rollup", _rollup), local_inputs=lambda a: [("landing", a.landing)])
 
     p = subparsers.add_parser(
         "report", help="HTML report with plots, and the terminal summary",
         description="Reads an audit output directory (and the landing data) and writes OUT/index.html, "
                     "one self-contained page (inline SVG plots): delivery over time with the faults, "
-                    "latency per QoS, which messages were lost, duplicated or reordered.")
+                    "latency per QoS, which messages were lost (and where: before the broker or between "
+                    "broker and landing, with the fault that overlapped each one's flight), duplicated or "
+                    "reordered, every fault of the run, each board's reboots, links to the run's logs.")
     p.add_argument("--audit", required=True, help="audit output directory (from tern audit --out)")
     p.add_argument("--out", required=True, help="report directory")
     p.add_argument("--landing", help="landing root (default: the one recorded by the audit)")
     p.add_argument("--faults", help="the run's faults.jsonl, drawn over the time plots (default: "
                                     "faults.jsonl beside the landing directory, if there is one)")
+    p.add_argument("--observer", help="copies a subscriber of its own received (JSON lines or Parquet: device, boot, "
+                                      "qos, seq, recv_ts), which say whether a loss happened before the broker or "
+                                      "after it (default: the audit's --order-ref, else received.jsonl beside the "
+                                      "landing directory, if there is one)")
     p.add_argument("--bucket", type=float, default=None,
                    help="time bucket in seconds for the time plots (default: about 60 buckets)")
     _spark_options(p)
     p.set_defaults(func=_runner("report", _report), local_inputs=lambda a: [
-        ("audit directory", a.audit), *([("landing path", a.landing)] if a.landing else []),
-        *([("fault log", a.faults)] if a.faults else [])])
+        ("audit", a.audit), *([("landing", a.landing)] if a.landing else []),
+        *([("fault log", a.faults)] if a.faults else []),
+        *([("observer's copies", a.observer)] if a.observer else [])])
 
 
 def main(argv=None) -> int:

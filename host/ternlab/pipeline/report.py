@@ -10,9 +10,12 @@ over time, latency) and, when there is one, the run's fault log (``faults.jsonl`
 - delivery over time: messages received per bucket and QoS, empty buckets drawn as zero, faults shaded;
 - latency: the CDF of each QoS on a log axis, p50/p95/p99 marked, and a percentile table;
 - problems: a timeline per device of what was lost (QoS >= 1 apart from QoS 0, which may lose),
-  duplicated or reordered, with the faults, and the lists of which (device, boot, seq), each with the
-  fault it followed;
-- the devices with most problems (only devices that have any), the fault log.
+  duplicated or reordered, with the faults, and the lists of which (device, boot, seq); each lost one
+  localised (on the device or before the broker / between broker and landing, by the observer's
+  copies) with the fault that overlapped its flight (the rules: :mod:`.losses`);
+- the devices with most problems (only devices that have any); the fault log, every fault whatever
+  became of it; each board's reboots, explained by a fault or not; links to the boards' consoles and
+  the collectors' logs of the run.
 
 Only aggregated rows (buckets, quantiles, per-device cells, the audit's bounded lists) reach the driver.
 """
@@ -27,9 +30,13 @@ import math
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from pyspark.sql import Window
+
 from ..term import print_table
-from .audit import PROBLEM_KINDS, messages, read_landing
-from .spark import PipelineError, join, path_exists, read_bytes, write_bytes
+from . import losses
+from .audit import PROBLEM_KINDS, messages, read_landing, read_ledger, read_order_ref
+from .judge import KEY, STREAM
+from .spark import PipelineError, is_local, join, local_part, path_exists, read_bytes, write_bytes
 
 NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 MAX_TIMELINE_DEVICES = 40
@@ -43,8 +50,8 @@ FAULT_STYLE = {"power_cut": ("#d62728", "power cut"), "network_cut": ("#ff7f0e",
                "broker_restart": ("#9467bd", "broker restart"),
                "collector_kill": ("#8c564b", "collector killed")}
 QOS_COLOR = {0: "#7f7f7f", 1: "#1f77b4", 2: "#2ca02c"}
-# a fault explains a problem seen up to this long after it ended (reconnect backoff, resends)
-FAULT_REACH_S = 10.0
+MAX_BOOT_ROWS = 10000  # (device, boot) rows read for the reboots table
+MAX_LOGS = 1000        # log links listed
 
 
 def load_summary(spark: SparkSession, audit_dir: str) -> dict:
@@ -144,42 +151,118 @@ def print_summary(summary: dict, console=None, problems: bool = False) -> None:
 # --- faults ----------------------------------------------------------------------------------------
 
 def load_faults(spark, path: str) -> list[dict]:
-    """The faults of a run's ``faults.jsonl`` as spans ``{index, kind, target, start, end, detail}``
-    (wall-clock seconds; ``end`` None while the fault lasted to the end). A fault starts when it was
-    injected (or, for a power cut armed at a flash operation, when it fired) and ends when restored;
-    skipped and unfired faults did nothing and are left out, as are records without a wall time."""
-    spans = {}
+    """Every fault of a run's ``faults.jsonl`` (:func:`.losses.fault_log`: its outcome, the spans in
+    which it acted, the boots it caused), whatever became of it."""
+    records, lines = [], []
     for n, line in enumerate(read_bytes(spark, path).decode().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            r = json.loads(line)
-            idx, status = r["index"], r["status"]
-        except (ValueError, KeyError, TypeError):
+            records.append(json.loads(line))
+        except ValueError:
             raise PipelineError(f"{path}:{n}: not a fault record") from None
-        if r.get("ts") is None:
-            continue
-        if status in ("injected", "fired") and idx not in spans:
-            spans[idx] = {"index": idx, "kind": r.get("kind", "?"), "target": r.get("target", "?"),
-                          "start": float(r["ts"]), "end": None, "detail": r.get("detail", "")}
-        elif status == "restored" and idx in spans:
-            spans[idx]["end"] = float(r["ts"])
-    return sorted(spans.values(), key=lambda s: (s["start"], s["index"]))
+        lines.append(n)
+    try:
+        return losses.fault_log(records)
+    except losses.FaultLogError as e:
+        raise PipelineError(f"{path}:{lines[e.n - 1]}: not a fault record") from None
 
 
-def fault_for(p: dict, spans: list[dict]) -> dict | None:
-    """The fault a problem most likely followed: the latest one that started before it, on its device
-    or on what every device shares (broker, collectors), and ended less than FAULT_REACH_S before it."""
-    ts = p.get("ts")
-    if ts is None:
-        return None
-    best = None
-    for s in spans:
-        shared = s["kind"] in ("broker_restart", "collector_kill")
-        if (shared or s["target"] == p["device"]) and s["start"] <= ts and (
-                s["end"] is None or ts <= s["end"] + FAULT_REACH_S):
-            best = s
-    return best
+def fault_spans(faults: list[dict]) -> list[dict]:
+    """The spans of the faults, one dict each (``index, kind, target, start, end``), for the plots."""
+    return sorted(({"index": f["index"], "kind": f["kind"], "target": f["target"], "start": a, "end": b}
+                   for f in faults for a, b in f["spans"]), key=lambda s: (s["start"], s["index"]))
+
+
+# --- where each loss happened ----------------------------------------------------------------------
+
+def landing_delay(land) -> float:
+    """The longest a landed copy waited between its receipt and the write of its file (seconds; 0
+    when unknown): how long after the broker had a message it should have landed."""
+    v = land.agg(F.max(F.col("written_ts") - F.col("recv_ts"))).first()[0]
+    return max(float(v), 0.0) if v is not None else 0.0
+
+
+def _judged(r: dict, faults: list[dict], delay: float) -> dict:
+    fl = losses.flight(r["sent"], None if r["open"] else r["reached"], delay)
+    return dict(r, flight=fl, fault=losses.blame(r["device"], r["where"], fl, faults))
+
+
+def lost_runs(land, led, ref, faults: list[dict], delay: float, limit: int = 200) -> dict:
+    """The lost messages of a ledger, localised: runs of consecutive seqs of a stream lost at the
+    same place (:mod:`.losses`), the first ``limit`` of QoS >= 1 and of QoS 0, each with its flight
+    and the fault named for it; and the messages lost per QoS and place.
+
+    A message the observer saw (``ref``) was lost after the broker, one it never saw before; its flight
+    ends when the broker had it -- its observer copy, or the observer's first copy of a later message
+    of the device -- plus the landing ``delay``. Without ``ref`` the place is unknown and the
+    landing's first copies stand in for the observer's."""
+    m = led.select(*KEY, "sent_ts").dropDuplicates(list(KEY))
+    m = m.join(land.select(*KEY).distinct().withColumn("_landed", F.lit(1)), list(KEY), "left")
+    copies = ref if ref is not None else land
+    m = m.join(copies.groupBy(*KEY).agg(F.min("recv_ts").alias("_seen")), list(KEY), "left")
+    where = (F.when(F.col("_seen").isNotNull(), F.lit(losses.PIPELINE)).otherwise(F.lit(losses.DEVICE))
+             if ref is not None else F.lit(losses.UNKNOWN))
+    later = Window.partitionBy("device").orderBy("sent_ts", "boot", "qos", "seq").rowsBetween(
+        1, Window.unboundedFollowing)
+    m = m.withColumn("_next", F.min("_seen").over(later))
+    lost = m.filter(F.col("_landed").isNull()).select(
+        *KEY, "sent_ts", where.alias("where"), F.coalesce("_seen", "_next").alias("_reached"))
+    w = Window.partitionBy(*STREAM, "where").orderBy("seq")
+    runs = (lost.withColumn("_run", F.col("seq") - F.row_number().over(w))
+            .groupBy(*STREAM, "where", "_run")
+            .agg(F.min("seq").alias("seq"), F.max("seq").alias("seq_to"), F.count(F.lit(1)).alias("count"),
+                 F.min("sent_ts").alias("sent"), F.max("_reached").alias("reached"),
+                 F.max(F.col("_reached").isNull().cast("int")).alias("open"))
+            .drop("_run")).cache()
+    try:
+        counts: dict = {}
+        for r in runs.groupBy("qos", "where").agg(F.sum("count").alias("n"), F.count(F.lit(1)).alias("rows")).collect():
+            counts.setdefault(int(r["qos"]), {})[r["where"]] = {"messages": int(r["n"]), "rows": int(r["rows"])}
+        order = ["device", "boot", "qos", "seq", "where"]
+        rows = {k: [_judged(r.asDict(), faults, delay) for r in runs.filter(cond).orderBy(*order).limit(limit).collect()]
+                for k, cond in (("qos1", F.col("qos") >= 1), ("qos0", F.col("qos") == 0))}
+    finally:
+        runs.unpersist()
+    return {"rows": rows, "counts": counts, "delay": delay}
+
+
+def boot_windows(df) -> dict:
+    """device -> [(boot, first send, last send)] from ledger or landing rows (the first
+    MAX_BOOT_ROWS (device, boot) pairs)."""
+    out: dict = {}
+    for r in (df.filter(F.col("sent_ts").isNotNull()).groupBy("device", "boot")
+              .agg(F.min("sent_ts").alias("a"), F.max("sent_ts").alias("b"))
+              .orderBy("device", "boot").limit(MAX_BOOT_ROWS).collect()):
+        out.setdefault(r["device"], []).append((int(r["boot"]), float(r["a"]), float(r["b"])))
+    return out
+
+
+def run_logs(run_dir: str | None, out: str) -> dict:
+    """Links (relative to the report's folder) to each board's console log and each collector's log
+    of a fleet run's folder: ``{"boards": {name: href}, "collectors": {id: href}}`` (local folders only)."""
+    import os
+
+    logs = {"boards": {}, "collectors": {}}
+    if not run_dir or not is_local(run_dir) or not is_local(out):
+        return logs
+    base, here = local_part(run_dir), os.path.abspath(local_part(out))
+    try:
+        boards = sorted(os.listdir(os.path.join(base, "boards")))[:MAX_LOGS]
+    except OSError:
+        boards = []
+    for b in boards:
+        p = os.path.join(base, "boards", b, "console.log")
+        if os.path.isfile(p):
+            logs["boards"][b] = os.path.relpath(os.path.abspath(p), here)
+    try:
+        cols = sorted(os.listdir(os.path.join(base, "collectors")))[:MAX_LOGS]
+    except OSError:
+        cols = []
+    for c in cols:
+        if c.endswith(".log"):
+            logs["collectors"][c[:-4]] = os.path.relpath(os.path.abspath(os.path.join(base, "collectors", c)), here)
+    return logs
 
 
 # --- plots -----------------------------------------------------------------------------------------
@@ -370,29 +453,69 @@ def render_html(ctx: dict) -> str:
     return env.get_template("report.html.j2").render(**ctx)
 
 
-def _problem_lists(summary: dict, spans: list[dict], t0: float) -> list[dict]:
-    """The audit's lists for the page: lost split into QoS >= 1 (the guarantee) and QoS 0 (allowed),
-    each row with the fault it followed."""
+def _audit_lost(spark, land, summary: dict, faults: list[dict], delay: float) -> dict:
+    """Without a ledger: the audit's lost rows (gaps between the seqs received), the place unknown; a
+    gap's flight runs from the send of the message before it (from the run's start at a boot's first
+    seqs) to the arrival of the one after it (the audit's ``ts``) plus the landing delay."""
+    listed = ((summary.get("problems") or {}).get("lost") or {}).get("listed") or []
+    keys = [(p["device"], p["boot"], p["qos"], p["seq"] - 1) for p in listed if p["seq"] > 0]
+    prev = {}
+    if keys:
+        small = spark.createDataFrame(keys, "device string, boot int, qos int, seq long")
+        for r in (land.join(F.broadcast(small), list(KEY)).groupBy(*KEY).agg(F.min("sent_ts").alias("s"))
+                  .collect()):
+            prev[(r["device"], r["boot"], r["qos"], r["seq"] + 1)] = r["s"]
+    rows = {"qos1": [], "qos0": []}
+    for p in listed:
+        r = dict(p, where=losses.UNKNOWN, sent=prev.get((p["device"], p["boot"], p["qos"], p["seq"])),
+                 reached=p["ts"], open=p["ts"] is None)
+        rows["qos1" if p["qos"] >= 1 else "qos0"].append(_judged(r, faults, delay))
+    return {"rows": rows, "counts": None, "delay": delay}
+
+
+def _problem_lists(summary: dict, lost: dict, t0: float) -> list[dict]:
+    """The lists for the page: lost split into QoS >= 1 (the guarantee) and QoS 0 (allowed), each
+    row with where it was lost and the fault that overlapped its flight; duplicated and reordered as
+    the audit listed them."""
     probs = summary.get("problems") or {}
+    counts = lost["counts"]
     out = []
-    for sid, kind, title, keep in (
-            ("lost-qos1", "lost", "Lost at QoS ≥ 1", lambda p: p["qos"] >= 1),
-            ("lost-qos0", "lost", "Lost at QoS 0 (allowed: QoS 0 is at most once)", lambda p: p["qos"] == 0),
+    for sid, kind, title, key in (
+            ("lost-qos1", "lost", "Lost at QoS ≥ 1", "qos1"),
+            ("lost-qos0", "lost", "Lost at QoS 0 (allowed: QoS 0 is at most once)", "qos0"),
             ("duplicated", "duplicated", "Duplicated", None), ("reordered", "reordered", "Reordered", None)):
         got = probs.get(kind) or {"rows": 0, "messages": 0, "listed": []}
-        rows = [dict(p, fault=fault_for(p, spans), dt=None if p["ts"] is None else p["ts"] - t0)
-                for p in got["listed"] if keep is None or keep(p)]
+        if key is None:
+            rows, more = got["listed"], got["rows"] - len(got["listed"])
+        else:
+            rows = lost["rows"][key]
+            if counts is not None:
+                qs = [q for q in counts if (q >= 1) == (key == "qos1")]
+                more = sum(c["rows"] for q in qs for c in counts[q].values()) - len(rows)
+            else:
+                more = got["rows"] - len(got["listed"])
+        rows = [dict(p, dt=None if p["ts"] is None else p["ts"] - t0) for p in rows]
         out.append({"id": sid, "kind": kind, "title": title, "rows": rows,
-                    "messages": sum(p["count"] for p in rows), "more": got["rows"] - len(got["listed"])})
+                    "messages": sum(p["count"] for p in rows), "more": more})
     return out
 
 
+def _where_table(lost: dict) -> list[dict]:
+    """Messages lost per QoS at each place (ledger mode; empty without a ledger)."""
+    counts = lost["counts"] or {}
+    return [{"qos": q, **{w: counts[q].get(w, {}).get("messages", 0) for w in losses.WHERE_TEXT}}
+            for q in sorted(counts)]
+
+
 def run_report(spark: SparkSession, audit_dir: str, out: str, landing: str | None = None,
-               bucket: float | None = None, faults: str | None = None, console=None) -> dict:
+               bucket: float | None = None, faults: str | None = None, console=None,
+               observer: str | None = None) -> dict:
     """Write ``<out>/index.html``; print the terminal summary; return what was written.
 
     ``faults``: a run's ``faults.jsonl`` to draw (default: ``faults.jsonl`` beside the landing
-    directory, when there is one)."""
+    directory, when there is one); ``observer``: the copies a subscriber of its own received
+    (default: the audit's order reference, else ``received.jsonl`` beside the landing), which say
+    where each loss happened; the run's folder (where the fault log is) gives the log links."""
     summary = load_summary(spark, audit_dir)
     landing = landing or summary.get("landing")
     if not landing:
@@ -402,11 +525,17 @@ def run_report(spark: SparkSession, audit_dir: str, out: str, landing: str | Non
         raise PipelineError(f"{audit_dir} has no problem list (an older audit): run tern audit again")
     if bucket is not None and bucket <= 0:
         raise PipelineError(f"--bucket must be a positive number of seconds, got {bucket}")
-    if faults is None:
-        beside = join(landing.rstrip("/").rsplit("/", 1)[0], "faults.jsonl") if "/" in landing else None
-        faults = beside if beside and path_exists(spark, beside) else None
-    spans = load_faults(spark, faults) if faults else []
-    land = read_landing(spark, landing)
+    run_dir = landing.rstrip("/").rsplit("/", 1)[0] if "/" in landing.rstrip("/") else None
+
+    def beside(name):
+        p = join(run_dir, name) if run_dir else None
+        return p if p and path_exists(spark, p) else None
+
+    faults = faults or beside("faults.jsonl")
+    observer = observer or summary.get("order_ref") or beside("received.jsonl")
+    fault_list = load_faults(spark, faults) if faults else []
+    spans = fault_spans(fault_list)
+    land = read_landing(spark, landing, written=True)
     t0, t1 = land.agg(F.min("recv_ts"), F.max("recv_ts")).first()
     if t0 is None:
         raise PipelineError(f"no landing rows under {landing}")
@@ -427,6 +556,18 @@ def run_report(spark: SparkSession, audit_dir: str, out: str, landing: str | Non
         "latency": plot_latency(quantiles) if quantiles else None,
         "problems": plot_problems(cells, timeline_devices, axis, bucket, spans) if cells else None,
     }
+    delay = landing_delay(land)
+    led = read_ledger(spark, summary["ledger"], summary.get("ledger_format") or "auto") if summary.get("ledger") else None
+    ref = read_order_ref(spark, observer) if observer else None
+    if led is not None:
+        lost = lost_runs(land, led, ref, fault_list, delay, limit=(summary["problems"].get("limit") or 200))
+        for key in lost["rows"]:
+            for r in lost["rows"][key]:
+                r["ts"] = r["sent"]
+    else:
+        lost = _audit_lost(spark, land, summary, fault_list, delay)
+    reboots = losses.explain_reboots(boot_windows(led if led is not None else land), fault_list)
+    logs = run_logs(faults.rsplit("/", 1)[0] if faults and "/" in faults else "." if faults else run_dir, out)
     from markupsafe import Markup
 
     ctx = {
@@ -434,13 +575,17 @@ def run_report(spark: SparkSession, audit_dir: str, out: str, landing: str | Non
         "qos_rows": [(q, summary["per_qos"][q]) for q in sorted(summary["per_qos"])],
         "plots": {k: (Markup(v) if v else None) for k, v in plots.items()},
         "latency": latency_table(quantiles), "bucket": bucket,
-        "lists": _problem_lists(summary, spans, t0), "problems_path": problems_path,
+        "lists": _problem_lists(summary, lost, t0), "problems_path": problems_path,
+        "where": _where_table(lost), "where_text": losses.WHERE_TEXT, "no_fault": losses.NO_FAULT,
+        "observer": observer, "ledger": summary.get("ledger"), "delay": delay,
         "timeline_left_out": left_out, "max_timeline": MAX_TIMELINE_DEVICES,
         "devices": devices, "max_devices": MAX_TABLE_DEVICES,
-        "faults": [dict(s, dt=s["start"] - t0, length=None if s["end"] is None else s["end"] - s["start"])
-                   for s in spans], "faults_path": faults,
+        "faults": [dict(f, dt=f["start"] - t0, length=None if f["end"] is None else f["end"] - f["start"])
+                   for f in fault_list], "faults_path": faults,
+        "reboots": reboots, "logs": logs,
     }
     write_bytes(spark, join(out, "index.html"), render_html(ctx).encode())
     print_summary(summary, console)
-    return {"index": join(out, "index.html"), "bucket_s": bucket, "faults": len(spans),
-            "plots": sorted(k for k, v in plots.items() if v)}
+    return {"index": join(out, "index.html"), "bucket_s": bucket, "faults": len(fault_list),
+            "plots": sorted(k for k, v in plots.items() if v), "lost": lost, "reboots": reboots,
+            "logs": logs, "observer": observer}
