@@ -4,11 +4,12 @@ handlers, events to `on_event(kind, a, b)`, and tells when it next needs the
 clock. No sockets, no clocks, no files: drivers own those, which is what lets
 the same engine run on a board, on a host and under fault injection.
 
-Over 600 lines because the steady path (send ring, window, receive buffer, dispatch) is one class
-whose methods read the same fields for every message: split by job, each part would reach into the
-others' fields or cost a call per message on the device. What a connected client never runs is out
-(tern.handshake, v5, fault, manual, refused, through the interface in Session's docstring); a
-third of the lines are comments and docstrings.
+Over 1,000 lines (the project's limit for session.py is 1,200) because the steady path (send ring,
+window, receive buffer, dispatch) is one class whose methods read the same fields for every
+message: split by job, each part would reach into the others' fields or cost a call per message on
+the device. What a connected client never runs is out (tern.handshake, replay, v5, fault, manual,
+refused, through the interface in Session's docstring); a third of the lines are comments and
+docstrings.
 
 Write-ahead: a QoS 1/2 PUBLISH, SUBSCRIBE or UNSUBSCRIBE goes into the store
 before its first byte is sent and leaves it on its acknowledgement. The send
@@ -28,7 +29,7 @@ for applications that make their own write durable first.
 from .wire import const, MQTTError
 from . import pkt
 from .pkt import Packet, pub_head
-from .topic import matches_bytes, parse_shared, validate_filter, validate_name
+from .topic import matches_bytes, validate_filter, validate_name
 
 try:
     from time import ticks_diff
@@ -44,21 +45,17 @@ _PUBACK = const(4)
 _PUBREC = const(5)
 _PUBREL = const(6)
 _PUBCOMP = const(7)
-_SUBSCRIBE = const(8)
 _SUBACK = const(9)
-_UNSUBSCRIBE = const(10)
 _UNSUBACK = const(11)
 _PINGRESP = const(13)
 _DISCONNECT = const(14)
 _AUTH = const(15)
 _V5 = const(5)
 _PROTOCOL_ERROR = const(0x82)
-_P_SUB_ID = const(0x0B)
 _P_SESSION_EXPIRY = const(0x11)
 _P_RECEIVE_MAX = const(0x21)
 _P_ALIAS_MAX = const(0x22)
 _P_ALIAS = const(0x23)
-_P_USER = const(0x26)
 _P_MAX_PACKET = const(0x27)
 
 # The connection's states (CONNECTING is private: no driver needs to tell it apart) ...
@@ -84,11 +81,11 @@ EV_PUBLISHED = const(2)  # a = pid, b = reason (acknowledged, or refused when >=
 EV_SUBACK = const(3)  # a = pid, b = list of reason codes
 EV_UNSUBACK = const(4)  # a = pid, b = list of reason codes
 EV_DISCONNECT = const(5)  # a = reason code, b = DISCONNECT Packet
-_EV_RESTORED = const(6)  # a = messages resent after a reconnect, b = broker lost the session (no driver reads it)
+# (6: a = messages resent after a reconnect, b = the broker lost the session: tern.replay tells it, no driver reads it)
 EV_AUTH = const(7)  # a = 0: a re-authentication succeeded, b = AUTH Packet
 EV_LOST = const(8)  # a = 0, b = the OSError: a send under publish() failed, the connection is over
 
-# Ring entry flags.
+# Ring entry flags (the states they make and the transitions between them: tern.replay's docstring).
 _SENT = const(1)  # sent on this connection
 _QOS2 = const(2)
 _MARKED = const(4)  # PUBREC seen
@@ -148,7 +145,11 @@ class Session:
     The helper modules (tern.handshake, tern.v5, tern.fault, tern.manual,
     tern.refused: paths a plain connected client never runs, loaded on first
     use) are functions of the session and use this interface of it, and
-    nothing that starts with an underscore: go(event) (the state table), violation(), send_packet(), send_ack(), out(), emit(); the records conn (what CONNECT carries), subs (the
+    nothing that starts with an underscore (but tern.replay, the send ring's
+    cold half, which works on the ring itself: _ring, _rflags, _head, _n, _cap,
+    _unsent, _uctl, _inflight, _limit, _late, _gone, _next_sid, _oalias,
+    _oalias_cap; _push, _free, _find, _stored_flags, _alloc_pid, _pump; its
+    docstring has the ring's lifecycle): go(event) (the state table), violation(), send_packet(), send_ack(), out(), emit(); the records conn (what CONNECT carries), subs (the
     subscriptions), in_aliases (inbound topic aliases), inq (manual
     acknowledgements); the counters in2 (inbound QoS 2 ids held) and deferred; stale;
     skip and skip_id (an oversize PUBLISH being discarded); tx and last_tx.
@@ -380,56 +381,9 @@ class Session:
         st = self.store
         st.commit()
         if st.epoch != st.seen:
-            self._follow()
+            import tern.replay  # (the ring's cold half: it releases itself after)
 
-    def _follow(self):
-        # The ring re-derived from what the store holds after a storage failure (flags from the
-        # records: QoS 2, PUBREC seen; sent on some connection as the ring said, else a record it
-        # did not hold, which was); a SUBSCRIBE no longer stored is sent again. When anything
-        # differs on a live connection, its packets were built from what the store no longer says:
-        # the connection ends (OSError; the drivers reconnect, and the CONNACK replays the ring).
-        st = self.store
-        st.seen = st.epoch
-        old = {}
-        order = []
-        i = self._head
-        for _ in range(self._n):
-            p = self._ring[i]
-            if p:
-                old[p] = self._rflags[i]
-                order.append(p)
-            i = (i + 1) % self._cap
-        pids = st.pending()
-        same = pids == order
-        b = bytearray(1)
-        for p in pids:
-            if not same:
-                break
-            f = self._stored_flags(p, b)
-            o = old[p]
-            same = o & _GONE or (f ^ o) & (_QOS2 | _MARKED | _CTRL) == 0
-        if same:
-            return
-        if len(pids) > self._cap:
-            from array import array
-
-            self._cap = len(pids)
-            self._ring = array("H", bytes(2 * self._cap))
-            self._rflags = bytearray(self._cap)
-        self._head = self._n = self._unsent = self._uctl = 0
-        for p in pids:
-            f = self._stored_flags(p, b)
-            o = old.get(p)
-            if o is not None:
-                f = o if o & _GONE else f & ~_EVER | o & _EVER
-            self._push(p, f)
-        for e in self.subs:
-            if e.pid and e.pid not in pids:
-                e.pid = 0
-                e.late = self._late = True
-        if self.state == CONNECTED:
-            self.connection_lost()
-            raise OSError("the store read its medium again after a failure: reconnecting, to resend what it holds")
+            tern.replay.follow(self)
 
     def send_ack(self, ptype, pid, reason, now):
         # A PUBREL (our QoS 2 flow) waits with the rest of what the read
@@ -823,140 +777,24 @@ class Session:
         matching (a documented downgrade, not an error). A subscription
         registered before the first CONNACK is sent as it is; a server that
         lacks the feature refuses it in SUBACK."""
-        flt = _filter(flt)
-        auto = False
-        if qos < 0 or qos > 2:
-            raise ValueError("QoS must be 0, 1 or 2")
-        if retain_handling not in (0, 1, 2):
-            raise ValueError("retain handling must be 0, 1 or 2")
-        shared = parse_shared(flt)
-        match = (shared[1] if shared else flt).encode()
-        if no_local or sub_id or not (self.shared_ok and self.wildcard_ok):
-            from .v5 import check_sub
+        import tern.replay  # (the ring's cold half: it releases itself after)
 
-            check_sub(self, flt, shared, match, no_local, sub_id)
-        if sub_id is None and self.version == _V5 and self.sid_ok:
-            # Every subscription gets an identifier (see _on_publish): the
-            # next one no current subscription holds.
-            sub_id = self._next_sid
-            while any(s.sid == sub_id for s in self.subs):
-                sub_id += 1
-            self._next_sid = sub_id + 1
-            auto = True
-        opts = qos
-        if self.version == _V5:  # the other options exist only in MQTT 5
-            opts |= (4 if no_local else 0) | (8 if retain_as_published else 0) | retain_handling << 4
-        self._fits(_SUBSCRIBE, (flt, opts), user_props, sub_id)
-        self.unsubscribe(flt, now, 0)  # a filter subscribed again replaces its entry
-        # A subscription is a record of its fields (a Packet used as one: no
-        # class of its own to load): filter (str), opts as sent, match (the
-        # filter topics are matched against: bytes, the inner filter of a
-        # $share), handler, sid, and user_props, sent again with every
-        # resubscription.
-        # pid: its SUBSCRIBE while pending (0 otherwise); late: not sent yet.
-        s = Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
-                   auto=auto, user_props=user_props, late=True)
-        self.subs.append(s)
-        self._send_late(now)
-        return s.pid
+        return tern.replay.subscribe(self, flt, qos, now, handler, no_local, retain_as_published, retain_handling,
+                                     sub_id, user_props)
 
     def unsubscribe(self, flt, now, user_props=None):
         """Forget the filter's handler and send UNSUBSCRIBE now when connected,
         else after the next CONNACK if the broker kept the session.
         (user_props=0: only forget; subscribe() replacing an entry.)"""
-        flt = _filter(flt)
-        if user_props != 0:
-            self._fits(_UNSUBSCRIBE, flt, user_props, None)
-        for s in self.subs:
-            if s.filter == flt:
-                self.subs.remove(s)
-                break
-        if flt in self._gone:
-            self._gone.remove(flt)
-        if user_props == 0:
-            return 0
-        pid = 0
-        if self.state == CONNECTED and self._n < len(self._rflags):
-            pid = self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
-            if pid < 0:  # (not after _fits above: the same server's maximum)
-                return 0
-        if not pid:
-            self._gone.append(flt)
-            self._late = True
-        return pid
+        import tern.replay
+
+        return tern.replay.unsubscribe(self, flt, now, user_props)
 
     def _send_late(self, now):
-        # Send the subscriptions and unsubscriptions that wait (made offline,
-        # or all of them for a broker without our session) while the ring has
-        # room: they take ring slots as messages do, and a full ring (an
-        # outbox full of messages at reconnect) keeps them waiting for the
-        # next acknowledgement instead of overwriting a live entry.
-        self._late = True
-        if self.state != CONNECTED:
-            return
-        cap = self._cap
-        for s in self.subs:
-            if s.late:
-                if self._n >= cap:
-                    return
-                p = self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
-                if not p:
-                    return
-                s.pid = p if p > 0 else 0
-                s.late = False
-        g = self._gone
-        while g and self._n < cap:
-            if not self._ctrl(_UNSUBSCRIBE, g[0], None, None, now):
-                return
-            g.pop(0)
-        if not g:
-            self._late = False
+        # What waits for room or a connection (a SUBSCRIBE, an UNSUBSCRIBE): tern.replay sends it.
+        import tern.replay
 
-    def _ctrl_packet(self, t, topic, user_props, sid, pid):
-        props = {}
-        if sid and self.version == _V5 and self.sid_ok:
-            props[_P_SUB_ID] = sid
-        if user_props:
-            props[_P_USER] = list(user_props)
-        return pkt.encode(Packet(t, pid=pid, topics=[topic], props=props or None), self.version)
-
-    def _fits(self, t, topic, user_props, sid):
-        """ValueError when the server's Maximum Packet Size (MQTT 5 CONNACK) is
-        below this SUBSCRIBE/UNSUBSCRIBE [MQTT-3.1.2-24]; checked before anything is
-        registered. (One registered offline, before a CONNACK said the maximum,
-        is given back at that CONNACK: see _ctrl.)"""
-        mx = self.server.get(_P_MAX_PACKET)
-        if mx:
-            n = len(self._ctrl_packet(t, topic, user_props, sid, 1))
-            if n > mx:
-                raise ValueError("%s of %d bytes is over the server's maximum packet size %d"
-                                 % ("SUBSCRIBE" if t == _SUBSCRIBE else "UNSUBSCRIBE", n, mx))
-
-    def _ctrl(self, t, topic, user_props, sid, now):
-        # SUBSCRIBE or UNSUBSCRIBE of one filter: stored, queued in the ring
-        # like a QoS 1 message (outside the window), resent until acknowledged.
-        # The caller made sure the ring has room; a store without room (ENOSPC)
-        # makes it wait like a full ring: 0 is returned, nothing is queued;
-        # -1: refused (over the server's Maximum Packet Size), EV_SUBACK /
-        # EV_UNSUBACK told so.
-        pid = self._alloc_pid()
-        b = self._ctrl_packet(t, topic, user_props, sid, pid)
-        mx = self.server.get(_P_MAX_PACKET)
-        if mx and len(b) > mx:
-            # Made offline, before this CONNACK said the maximum: sent, it would
-            # only get the connection closed, at every reconnect [MQTT-3.1.2-24].
-            # Given back as a refusing SUBACK/UNSUBACK would be, not stored.
-            self.emit(EV_SUBACK if t == _SUBSCRIBE else EV_UNSUBACK, pid, [0x95])
-            return -1
-        try:
-            self.store.append(t, pid, b, b"")
-        except OSError as e:
-            if e.args[0] != 28:  # ENOSPC
-                raise
-            return 0
-        self._push(pid, _CTRL)
-        self._pump(now)
-        return pid
+        tern.replay.send_late(self, now)
 
     # ------------------------------------------------------------------- input
 
@@ -1112,7 +950,9 @@ class Session:
             try:
                 p = tern.handshake.read(self, pos, end, now)
                 if p:
-                    self._accepted(p, now)
+                    import tern.replay  # the ring replayed (it releases itself after)
+
+                    tern.replay.accepted(self, p, now)
             except OSError:
                 # A store that failed (or a send) under the CONNACK's work: the connection ends
                 # before anything more is built from a ring replayed half-way (feed_n pumps in its
@@ -1128,130 +968,6 @@ class Session:
             self.emit(EV_DISCONNECT, p.reason, p)
         elif t != _PINGRESP:  # PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK, UNSUBACK
             self._on_ack(t, p.pid, p.reasons if t > _PUBCOMP else p.reason, now)
-
-    def _accepted(self, p, now):
-        # A CONNACK accepted the connection (tern.handshake took its
-        # properties): what it allows on this connection (messages in
-        # flight, outbound topic aliases; aliases both ways start
-        # afresh), the send ring replayed, then the application told.
-        self._limit = p.limit
-        self._oalias_cap = p.aliases
-        self.in_aliases = self._oalias = None
-        sp = self.session_present
-        # Without a session on the broker (clean start, expiry, or it
-        # forgot; tern.handshake cleared the inbound QoS 2 ids):
-        # accepted messages still go out; a QoS 2 message whose PUBREC
-        # was seen is published again, since the broker no longer
-        # holds it (at least once rather than lost); the broker's
-        # copies of our subscriptions are gone.
-        lost = not sp and self._n > 0
-        # Replay the ring in its original order (and without a session on
-        # the broker, forget the PUBRECs seen) before the application
-        # hears of the connection: what it publishes from EV_CONNACK then
-        # goes after the resends, once.
-        self._inflight = 0
-        self._unsent = self._uctl = 0
-        # A packet stored before this CONNACK said what the server takes
-        # (offline, or for another server) that breaks its Maximum Packet
-        # Size, Maximum QoS or Retain Available would only get the
-        # connection closed, again after every reconnect, with everything
-        # behind it waiting: a PUBLISH is given back refused (EV_PUBLISHED
-        # 0x95, 0x9B, 0x9A), as a PUBACK refusing it would, a SUBSCRIBE or
-        # UNSUBSCRIBE over the maximum [MQTT-3.1.2-24] as its SUBACK or
-        # UNSUBACK would (EV_SUBACK / EV_UNSUBACK [0x95]; the subscription
-        # stays registered, as after a refusing SUBACK). Its Topic Alias
-        # Maximum and Receive Maximum cannot refuse one: an MQTT 5 PUBLISH
-        # from before this connection goes without its Topic Alias (_OLD),
-        # and the window is capped by the Receive Maximum (_limit).
-        mx = self.server.get(_P_MAX_PACKET, 0)
-        chk = mx or self.max_qos < 2 or not self.retain_ok
-        old = _OLD if self.version == _V5 else 0
-        refused = []  # pid << 12 | packet type << 8 | reason
-        st = self.store
-        # Without a session on the broker every registered subscription
-        # goes again (below): a SUBSCRIBE still pending for one of them is
-        # resent as it is, any other stored SUBSCRIBE or UNSUBSCRIBE (of a
-        # filter replaced or dropped since, or from before a reboot) is
-        # superseded and released, so none piles up when a broker closes
-        # the connection instead of answering.
-        keep = [s.pid for s in self.subs if s.pid] if not sp else None
-        i = self._head
-        for _ in range(self._n):
-            pid = self._ring[i]
-            if pid:
-                f = self._rflags[i] & ~_SENT
-                if f & _GONE:  # given back at an earlier CONNACK that failed (ENOSPC) before its release
-                    if f & _TOLD:
-                        self._free(i)
-                        i = (i + 1) % len(self._rflags)
-                        continue
-                    f = self._stored_flags(pid)  # not told: looked at again
-                if f & _MARKED and not sp:
-                    st.unmark(pid)
-                    f &= ~_MARKED
-                r = 0
-                k = _PUBLISH
-                if f & _CTRL:
-                    k = st.kind(pid)
-                    if keep is not None and pid not in keep:
-                        if k != _UNSUBSCRIBE:
-                            self._free(i)  # (nobody waits for a superseded SUBSCRIBE)
-                            i = (i + 1) % len(self._rflags)
-                            continue
-                        r = 0x11  # "no subscription existed", to whoever waits
-                    elif mx and st.size(pid) > mx:
-                        r = 0x95
-                elif chk and not f & _MARKED:
-                    st.read(pid, 0, self.tx)
-                    b = self.tx[0]
-                    r = 0x95 if mx and st.size(pid) > mx else 0x9B if (b >> 1) & 3 > self.max_qos else (
-                        0x9A if b & 1 and not self.retain_ok else 0)
-                if r:
-                    # Released only once the application was told (below): a power cut
-                    # in between tells it again after the reboot, rather than never.
-                    # Parked meanwhile as a control packet in flight: nothing sends it.
-                    self._rflags[i] = _SENT | _CTRL | _GONE
-                    refused.append(pid << 12 | k << 8 | r)
-                else:
-                    if not f & (_MARKED | _CTRL):
-                        f |= old
-                    self._rflags[i] = f
-                    self._unsent += 1
-                    if f & _CTRL:
-                        self._uctl += 1
-            i = (i + 1) % len(self._rflags)
-        resent = self._unsent
-        # Subscriptions go (again) to a broker without our session, and,
-        # to one that kept it, those made or dropped while offline: one
-        # SUBSCRIBE each, as each may carry its own identifier.
-        if not sp:
-            for s in self.subs:
-                s.late = not s.pid
-            self._gone = []
-        for r in refused:
-            k = r >> 8 & 15
-            pid = r >> 12
-            if k == _PUBLISH:
-                self.emit(EV_PUBLISHED, pid, r & 255)
-            else:
-                for s in self.subs:
-                    if s.pid == pid:
-                        s.pid = 0  # answered: not resent, subscribed again after a session is lost
-                self.emit(EV_SUBACK if k == _SUBSCRIBE else EV_UNSUBACK, pid, [r & 255])
-            i = self._find(pid)
-            if i >= 0:
-                self._rflags[i] |= _TOLD
-        for r in refused:  # (all told first: a release that fails, ENOSPC, leaves only told ones parked)
-            i = self._find(r >> 12)
-            if i >= 0:
-                self._free(i)
-        self._send_late(now)
-        self._pump(now)
-        if self.state == CONNECTED:  # not when a resend found the connection dead
-            self.emit(EV_CONNACK, sp, p)
-        if resent or lost:
-            self.stats_resent += resent
-            self.emit(_EV_RESTORED, resent, lost)
 
     def go(self, event):
         """Move the connection to the state `event` (_E_*) leads to."""
