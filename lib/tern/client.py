@@ -609,24 +609,27 @@ class Client(_Driver):
             payload = payload.encode()
         s = self.session
         if (qos == 0 or qos == 1) and not (retain or props):
-            # the steady cases (Session.pub0, pub1); else, or -2 from them, Session.publish
+            # The steady route as Session.publish takes it first (pub0, pub1; the error contract
+            # send_failed), here without publish()'s frame from the heap; else, or -2 from them,
+            # Session.publish's general route.
             try:
-                pid = s.pub1(topic, payload, ticks_ms()) if qos else s.pub0(topic, payload, ticks_ms())
+                pid = s.pub1(topic, payload) if qos else s.pub0(topic, payload)
             except (TypeError, NotImplementedError):
                 # a topic that is no dict key, a payload that is no buffer (MicroPython's slice
                 # store says NotImplementedError), both before anything is stored or sent:
                 # Session.publish says what is wrong
                 pid = _SLOW
             except OSError as e:
-                if not qos:
-                    self._drop(e)  # pub0's send failed: what Session.publish does (EV_LOST)
-                raise  # (pub1: the store failed; nothing accepted)
+                if qos:
+                    raise  # pub1: the store failed, nothing accepted
+                s.send_failed(e, 0)  # pub0: the send failed (raises; EV_LOST drops the connection)
             if pid != _SLOW:
+                s.last_tx = ticks_ms()
                 if pid:
                     try:
                         s.flush()  # pub1's packet
                     except OSError as e:
-                        self._drop(e)  # accepted (stored): it goes out after the next CONNACK
+                        s.send_failed(e, 1)  # accepted (stored): it goes out after the next CONNACK
                 return pid
         start = None  # the wait for room, timed from the first refusal (no clock read for a message that goes)
         while True:

@@ -531,6 +531,25 @@ class Session:
         """
         # (The steady path counts calls: on a Cortex-M3 a Python call costs some 700 instructions,
         # a builtin such as len() 450, an attribute 150; what a message does not need is off it.)
+        # The steady route first, as Client.publish takes it (pub0, pub1: their guards, the
+        # store-then-send order, and send_failed, the one error contract); what it does not take
+        # (-2, nothing stored or sent) goes on here.
+        if (qos == 0 or qos == 1) and not (retain or props) and isinstance(payload, _BUFFERS) and (
+                isinstance(topic, str) or isinstance(topic, bytes)):
+            try:
+                pid = self.pub1(topic, payload) if qos else self.pub0(topic, payload)
+            except OSError as e:
+                if qos:
+                    raise  # pub1: the store failed, nothing accepted
+                self.send_failed(e, 0)  # pub0: the send failed (raises)
+            if pid != _SLOW:
+                self.last_tx = now
+                if pid:
+                    try:
+                        self.flush()  # pub1's packet
+                    except OSError as e:
+                        self.send_failed(e, 1)
+                return pid
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
         if not isinstance(payload, _BUFFERS):
@@ -568,12 +587,12 @@ class Session:
             pblock = b"\x00"
         plen = len(payload)
         mx = self.server.get(_P_MAX_PACKET)  # (only an MQTT 5 CONNACK sets one)
-        n = 0
+        size = 0  # the packet's, when the server said its maximum
         if mx:
-            n = 2 + len(topic) + (2 if qos else 0) + len(pblock) + plen  # the remaining length
-            n += 1 + pkt.varint_size(n)  # and the fixed header
-            if n > mx:
-                raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (n, mx))
+            size = 2 + len(topic) + (2 if qos else 0) + len(pblock) + plen  # the remaining length
+            size += 1 + pkt.varint_size(size)  # and the fixed header
+            if size > mx:
+                raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (size, mx))
         if not qos:
             if self.state != CONNECTED:
                 raise NotConnected("not connected: QoS 0 messages are not kept")
@@ -604,7 +623,7 @@ class Session:
                     if not new:
                         topic = b""
                         pblock = blk
-                    elif not mx or n + len(blk) - len(pblock) + 1 <= mx:
+                    elif not mx or size + len(blk) - len(pblock) + 1 <= mx:
                         # (+1: the remaining length may take a byte more) a new alias only where
                         # its property keeps the packet within the server's maximum [MQTT-3.1.2-24]
                         d[topic] = ablk
@@ -638,18 +657,12 @@ class Session:
                 try:
                     self._pump(now)  # (whatever the window lets out, in ring order)
                 except OSError as e:
-                    # Accepted: stored and queued; only the connection failed
-                    # under the send. It goes out after the next CONNACK. Raising
-                    # would say "not accepted", and a caller that publishes it
-                    # again would send the message twice.
-                    self.connection_lost()
-                    self.emit(EV_LOST, 0, e)
+                    self.send_failed(e, qos)
                 return pid
             # The only message waiting, inside the window: sent as _send_ring would send it, from
             # the header still in tx and the payload (the record's bytes, now stored), rather than
             # read back from the store.
-            v = (self._head + self._n - 1) % self._cap
-            self._rflags[v] |= _SENT | _EVER
+            self._rflags[(self._head + self._n - 1) % self._cap] |= _SENT | _EVER
             self._unsent = 0
             self._inflight += 1
         if n + plen <= len(tx):
@@ -664,73 +677,79 @@ class Session:
             if plen:
                 self.out(payload, 0, plen)
         except OSError as e:
-            # Part of the packet may have left: the connection cannot carry
-            # another. QoS 0 is not accepted (it is not kept), so the caller
-            # hears; a QoS 1/2 message is (see above).
-            self.connection_lost()
-            self.emit(EV_LOST, 0, e)
-            if not qos:
-                raise
+            self.send_failed(e, qos)
         self.last_tx = now
         return pid
 
-    def pub0(self, topic, payload, now):
+    def send_failed(self, e, qos):
+        """The error contract of a publish whose send failed (OSError e), for every route
+        (publish(), Client.publish's steady one): part of the packet may have left, so the
+        connection is over (EV_LOST: the driver drops it and reconnects). A QoS 1/2 message was
+        stored first: accepted, it goes out after the next CONNACK (raising would say "not
+        accepted", and a caller that publishes it again would send it twice). QoS 0 is not kept:
+        the error goes on to the caller."""
+        self.connection_lost()
+        self.emit(EV_LOST, 0, e)
+        if not qos:
+            raise e
+
+    def pub0(self, topic, payload):
         """publish() of a QoS 0 message without retain or properties, the steady way, in a frame of
         11 words (publish()'s comes from the heap, some 2,000+ instructions a call on a Cortex-M3):
         MQTT 3.1.x, connected, nothing queued ahead of it or for a feed (_txn), no outbound
         aliases, a topic publish() has cached, the packet within the transmit buffer; sent in
-        one write. Returns 0 once sent, or -2 with nothing sent: anything else goes through
-        publish(), which does it or says what is wrong. A topic that is no dict key (a bytearray,
-        a memoryview) raises TypeError before anything is written: the caller's cue for
-        publish(). An OSError from the send: the connection is over (the caller treats it as
-        publish() does)."""
+        one write. Returns 0 once sent (the caller then sets last_tx: one argument fewer keeps
+        the frame within 11 words), or -2 with nothing sent: anything else goes through the
+        general route, which does it or says what is wrong. A topic that is no dict key (a
+        bytearray, a memoryview) raises TypeError before anything is written. An OSError from the
+        send: the caller calls send_failed (the one error contract)."""
         if self._txn or self._unsent or self._oalias_cap or self.state != CONNECTED or self.version == _V5:
             return _SLOW
         if self._inflight and self._limit == 1:
             return _SLOW
-        topic = self._cache.get(topic)
+        topic = self._cache.get(topic)  # (encoded)
         if topic is None:
             return _SLOW
-        self.last_tx = now  # (set before the send: `now` becomes the payload's length)
-        now = len(payload)
-        topic = pub_head(self.tx, topic, 0x30, 0, now)  # (the header's length)
-        if topic + now > len(self.tx):
+        plen = len(payload)
+        n = pub_head(self.tx, topic, 0x30, 0, plen)  # the header's length
+        if n + plen > len(self.tx):
             return _SLOW
-        self._txmv[topic : topic + now] = payload
-        self.out(self.tx, 0, topic + now)
+        self._txmv[n : n + plen] = payload
+        self.out(self.tx, 0, n + plen)
         return 0
 
-    def pub1(self, topic, payload, now):
+    def pub1(self, topic, payload):
         """pub0's QoS 1 sibling (same conditions, and room in the window and the ring): the message
         stored and committed (write-ahead), in the ring as sent, the packet left in the transmit
-        buffer as a feed's queued packets are (_txn): the caller hands it over with flush() and
-        treats a failed send as publish() does (accepted: the connection is over). Returns its packet
-        id, or -2 with nothing stored. An OSError from the store: not accepted, nothing queued."""
+        buffer as a feed's queued packets are (_txn): the caller hands it over with flush(), sets
+        last_tx and calls send_failed when that send fails (accepted: the connection is over).
+        Returns its packet id, or -2 with nothing stored. An OSError from the store: not accepted,
+        nothing queued. (The packet id is the session's last, _last_pid: a name of its own would
+        take the frame over 11 words.)"""
         if self._txn or self._unsent or self.state != CONNECTED or self.version == _V5:
             return _SLOW
         if self._inflight >= self._limit or self._n >= self._cap:
             return _SLOW
-        topic = self._cache.get(topic)
+        topic = self._cache.get(topic)  # (encoded)
         if topic is None:
             return _SLOW
-        self.last_tx = now  # (set before the send, as in pub0: `now` becomes the packet id)
-        now = self._alloc_pid()
-        topic = pub_head(self.tx, topic, 0x32, now, len(payload))  # (the header's length)
-        if topic + len(payload) > len(self.tx) or self._hviews.get(topic) is None:
+        self._alloc_pid()
+        n = pub_head(self.tx, topic, 0x32, self._last_pid, len(payload))  # the header's length
+        if n + len(payload) > len(self.tx) or self._hviews.get(n) is None:
             return _SLOW  # (publish() makes the header's view the store takes: see there)
         # The payload into the packet first: one that is no buffer raises TypeError here, before
-        # anything is stored (Client.publish then takes publish(), which says what is wrong).
-        self._txmv[topic : topic + len(payload)] = payload
-        self.store.append(_PUBLISH, now, self._hviews.get(topic), payload)
+        # anything is stored (the general route then says what is wrong).
+        self._txmv[n : n + len(payload)] = payload
+        self.store.append(_PUBLISH, self._last_pid, self._hviews.get(n), payload)
         if self.store.dirty:
             self.store.commit()
         # _push's work and publish()'s direct send in one: sent (by the caller) and in flight
-        self._ring[(self._head + self._n) % self._cap] = now
+        self._ring[(self._head + self._n) % self._cap] = self._last_pid
         self._rflags[(self._head + self._n) % self._cap] = _SENT | _EVER
         self._n += 1
         self._inflight += 1
-        self._txn = topic + len(payload)
-        return now
+        self._txn = n + len(payload)
+        return self._last_pid
 
     def _topic(self, topic, props):
         # A topic not in publish's cache: checked, encoded, and (str or bytes) cached. The
