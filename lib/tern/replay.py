@@ -2,7 +2,8 @@
 the send ring does at a CONNACK (resend in order, give back what the new server refuses, subscribe
 again), after the store read its medium again (follow), and the SUBSCRIBE and UNSUBSCRIBE packets
 it queues. A connected client that only publishes keeps none of this code. Functions of the
-session `s`: the ring's other half, they use its fields (Session's docstring names them).
+session `s`: the ring's other half, they use its fields (Session's docstring names them). A
+boot's rebuild of the ring from the store is here too.
 
 The ring's lifecycle. An entry of the send ring (a slot of Session._ring, the packet id, and of
 Session._rflags, its flags) is in one of these states. Its kind (a PUBLISH at QoS 1 or 2: _QOS2; a
@@ -33,7 +34,7 @@ makes a transition they do not list.
   sent > free: PUBACK; PUBREC refusing; SUBACK, UNSUBACK; an ack of the wrong type (given back 0x82,
     tern.fault.wrong_ack) [_on_ack _ack_any]
   released > free: PUBCOMP (or a PUBREC refusing) [_ack_any]
-  free > waiting release: a boot finds its record in the store [__init__]
+  free > waiting release: a boot finds its record in the store [boot]
   sent > waiting waiting5: CONNACK: resent with DUP (MQTT 5: without its Topic Alias) [_accepted]
   fresh > fresh fresh5: CONNACK [_accepted]
   waiting > waiting waiting5: CONNACK [_accepted]
@@ -63,14 +64,16 @@ from .pkt import Packet
 
 _PUBLISH = const(3)
 _SUBSCRIBE = const(8)
+_SUBACK = const(9)
 _UNSUBSCRIBE = const(10)
 _V5 = const(5)
+_PROTOCOL_ERROR = const(0x82)
 _CONNECTED = const(2)  # the session's state
 _EV_CONNACK = const(1)  # the events it tells (on_event)
 _EV_PUBLISHED = const(2)
 _EV_SUBACK = const(3)
 _EV_UNSUBACK = const(4)
-_EV_RESTORED = const(6)
+_EV_RESTORED = const(6)  # a = messages resent after a reconnect, b = the broker lost the session (no driver reads it)
 _P_SUB_ID = const(0x0B)
 _P_USER = const(0x26)
 _P_MAX_PACKET = const(0x27)
@@ -95,6 +98,55 @@ def _release():
         del tern.replay  # pyright: ignore[reportAttributeAccessIssue]
     except (AttributeError, KeyError):  # (released already, by a call nested in this one; MicroPython says KeyError)
         pass
+
+
+def boot(s, max_pending):
+    # Session.__init__: the send ring rebuilt from what the store recovered (after a reboot). It
+    # holds max_pending entries, or what the store holds when that is more (max_pending lowered
+    # between boots): refusing to start would refuse at every boot, with the messages never sent.
+    try:
+        from array import array
+
+        st = s.store
+        st.open()
+        s._last_pid = st.last_pid()
+        pids = st.pending()
+        cap = max_pending if max_pending > len(pids) else len(pids)
+        st.reserve(cap)
+        s._ring = array("H", bytes(2 * cap))  # zeroed, without a list of cap items
+        s._rflags = bytearray(cap)
+        s._cap = cap  # (len() is a global lookup and a call: too dear for every message on MicroPython)
+        for pid in pids:
+            s._push(pid, _stored_flags(s, pid, None))
+        if st.seen != st.epoch:  # (the ring says what the store holds: see follow)
+            st.seen = st.epoch
+        s.stats_recovered = s._n
+    finally:
+        _release()
+
+
+def stored_flags(s, pid, b):
+    try:
+        return _stored_flags(s, pid, b)
+    finally:
+        _release()
+
+
+def _stored_flags(s, pid, b):
+    # A stored packet's ring flags, from its record (at a boot, for one parked, given, and in
+    # _follow, which reads its first byte into b, not the transmit buffer: a packet may wait there)
+    st = s.store
+    f = _EVER
+    if st.kind(pid) != _PUBLISH:
+        return f | _CTRL
+    if b is None:
+        b = s.tx
+    st.read(pid, 0, b)
+    if (b[0] >> 1) & 3 == 2:
+        f |= _QOS2
+    if st.marked(pid):
+        f |= _MARKED
+    return f
 
 
 def accepted(s, p, now):
@@ -133,6 +185,26 @@ def subscribe(s, flt, qos, now, handler, no_local, retain_as_published, retain_h
 def unsubscribe(s, flt, now, user_props):
     try:
         return _unsubscribe(s, flt, now, user_props)
+    finally:
+        _release()
+
+
+def answered(s, t, pid, reason, now):
+    # Session._ack_any: a SUBACK or UNSUBACK (t) for the SUBSCRIBE/UNSUBSCRIBE pid, with its list
+    # of reason codes. One filter a packet, so one reason code ([MQTT-3.8.4-6], [MQTT-3.11.3-2];
+    # UNSUBACK before MQTT 5: none), and never more than the QoS asked for.
+    try:
+        q = -1
+        for e in s.subs:
+            if e.pid == pid:
+                q = e.opts & 3
+                sub = e
+        if len(reason) != (1 if t == _SUBACK or s.version == _V5 else 0) or (
+                t == _SUBACK and q >= 0 and reason[0] < 0x80 and reason[0] > q):
+            s.violation(_PROTOCOL_ERROR, "%s %d does not answer its request: %r" % (
+                "SUBACK" if t == _SUBACK else "UNSUBACK", pid, reason), now)
+        if q >= 0:
+            sub.pid = 0  # answered (before send_late may hand the identifier to another)
     finally:
         _release()
 
@@ -186,7 +258,7 @@ def _accepted(s, p, now):
                     s._free(i)
                     i = (i + 1) % cap
                     continue
-                f = s._stored_flags(pid)  # not told: looked at again
+                f = _stored_flags(s, pid, None)  # not told: looked at again
             if f & _MARKED and not sp:
                 st.unmark(pid)
                 f &= ~_MARKED
@@ -277,7 +349,7 @@ def _follow(s):
     for p in pids:
         if not same:
             break
-        f = s._stored_flags(p, b)
+        f = _stored_flags(s, p, b)
         o = old[p]
         same = o & _GONE or (f ^ o) & (_QOS2 | _MARKED | _CTRL) == 0
     if same:
@@ -290,7 +362,7 @@ def _follow(s):
         s._rflags = bytearray(s._cap)
     s._head = s._n = s._unsent = s._uctl = 0
     for p in pids:
-        f = s._stored_flags(p, b)
+        f = _stored_flags(s, p, b)
         o = old.get(p)
         if o is not None:
             f = o if o & _GONE else f & ~_EVER | o & _EVER

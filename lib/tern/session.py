@@ -37,8 +37,8 @@ except ImportError:  # CPython: the driver's clock does not wrap, a plain a - b 
     from operator import sub as ticks_diff
 
 
-# Packet types and property identifiers as private constants: folded into the
-# bytecode, so they cost no module globals on a board.
+# Packet types and property identifiers as private constants: folded into the bytecode, so they cost
+# no module globals on a board.
 _CONNACK = const(2)
 _PUBLISH = const(3)
 _PUBACK = const(4)
@@ -69,9 +69,9 @@ _E_REFUSE = const(2)  # a CONNACK refusing it (tern.handshake)
 _E_LOST = const(3)  # connection_lost(): the transport is gone, a DISCONNECT, a protocol violation
 _NO = const(255)  # an event that cannot happen in that state
 # ... and the inbound packet types each reads (bit t: packet type t), any other being a protocol
-# violation (tern.fault.unexpected); DISCONNECTED reads what a feed under way still holds. The
-# table of states and events is Session.go's (written there: a constant in its bytecode, not a
-# module global on a board's heap).
+# violation (tern.fault.unexpected); DISCONNECTED reads what a feed under way still holds. The table
+# of states and events is Session.go's (written there: a constant in its bytecode, not a module
+# global on a board's heap).
 _READS_CONNECTING = const(1 << _CONNACK | 1 << _AUTH)
 _READS_OTHERS = const(0xFFFF ^ 1 << _CONNACK)
 
@@ -81,7 +81,6 @@ EV_PUBLISHED = const(2)  # a = pid, b = reason (acknowledged, or refused when >=
 EV_SUBACK = const(3)  # a = pid, b = list of reason codes
 EV_UNSUBACK = const(4)  # a = pid, b = list of reason codes
 EV_DISCONNECT = const(5)  # a = reason code, b = DISCONNECT Packet
-# (6: a = messages resent after a reconnect, b = the broker lost the session: tern.replay tells it, no driver reads it)
 EV_AUTH = const(7)  # a = 0: a re-authentication succeeded, b = AUTH Packet
 EV_LOST = const(8)  # a = 0, b = the OSError: a send under publish() failed, the connection is over
 
@@ -115,45 +114,28 @@ def _filter(flt):
 class Session:
     """One MQTT session. See the module docstring for the I/O contract.
 
-    topic_alias_max: how many topic aliases the server may use towards us
-    (inbound, announced in CONNECT). outbound_aliases: how many we may use
-    towards the server (MQTT 5; 0 = off, the default), capped by the Topic
-    Alias Maximum in its CONNACK. Only QoS 0 messages carry an outbound alias:
-    aliases live only as long as one network connection, and a QoS 1/2 message
-    is stored as first sent and resent byte for byte after a reconnect, when
-    any alias it used would mean nothing (or something else) to the server.
-    The first message to a topic carries the topic and the alias; later ones
-    only the alias. Aliases are handed out until the cap is reached (no
-    replacement) and forgotten on every new connection.
+    topic_alias_max: how many topic aliases the server may use towards us (inbound, announced in
+    CONNECT). outbound_aliases: how many we may use towards the server (MQTT 5; 0 = off, the
+    default), capped by the Topic Alias Maximum in its CONNACK; only QoS 0 messages carry one
+    (tern.v5.alias_out says why and how they are given). auth: enhanced authentication (MQTT 5) as a
+    hook, auth(reason, props) -> props (tern.handshake's docstring says how it is called).
 
-    auth: enhanced authentication (MQTT 5) as a hook, auth(reason, props) ->
-    props. Put the Authentication Method (and any initial data) in
-    connect_props; each AUTH the server sends (reason 0x18, continue) calls the
-    hook with its reason and properties, and what it returns goes back in an
-    AUTH packet (the method is added when missing). It is also called with
-    reason 0 when a re-authentication (`reauthenticate`) succeeds. A hook that
-    raises ends the connection (DISCONNECT 0x80) and its exception reaches the
-    driver as MQTTError 0x80 naming it. A refusal arrives as a CONNACK reason code (the driver raises
-    ConnectError) or, during re-authentication, as a server DISCONNECT.
+    Counters: stats_recovered (messages found in the store at start), stats_resent (messages
+    replayed after reconnects), stats_dropped (inbound messages over the receive buffer, MQTT 3.1.x:
+    discarded and acknowledged), stats_deferred (inbound QoS 2 messages over receive_max on a
+    resumed session, left for the broker to resend: see _admit).
 
-    Counters: stats_recovered (messages found in the store at start),
-    stats_resent (messages replayed after reconnects), stats_dropped (inbound
-    messages over the receive buffer, MQTT 3.1.x: discarded and acknowledged),
-    stats_deferred (inbound QoS 2 messages over receive_max on a resumed
-    session, left for the broker to resend: see _admit).
-
-    The helper modules (tern.handshake, tern.v5, tern.fault, tern.manual,
-    tern.refused: paths a plain connected client never runs, loaded on first
-    use) are functions of the session and use this interface of it, and
-    nothing that starts with an underscore (but tern.replay, the send ring's
-    cold half, which works on the ring itself: _ring, _rflags, _head, _n, _cap,
-    _unsent, _uctl, _inflight, _limit, _late, _gone, _next_sid, _oalias,
-    _oalias_cap; _push, _free, _find, _stored_flags, _alloc_pid, _pump; its
-    docstring has the ring's lifecycle): go(event) (the state table), violation(), send_packet(), send_ack(), out(), emit(); the records conn (what CONNECT carries), subs (the
-    subscriptions), in_aliases (inbound topic aliases), inq (manual
-    acknowledgements); the counters in2 (inbound QoS 2 ids held) and deferred; stale;
-    skip and skip_id (an oversize PUBLISH being discarded); tx and last_tx.
-    """
+    The helper modules (tern.handshake, tern.v5, tern.fault, tern.manual, tern.refused: paths a
+    plain connected client never runs, loaded on first use) are functions of the session and use
+    this interface of it, and nothing that starts with an underscore (but tern.replay, the send
+    ring's cold half, which works on the ring itself: _ring, _rflags, _head, _n, _cap, _unsent,
+    _uctl, _inflight, _limit, _late, _gone, _next_sid, _oalias, _oalias_cap (and tern.v5.alias_out
+    these two); _push, _free, _find,
+    _alloc_pid, _pump; its docstring has the ring's lifecycle): go(event) (the state table),
+    violation(), send_packet(), send_ack(), out(), emit(); the records conn (what CONNECT carries),
+    subs (the subscriptions), in_aliases (inbound topic aliases), inq (manual acknowledgements); the
+    counters in2 (inbound QoS 2 ids held) and deferred; stale; skip and skip_id (an oversize PUBLISH
+    being discarded); tx and last_tx."""
 
     def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
                  window=16, rx_size=4096, tx_size=512, max_pending=256, session_expiry=None,
@@ -180,10 +162,9 @@ class Session:
         self.store = store
         self.window = window
         self._limit = window  # what may be in flight: the window, capped by the server's Receive Maximum
-        # What CONNECT carries besides client_id (which the server may assign
-        # in CONNACK), keepalive last: a CONNACK's Server Keep Alive replaces
-        # self.keepalive for that connection only; its properties are connect_props as
-        # given plus what the session announces (MQTT 5).
+        # What CONNECT carries besides client_id (which the server may assign in CONNACK), keepalive
+        # last: a CONNACK's Server Keep Alive replaces self.keepalive for that connection only; its
+        # properties are connect_props as given plus what the session announces (MQTT 5).
         self.conn = (clean, username, password, will_topic, will_payload, will_qos, will_retain, will_props, keepalive)
         props = dict(connect_props) if connect_props else {}
         if version == _V5:
@@ -212,9 +193,8 @@ class Session:
         self.on_event = None
         self.state = DISCONNECTED
         self._reads = _READS_OTHERS  # the packet types this state reads (see go)
-        # array and Message are imported here, where they are used once: two
-        # globals fewer keep the module's dict a size smaller on a board.
-        from array import array
+        # Message is imported here, where it is used once: a global fewer keeps the module's dict a
+        # size smaller on a board.
         from .message import Message
 
         self.rx = bytearray(rx_size)
@@ -229,66 +209,30 @@ class Session:
         self._held = []  # acks of messages read under a handler: they leave after its own (arrival order)
         self._cache = {}  # steady-path allocations made once, by topic (str or bytes): see publish
         self._hviews = {}  # views of the transmit buffer by header length (see publish): not in _cache, where an int topic would find one
-        self._head = 0
-        self._n = 0  # ring slots in use (released ones inside count until trimmed)
-        self._inflight = 0
-        self._unsent = 0
-        self._uctl = 0  # of which SUBSCRIBE or UNSUBSCRIBE
+        # the ring: its head; slots in use (released ones inside count until trimmed); messages in
+        # flight; entries not sent on this connection, and of those SUBSCRIBE or UNSUBSCRIBE ones
+        self._head = self._n = self._inflight = self._unsent = self._uctl = 0
         self.subs = []
         self._gone = []  # filters unsubscribed while offline: UNSUBSCRIBE when the broker kept the session
         self._late = False  # False: nothing waits for _send_late (it ran to its end since)
         self._next_sid = 1
         self.in_aliases = None
-        # With manual_ack, the queue of acknowledgements in arrival order:
-        # [pid, ack type, reason code to send, or -1 until the app's ack()].
+        # With manual_ack, the queue of acknowledgements in arrival order: [pid, ack type, reason
+        # code to send, or -1 until the app's ack()].
         self.inq = [] if manual_ack else None
         self.last_tx = 0
         self._ping_sent = -1
         self.server = {}  # the last CONNACK's properties (MQTT 5)
         self.max_qos = 2
-        self.retain_ok = True
-        self.sid_ok = True
-        self.wildcard_ok = True
-        self.shared_ok = True
+        self.retain_ok = self.sid_ok = self.wildcard_ok = self.shared_ok = True
         self.session_present = False
-        self.stats_resent = 0
-        self.stats_dropped = 0
-        self.stats_deferred = 0
+        self.stats_resent = self.stats_dropped = self.stats_deferred = 0
         self.skip = 0  # bytes of an oversize inbound PUBLISH still to discard
         self.skip_id = 0  # its QoS << 16 | packet id
-        # Rebuild the send ring from what the store recovered (after a reboot).
-        # The ring holds max_pending entries, or what the store holds when
-        # that is more (max_pending lowered between boots): refusing to start
-        # would refuse at every boot, with the messages never sent.
-        store.open()
-        self._last_pid = store.last_pid()
-        pids = store.pending()
-        cap = max_pending if max_pending > len(pids) else len(pids)
-        store.reserve(cap)
-        self._ring = array("H", bytes(2 * cap))  # zeroed, without a list of cap items
-        self._rflags = bytearray(cap)
-        self._cap = cap  # (len() is a global lookup and a call: too dear for every message on MicroPython)
-        for pid in pids:
-            self._push(pid, self._stored_flags(pid))
-        if store.seen != store.epoch:  # (the ring says what the store holds: see _follow)
-            store.seen = store.epoch
-        self.stats_recovered = self._n
+        # The send ring, rebuilt from what the store recovered (after a reboot): tern.replay.
+        import tern.replay
 
-    def _stored_flags(self, pid, b=None):
-        # A stored packet's ring flags, from its record (at start, for one parked, _GONE, and in
-        # _follow, which reads its first byte into b, not the transmit buffer: a packet may wait there)
-        st = self.store
-        f = _EVER
-        if st.kind(pid) != _PUBLISH:
-            return f | _CTRL
-        if b is None:
-            b = self.tx
-        st.read(pid, 0, b)
-        if (b[0] >> 1) & 3 == 2:
-            f |= _QOS2
-        if st.marked(pid):
-            f |= _MARKED
-        return f
+        tern.replay.boot(self, max_pending)
 
     # ------------------------------------------------------------- send ring
 
@@ -347,30 +291,26 @@ class Session:
 
     # ------------------------------------------------------------------ output
 
-    # While a feed is under way (_rpos >= 0), what the acknowledgements of
-    # our own messages trigger (PUBREL, and the messages an acknowledgement
-    # lets out of the window) is queued in _tx, one packet behind the other,
-    # and handed over in one write when the feed ends: one write per read of
-    # acknowledgements rather than one per packet. Whatever else is sent
-    # (an acknowledgement of an inbound message, publish, CONNECT, PINGREQ)
-    # flushes the queue first, so order is kept.
+    # While a feed is under way (_rpos >= 0), what the acknowledgements of our own messages trigger
+    # (PUBREL, and the messages an acknowledgement lets out of the window) is queued in _tx, one
+    # packet behind the other, and handed over in one write when the feed ends: one write per read
+    # of acknowledgements rather than one per packet. Whatever else is sent (an acknowledgement of
+    # an inbound message, publish, CONNECT, PINGREQ) flushes the queue first, so order is kept.
 
     def flush(self):
-        """Hand over the packets queued during a feed. feed_n does it when it
-        ends; a driver that waits for input inside a feed (a handler's
-        blocking call) does it before it waits."""
+        """Hand over the packets queued during a feed. feed_n does it when it ends; a driver that waits
+        for input inside a feed (a handler's blocking call) does it before it waits."""
         n = self._txn
         if n:
             self._txn = 0
             self.out(self.tx, 0, n)
 
     def out(self, buf, off, n):
-        # The write-ahead rule, for every packet in one place: whatever the
-        # store holds uncommitted (group commit: the mark a PUBREL announces,
-        # the inbound id a PUBREC does, its release a PUBCOMP does, the record
-        # of a PUBLISH, SUBSCRIBE or UNSUBSCRIBE) is made durable before a
-        # byte leaves, and after a storage failure the ring follows what the
-        # store holds (_settle). A store with nothing buffered answers by an attribute.
+        # The write-ahead rule, for every packet in one place: whatever the store holds uncommitted
+        # (group commit: the mark a PUBREL announces, the inbound id a PUBREC does, its release a
+        # PUBCOMP does, the record of a PUBLISH, SUBSCRIBE or UNSUBSCRIBE) is made durable before a
+        # byte leaves, and after a storage failure the ring follows what the store holds (_settle).
+        # A store with nothing buffered answers by an attribute.
         if self.store.dirty:
             self._settle()
         self.send(buf, off, n)
@@ -386,13 +326,12 @@ class Session:
             tern.replay.follow(self)
 
     def send_ack(self, ptype, pid, reason, now):
-        # A PUBREL (our QoS 2 flow) waits with the rest of what the read
-        # released; the acknowledgement of an inbound message leaves at once:
-        # the broker may be holding its next messages until it comes (a full
-        # window), and QoS 0 ones would then overtake them. Either goes after
-        # the messages that acknowledgements read before its trigger let out
-        # of the window (trigger order; see _on_ack): a PUBREL from the ring
-        # (_send_ring) is not pumped for, the others are.
+        # A PUBREL (our QoS 2 flow) waits with the rest of what the read released; the
+        # acknowledgement of an inbound message leaves at once: the broker may be holding its next
+        # messages until it comes (a full window), and QoS 0 ones would then overtake them. Either
+        # goes after the messages that acknowledgements read before its trigger let out of the
+        # window (trigger order; see _on_ack): a PUBREL from the ring (_send_ring) is not pumped
+        # for, the others are.
         if ptype != _PUBREL:
             self._pump(now)
         q = ptype == _PUBREL and self._rpos >= 0
@@ -430,8 +369,8 @@ class Session:
 
     def connect_packet(self, now):
         """Send CONNECT; the driver calls this right after the socket opens."""
-        # Unread bytes belong to the old connection; under a feed (a handler
-        # that reconnected) what it has read stays, for the handlers under way.
+        # Unread bytes belong to the old connection; under a feed (a handler that reconnected) what
+        # it has read stays, for the handlers under way.
         self.rx_len = self._rpos if self._rpos > 0 else 0
         self._txn = 0
         self._ping_sent = -1
@@ -441,11 +380,10 @@ class Session:
         tern.handshake.connect(self, now)  # CONNECTING, and the CONNECT sent
 
     def _pump(self, now):
-        """Send what the window allows, oldest first: a PUBREL for a QoS 2
-        message whose PUBREC was seen, else the stored packet as it is
-        (with DUP when a PUBLISH went out before). Nothing can while the
-        window is full and no SUBSCRIBE waits (PUBRELs count in the window):
-        told here, in a call that costs little."""
+        """Send what the window allows, oldest first: a PUBREL for a QoS 2 message whose PUBREC was
+        seen, else the stored packet as it is (with DUP when a PUBLISH went out before). Nothing can
+        while the window is full and no SUBSCRIBE waits (PUBRELs count in the window): told here, in
+        a call that costs little."""
         if self.state == CONNECTED and self._unsent and (self._inflight < self._limit or self._uctl):
             self._send_ring(now)
 
@@ -458,13 +396,12 @@ class Session:
         flags = self._rflags
         ring = self._ring
         cap = self._cap
-        # Messages leave in ring order and the pump stops at the first that may
-        # not (a SUBSCRIBE beyond a full window may go on: it is outside it),
-        # and only sent ones are released on a live connection: the unsent ones
-        # are the last _unsent slots. Start there when the slot before them is
-        # a sent message, not a control packet (the steady state), else
-        # (released slots among unsent ones, after a CONNACK, a SUBSCRIBE sent
-        # past a full window) from the head.
+        # Messages leave in ring order and the pump stops at the first that may not (a SUBSCRIBE
+        # beyond a full window may go on: it is outside it), and only sent ones are released on a
+        # live connection: the unsent ones are the last _unsent slots. Start there when the slot
+        # before them is a sent message, not a control packet (the steady state), else (released
+        # slots among unsent ones, after a CONNACK, a SUBSCRIBE sent past a full window) from the
+        # head.
         d = self._n - self._unsent
         i = (self._head + d - 1) % cap
         if d <= 0 or not (ring[i] and flags[i] & _SENT and not flags[i] & _CTRL):
@@ -521,17 +458,14 @@ class Session:
     # ---------------------------------------------------------------- publish
 
     def publish(self, topic, payload, qos, retain, now, props=None):
-        """Queue or send one message. Returns its packet id (0 for QoS 0), or
-        WOULD_BLOCK when ordering or the outbox's size says to wait. A QoS
-        1/2 message once stored is accepted even if the connection fails
-        while it is sent (the session disconnects and reports EV_LOST).
+        """Queue or send one message. Returns its packet id (0 for QoS 0), or WOULD_BLOCK when ordering
+        or the outbox's size says to wait. A QoS 1/2 message once stored is accepted even if the
+        connection fails while it is sent (the session disconnects and reports EV_LOST).
 
-        topic: bytes (zero allocation) or str; props: a dict of MQTT 5
-        properties or None.
-        """
-        # (The steady path counts calls: on a Cortex-M3 a Python call costs some 700 instructions,
-        # a builtin such as len() 450, an attribute 150; what a message does not need is off it.)
-        # The steady route first, as Client.publish takes it (pub0, pub1: their guards, the
+        topic: bytes (zero allocation) or str; props: a dict of MQTT 5 properties or None."""
+        # (The steady path counts calls: on a Cortex-M3 a Python call costs some 700 instructions, a
+        # builtin such as len() 450, an attribute 150; what a message does not need is off it.) The
+        # steady route first, as Client.publish takes it (pub0, pub1: their guards, the
         # store-then-send order, and send_failed, the one error contract); what it does not take
         # (-2, nothing stored or sent) goes on here.
         if (qos == 0 or qos == 1) and not (retain or props) and isinstance(payload, _BUFFERS) and (
@@ -558,16 +492,16 @@ class Session:
             raise TypeError("payload must be bytes, bytearray, memoryview or str, not %s" % type(payload).__name__)
         if self._txn:
             self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
-        # Devices publish to a handful of topics: validate (and encode) each
-        # once, so a str or bytes topic costs no allocation on the steady path.
+        # Devices publish to a handful of topics: validate (and encode) each once, so a str or bytes
+        # topic costs no allocation on the steady path.
         try:
             t = self._cache.get(topic)
         except TypeError:  # a bytearray or memoryview: not a key, checked every time
             t = None
         topic = self._topic(topic, props) if t is None else t
-        # What the server's last CONNACK said it supports (MQTT 5; before any
-        # CONNACK everything is allowed): refused here, before a byte is sent
-        # or stored, rather than by a DISCONNECT from the server.
+        # What the server's last CONNACK said it supports (MQTT 5; before any CONNACK everything is
+        # allowed): refused here, before a byte is sent or stored, rather than by a DISCONNECT from
+        # the server.
         if qos > self.max_qos:
             raise ValueError("the server accepts QoS up to %d (CONNACK Maximum QoS)" % self.max_qos)
         if retain and not self.retain_ok:
@@ -575,14 +509,9 @@ class Session:
         tx = self.tx
         pblock = None  # the encoded properties: MQTT 5 only (b"\x00": none)
         if props:
-            if self.version != _V5:
-                raise ValueError("properties need MQTT 5")
-            from . import props as P  # (loaded when properties are sent or received: see _on_publish)
+            import tern.v5
 
-            P.client_publish(props, payload, qos, topic, self.server.get(_P_ALIAS_MAX, 0))
-            pblock = P.encode(props, _PUBLISH)
-            if 2 + len(topic) + 2 + 5 + len(pblock) > len(tx):
-                raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(tx))
+            pblock = tern.v5.publish_props(self, topic, payload, qos, props)
         elif self.version == _V5:
             pblock = b"\x00"
         plen = len(payload)
@@ -596,38 +525,13 @@ class Session:
         if not qos:
             if self.state != CONNECTED:
                 raise NotConnected("not connected: QoS 0 messages are not kept")
-            # Keep order behind queued messages (and, with a window of 1,
-            # behind the one in flight).
+            # Keep order behind queued messages (and, with a window of 1, behind the one in flight).
             if self._unsent or (self._inflight and self._limit == 1):
                 return WOULD_BLOCK
             if self._oalias_cap and not (props and _P_ALIAS in props):
-                # Outbound topic alias (see the class docstring): the
-                # property block for each topic is built once, so a repeat
-                # allocates nothing.
-                d = self._oalias
-                if d is None:
-                    d = self._oalias = {}
-                blk = d.get(topic)
-                new = blk is None and len(d) < self._oalias_cap
-                if new:
-                    a = len(d) + 1
-                    blk = bytes((3, _P_ALIAS, a >> 8, a & 0xFF))
-                if blk is not None:
-                    ablk = blk  # the alias alone, kept per topic
-                    if props:
-                        pp = dict(props)
-                        pp[_P_ALIAS] = blk[2] << 8 | blk[3]
-                        from . import props as P
+                import tern.v5  # (an outbound Topic Alias: see the class docstring)
 
-                        blk = P.encode(pp, _PUBLISH)
-                    if not new:
-                        topic = b""
-                        pblock = blk
-                    elif not mx or size + len(blk) - len(pblock) + 1 <= mx:
-                        # (+1: the remaining length may take a byte more) a new alias only where
-                        # its property keeps the packet within the server's maximum [MQTT-3.1.2-24]
-                        d[topic] = ablk
-                        pblock = blk
+                topic, pblock = tern.v5.alias_out(self, topic, props, pblock, size, mx)
             n = pkt.pub_head(tx, topic, 0x31 if retain else 0x30, 0, plen, pblock)
             pid = 0
         else:
@@ -635,9 +539,9 @@ class Session:
                 return WOULD_BLOCK
             pid = self._alloc_pid()
             n = pkt.pub_head(tx, topic, 0x30 | qos << 1 | (1 if retain else 0), pid, plen, pblock)
-            # The store takes the encoded header as a buffer of exactly n bytes;
-            # one view of the transmit buffer per header length (a device has few
-            # topics), kept, keeps that allocation out of the steady path.
+            # The store takes the encoded header as a buffer of exactly n bytes; one view of the
+            # transmit buffer per header length (a device has few topics), kept, keeps that
+            # allocation out of the steady path.
             c = self._hviews
             v = c.get(n)
             if v is None:
@@ -646,8 +550,8 @@ class Session:
                 v = c[n] = memoryview(tx)[:n]
             st = self.store
             st.append(_PUBLISH, pid, v, payload)
-            # Durable before publish() returns, online or not (group commit: offline, no packet would
-            # commit it until the next CONNACK); a store failure is not an acceptance.
+            # Durable before publish() returns, online or not (group commit: offline, no packet
+            # would commit it until the next CONNACK); a store failure is not an acceptance.
             if st.dirty:
                 st.commit()
             self._push(pid, _QOS2 if qos == 2 else 0)
@@ -666,9 +570,9 @@ class Session:
             self._unsent = 0
             self._inflight += 1
         if n + plen <= len(tx):
-            # One write per packet: a header and a payload written apart
-            # leave as two segments, and where Nagle's algorithm is on the
-            # second waits for the peer's (delayed) ACK of the first.
+            # One write per packet: a header and a payload written apart leave as two segments, and
+            # where Nagle's algorithm is on the second waits for the peer's (delayed) ACK of the
+            # first.
             self._txmv[n : n + plen] = payload
             n += plen
             plen = 0
@@ -682,27 +586,26 @@ class Session:
         return pid
 
     def send_failed(self, e, qos):
-        """The error contract of a publish whose send failed (OSError e), for every route
-        (publish(), Client.publish's steady one): part of the packet may have left, so the
-        connection is over (EV_LOST: the driver drops it and reconnects). A QoS 1/2 message was
-        stored first: accepted, it goes out after the next CONNACK (raising would say "not
-        accepted", and a caller that publishes it again would send it twice). QoS 0 is not kept:
-        the error goes on to the caller."""
+        """The error contract of a publish whose send failed (OSError e), for every route (publish(),
+        Client.publish's steady one): part of the packet may have left, so the connection is over
+        (EV_LOST: the driver drops it and reconnects). A QoS 1/2 message was stored first: accepted,
+        it goes out after the next CONNACK (raising would say "not accepted", and a caller that
+        publishes it again would send it twice). QoS 0 is not kept: the error goes on to the caller."""
         self.connection_lost()
         self.emit(EV_LOST, 0, e)
         if not qos:
             raise e
 
     def pub0(self, topic, payload):
-        """publish() of a QoS 0 message without retain or properties, the steady way, in a frame of
-        11 words (publish()'s comes from the heap, some 2,000+ instructions a call on a Cortex-M3):
-        MQTT 3.1.x, connected, nothing queued ahead of it or for a feed (_txn), no outbound
-        aliases, a topic publish() has cached, the packet within the transmit buffer; sent in
-        one write. Returns 0 once sent (the caller then sets last_tx: one argument fewer keeps
-        the frame within 11 words), or -2 with nothing sent: anything else goes through the
-        general route, which does it or says what is wrong. A topic that is no dict key (a
-        bytearray, a memoryview) raises TypeError before anything is written. An OSError from the
-        send: the caller calls send_failed (the one error contract)."""
+        """publish() of a QoS 0 message without retain or properties, the steady way, in a frame of 11
+        words (publish()'s comes from the heap, some 2,000+ instructions a call on a Cortex-M3):
+        MQTT 3.1.x, connected, nothing queued ahead of it or for a feed (_txn), no outbound aliases,
+        a topic publish() has cached, the packet within the transmit buffer; sent in one write.
+        Returns 0 once sent (the caller then sets last_tx: one argument fewer keeps the frame within
+        11 words), or -2 with nothing sent: anything else goes through the general route, which does
+        it or says what is wrong. A topic that is no dict key (a bytearray, a memoryview) raises
+        TypeError before anything is written. An OSError from the send: the caller calls send_failed
+        (the one error contract)."""
         if self._txn or self._unsent or self._oalias_cap or self.state != CONNECTED or self.version == _V5:
             return _SLOW
         if self._inflight and self._limit == 1:
@@ -752,8 +655,8 @@ class Session:
         return self._last_pid
 
     def _topic(self, topic, props):
-        # A topic not in publish's cache: checked, encoded, and (str or bytes) cached. The
-        # transmit buffer must hold its header (properties: checked with them).
+        # A topic not in publish's cache: checked, encoded, and (str or bytes) cached. The transmit
+        # buffer must hold its header (properties: checked with them).
         if not topic and props and _P_ALIAS in props:
             return b""  # by an alias set on this connection
         t = validate_name(topic)
@@ -779,32 +682,28 @@ class Session:
 
     def subscribe(self, flt, qos, now, handler=None, no_local=False, retain_as_published=False,
                   retain_handling=0, sub_id=None, user_props=None):
-        """Register a subscription (and its handler) and send SUBSCRIBE when
-        connected. Returns the SUBSCRIBE's packet id, or 0 if not connected
-        (it is sent on connect) or the outbox has no room (it is sent once an
-        acknowledgement frees some: a SUBSCRIBE takes a place in the send
-        ring and the store as a message does, and never one that is taken). A
-        filter subscribed again replaces the old entry: its handler and its
-        identifier. Under MQTT 5 every subscription gets an identifier (sub_id,
-        or an automatic one no other subscription holds; sub_id=0: none): the
-        README's dispatch rules.
+        """Register a subscription (and its handler) and send SUBSCRIBE when connected. Returns the
+        SUBSCRIBE's packet id, or 0 if not connected (it is sent on connect) or the outbox has no
+        room (it is sent once an acknowledgement frees some: a SUBSCRIBE takes a place in the send
+        ring and the store as a message does, and never one that is taken). A filter subscribed
+        again replaces the old entry: its handler and its identifier. Under MQTT 5 every
+        subscription gets an identifier (sub_id, or an automatic one no other subscription holds;
+        sub_id=0: none): the README's dispatch rules.
 
-        What the server's last CONNACK said it lacks is refused here with
-        ValueError, before anything is registered or sent: wildcards,
-        shared subscriptions, an explicit sub_id. A handler alone does not
-        need identifiers: without them, dispatch falls back to topic
-        matching (a documented downgrade, not an error). A subscription
-        registered before the first CONNACK is sent as it is; a server that
-        lacks the feature refuses it in SUBACK."""
+        What the server's last CONNACK said it lacks is refused here with ValueError, before
+        anything is registered or sent: wildcards, shared subscriptions, an explicit sub_id. A
+        handler alone does not need identifiers: without them, dispatch falls back to topic matching
+        (a documented downgrade, not an error). A subscription registered before the first CONNACK
+        is sent as it is; a server that lacks the feature refuses it in SUBACK."""
         import tern.replay  # (the ring's cold half: it releases itself after)
 
         return tern.replay.subscribe(self, flt, qos, now, handler, no_local, retain_as_published, retain_handling,
                                      sub_id, user_props)
 
     def unsubscribe(self, flt, now, user_props=None):
-        """Forget the filter's handler and send UNSUBSCRIBE now when connected,
-        else after the next CONNACK if the broker kept the session.
-        (user_props=0: only forget; subscribe() replacing an entry.)"""
+        """Forget the filter's handler and send UNSUBSCRIBE now when connected, else after the next
+        CONNACK if the broker kept the session. (user_props=0: only forget; subscribe() replacing an
+        entry.)"""
         import tern.replay
 
         return tern.replay.unsubscribe(self, flt, now, user_props)
@@ -834,15 +733,13 @@ class Session:
     def feed_n(self, n, now):
         """The driver wrote n more bytes into rx at rx_len (zero-copy receive).
 
-        Re-entrant: a handler or event callback that waits (a blocking
-        subscribe from on_connect, a publish and wait_published from a message
-        handler) makes the driver read and feed again from inside this call.
-        The inner call goes on from the shared read position `_rpos`, after
-        the frame being handled, and leaves that frame in place (the outer
-        handler may still hold a view of its payload): each call moves the
-        unread rest down to where it started reading, so a handler that waits
-        while more arrives does not fill the buffer. n = 0 handles frames
-        left behind by a handler that raised."""
+        Re-entrant: a handler or event callback that waits (a blocking subscribe from on_connect, a
+        publish and wait_published from a message handler) makes the driver read and feed again from
+        inside this call. The inner call goes on from the shared read position `_rpos`, after the
+        frame being handled, and leaves that frame in place (the outer handler may still hold a view
+        of its payload): each call moves the unread rest down to where it started reading, so a
+        handler that waits while more arrives does not fill the buffer. n = 0 handles frames left
+        behind by a handler that raised."""
         self.rx_len += n
         if n:
             self._ping_sent = -1
@@ -902,8 +799,8 @@ class Session:
         return pkt.frame_size(self.rx, pos, self.rx_len, 268435460) if pos < self.rx_len else -1
 
     def _skip(self, now):
-        # An oversize PUBLISH (see tern.fault.oversize), discarded as it arrives; True while more
-        # of it is to come.
+        # An oversize PUBLISH (see tern.fault.oversize), discarded as it arrives; True while more of
+        # it is to come.
         pos = self._rpos
         k = self.skip
         if self.rx_len - pos < k:
@@ -922,9 +819,9 @@ class Session:
 
     def _handle(self, pos, end, now):
         # The steady path's frames, in a frame of 11 words (one larger comes from the heap, some
-        # 2,000 instructions a call on a Cortex-M3): a PUBLISH, a PUBACK without a reason code
-        # (MQTT 3.1.1's; MQTT 5's for success). Everything else, and anything odd in these, goes
-        # to _handle_any, which says what is wrong.
+        # 2,000 instructions a call on a Cortex-M3): a PUBLISH, a PUBACK without a reason code (MQTT
+        # 3.1.1's; MQTT 5's for success). Everything else, and anything odd in these, goes to
+        # _handle_any, which says what is wrong.
         t = self.rx[pos]
         if t == 0x40 and end - pos == 4 and self._reads & 1 << _PUBACK:
             t = self.rx[pos + 2] << 8 | self.rx[pos + 3]
@@ -949,9 +846,8 @@ class Session:
             return
         body = end - pos
         if _PUBACK <= t <= _PUBCOMP and (body == 4 or (body == 5 and self.version == _V5)):
-            # Fast path, allocating nothing: fixed header, packet id and (MQTT
-            # 5) a reason code. Anything odd in them goes on to the full
-            # decoder below, which says what is wrong.
+            # Fast path, allocating nothing: fixed header, packet id and (MQTT 5) a reason code.
+            # Anything odd in them goes on to the full decoder below, which says what is wrong.
             pid = rx[pos + 2] << 8 | rx[pos + 3]
             reason = rx[pos + 4] if body == 5 else 0
             if pid and b0 & 15 == (2 if t == _PUBREL else 0) and (
@@ -961,23 +857,11 @@ class Session:
         if t == _PINGRESP and body == 2 and b0 == 0xD0:
             return
         if t == _CONNACK or t == _AUTH:
-            # The packets of connecting and authenticating: tern.handshake
-            # reads them and releases itself after (a connected client does not
-            # keep its code).
+            # The packets of connecting and authenticating: tern.handshake reads them (and has
+            # tern.replay replay the ring at a CONNACK that accepts); both release themselves after.
             import tern.handshake
 
-            try:
-                p = tern.handshake.read(self, pos, end, now)
-                if p:
-                    import tern.replay  # the ring replayed (it releases itself after)
-
-                    tern.replay.accepted(self, p, now)
-            except OSError:
-                # A store that failed (or a send) under the CONNACK's work: the connection ends
-                # before anything more is built from a ring replayed half-way (feed_n pumps in its
-                # finally); the driver reconnects.
-                self.connection_lost()
-                raise
+            tern.handshake.read(self, pos, end, now)
             return
         p = pkt.decode(self.rxmv[pos:end], self.version, len(rx))
         if t == _DISCONNECT:
@@ -990,10 +874,9 @@ class Session:
 
     def go(self, event):
         """Move the connection to the state `event` (_E_*) leads to."""
-        # The state machine as a table, in the manner of h11: one row per
-        # state, one column per event, the next state in each cell; 255 (_NO):
-        # the event cannot happen in that state (a CONNACK outside CONNECTING
-        # never gets here: _reads turns it away first).
+        # The state machine as a table, in the manner of h11: one row per state, one column per
+        # event, the next state in each cell; 255 (_NO): the event cannot happen in that state (a
+        # CONNACK outside CONNECTING never gets here: _reads turns it away first).
         n = (
             # CONNECT  ACCEPT  REFUSE  LOST
             b"\x01"   b"\xff" b"\xff" b"\x00"  # DISCONNECTED
@@ -1006,10 +889,9 @@ class Session:
         self._reads = _READS_CONNECTING if n == _CONNECTING else _READS_OTHERS
 
     def reauthenticate(self, now, props=None):
-        """Start a re-authentication on the open connection (MQTT 5 enhanced
-        authentication): AUTH 0x19 with the Authentication Method and `props`
-        (e.g. fresh Authentication Data). The hook answers the server's
-        challenges; EV_AUTH (a = 0) reports success, a refusal comes as a
+        """Start a re-authentication on the open connection (MQTT 5 enhanced authentication): AUTH 0x19
+        with the Authentication Method and `props` (e.g. fresh Authentication Data). The hook
+        answers the server's challenges; EV_AUTH (a = 0) reports success, a refusal comes as a
         server DISCONNECT."""
         if self.state != CONNECTED:
             raise NotConnected("not connected")
@@ -1018,10 +900,9 @@ class Session:
         tern.handshake.reauthenticate(self, now, props)
 
     def _on_ack(self, t, pid, reason, now):
-        # An acknowledgement from the server; for SUBACK and UNSUBACK, reason
-        # is the list of reason codes. The steady case first, in a small frame (see _handle):
-        # the PUBACK of the oldest message, a QoS 1 PUBLISH sent on this connection, ends it as
-        # _ack_any would.
+        # An acknowledgement from the server; for SUBACK and UNSUBACK, reason is the list of reason
+        # codes. The steady case first, in a small frame (see _handle): the PUBACK of the oldest
+        # message, a QoS 1 PUBLISH sent on this connection, ends it as _ack_any would.
         if t == _PUBACK and self._n and self._ring[self._head] == pid and (
                 self._rflags[self._head] & (_SENT | _QOS2 | _CTRL) == _SENT):
             self._free(self._head)
@@ -1059,8 +940,8 @@ class Session:
         if t == _PUBREC:
             self._pump(now)  # (its PUBREL goes after what earlier acknowledgements let out: see _ack)
         if i < 0 or not f & _SENT:
-            # Unknown identifier: nothing pending changes (a late ack after a
-            # reboot or a confused server). PUBREC still needs an answer.
+            # Unknown identifier: nothing pending changes (a late ack after a reboot or a confused
+            # server). PUBREC still needs an answer.
             if t == _PUBREC:
                 self.send_ack(_PUBREL, pid, 0x92, now)
             return
@@ -1075,8 +956,7 @@ class Session:
             self.send_ack(_PUBREL, pid, 0, now)
             return
         else:
-            # PUBACK of a QoS 1 message, PUBCOMP after PUBREC, or a PUBREC
-            # refusing a QoS 2 message.
+            # PUBACK of a QoS 1 message, PUBCOMP after PUBREC, or a PUBREC refusing a QoS 2 message.
             done = not f & _QOS2 if t == _PUBACK else f & _QOS2 and (t == _PUBREC or f & _MARKED)
         if not done:
             from .fault import wrong_ack
@@ -1087,19 +967,9 @@ class Session:
                 self.emit(EV_PUBLISHED, pid, _PROTOCOL_ERROR)
             wrong_ack(self, t, pid, f, now)
         if t > _PUBCOMP:
-            # One filter a SUBSCRIBE/UNSUBSCRIBE, so one reason code ([MQTT-3.8.4-6],
-            # [MQTT-3.11.3-2]; UNSUBACK before MQTT 5: none), and never more than the QoS asked for.
-            q = -1
-            for e in self.subs:
-                if e.pid == pid:
-                    q = e.opts & 3
-                    sub = e
-            if len(reason) != (1 if t == _SUBACK or self.version == _V5 else 0) or (
-                    t == _SUBACK and q >= 0 and reason[0] < 0x80 and reason[0] > q):
-                self.violation(_PROTOCOL_ERROR, "%s %d does not answer its request: %r" % (
-                    "SUBACK" if t == _SUBACK else "UNSUBACK", pid, reason), now)
-            if q >= 0:
-                sub.pid = 0  # answered (before _send_late may hand the identifier to another)
+            import tern.replay  # (the subscription's side: it releases itself after)
+
+            tern.replay.answered(self, t, pid, reason, now)
         self._free(i)
         if self._late and self._n < self._cap:
             self._send_late(now)  # what waited for room goes first
@@ -1108,13 +978,13 @@ class Session:
         else:
             self._inflight -= 1
             self.emit(EV_PUBLISHED, pid, reason)
-            # What this lets out of the window leaves when the read is handled
-            # (feed_n pumps once for all the acknowledgements in it, in one pass)
-            # or before a message handler runs, whichever comes first.
+            # What this lets out of the window leaves when the read is handled (feed_n pumps once
+            # for all the acknowledgements in it, in one pass) or before a message handler runs,
+            # whichever comes first.
 
     def _answer(self, t, pid, now):
-        # Acknowledge an inbound message that is not delivered, in its place
-        # among the acknowledgements (arrival order).
+        # Acknowledge an inbound message that is not delivered, in its place among the
+        # acknowledgements (arrival order).
         if self.inq is not None:
             self.inq.append([pid, t, 0])
             self.ack(0, now)
@@ -1133,9 +1003,8 @@ class Session:
         m.buf = m.tbuf = rx
         m.version = v
         if v == _V5:
-            # tern.props is loaded when a property block is not empty: a
-            # connected client whose messages carry none does not hold it
-            # (the handshake lets it go after the CONNACK).
+            # tern.props is loaded when a property block is not empty: a connected client whose
+            # messages carry none does not hold it (the handshake lets it go after the CONNACK).
             if m.props_end > m.props_start:
                 import tern.props
 
@@ -1143,8 +1012,8 @@ class Session:
             else:
                 m.alias = m.n_sub_ids = m.pfi = 0
             if m.alias or m.topic_end == m.topic_start:
-                # `import tern.v5`, not `from .v5 import alias_in`: that one
-                # builds its tuple of names (32 bytes) at every message.
+                # `import tern.v5`, not `from .v5 import alias_in`: that one builds its tuple of
+                # names (32 bytes) at every message.
                 import tern.v5
 
                 tern.v5.alias_in(self, m, now)
@@ -1165,15 +1034,13 @@ class Session:
         elif q:
             if d:  # its ack waits for the handler under way: slot taken now, in arrival order
                 self._held.append(pid << 4 | t)
-        # Dispatch (the rules are in the README, "Which handlers a message
-        # reaches"). A copy carrying identifiers stands for the subscriptions
-        # holding them: each one's handler (on_message when it has none) runs
-        # once per identifier, which is the same whether the broker sends one
-        # copy with several identifiers or one copy per subscription; an
-        # identifier no subscription holds goes to on_message. A copy without
-        # identifiers stands for subscriptions without one (when the server
-        # takes identifiers): each matching one's handler runs once, and
-        # on_message once when one of them has no handler or none matches.
+        # Dispatch (the rules are in the README, "Which handlers a message reaches"). A copy
+        # carrying identifiers stands for the subscriptions holding them: each one's handler
+        # (on_message when it has none) runs once per identifier, which is the same whether the
+        # broker sends one copy with several identifiers or one copy per subscription; an identifier
+        # no subscription holds goes to on_message. A copy without identifiers stands for
+        # subscriptions without one (when the server takes identifiers): each matching one's handler
+        # runs once, and on_message once when one of them has no handler or none matches.
         n_ids = m.n_sub_ids
         ids = m.sub_ids
         sids = v == _V5 and self.sid_ok
@@ -1218,9 +1085,9 @@ class Session:
                 if took != 1 and dflt:
                     dflt(m)
         finally:
-            # Acknowledged even when a handler raised (the exception goes on
-            # to the driver's caller): acknowledgements keep arrival order,
-            # so those of messages read meanwhile follow this one's.
+            # Acknowledged even when a handler raised (the exception goes on to the driver's
+            # caller): acknowledgements keep arrival order, so those of messages read meanwhile
+            # follow this one's.
             self._depth = d
             if not d and err is None:  # (not over a connection that broke)
                 if q and not manual:
@@ -1242,23 +1109,10 @@ class Session:
         return None
 
     def _admit(self, pid, rec, now):
-        # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in
-        # the store; rec = 0: by ack(), later) until then, so their number is
-        # capped (_in_cap: four times receive_max, at least 128). Not at
-        # receive_max itself, which MQTT 5 announces as our Receive Maximum:
-        # Mosquitto 2.0.11 counts a QoS 2 message in flight only until our
-        # PUBREC, so when we read a burst 32 to 60 ids await its PUBRELs
-        # whatever Receive Maximum we announced (4, 8, 32, or its 3.1.1 limit
-        # of 20). Over the cap on a fresh session, the broker broke the
-        # protocol (0x93; MQTT 3.1.x: the same error, no DISCONNECT). On a
-        # resumed one it is deferred: Mosquitto resends what was in flight
-        # when the last connection ended without counting it either, and each
-        # of those completed lets a Receive Maximum more come; refusing would
-        # bring the same after every reconnect. A deferred message is neither
-        # delivered nor acknowledged, and once the ids taken are released the
-        # session reconnects (see _on_ack) so the broker sends it again.
-        # False: not taken (deferred; or the store could not record its id,
-        # then deferred as well: see tern.fault.unrecorded).
+        # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in the store; rec = 0: by
+        # ack(), later) until then, so their number is capped (_in_cap; why not at receive_max, and
+        # what over it does: tern.fault.over_cap). False: not taken (deferred; or the store could
+        # not record its id, then deferred as well: see tern.fault.unrecorded).
         n = self.in2
         if n >= self._in_cap:
             from .fault import over_cap
@@ -1276,9 +1130,8 @@ class Session:
         return True
 
     def ack(self, ack_id, now):
-        """Manual acknowledgement: the application is done with a message.
-        Acknowledgements still leave in the order the messages arrived: this
-        sends those at the head of the queue that are ready."""
+        """Manual acknowledgement: the application is done with a message. Acknowledgements still leave
+        in the order the messages arrived: this sends those at the head of the queue that are ready."""
         if self.inq is not None:
             import tern.manual  # (not `from .manual import`: see _on_publish)
 
@@ -1291,8 +1144,8 @@ class Session:
     # ------------------------------------------------------------------ timers
 
     def poll(self, now):
-        """Keepalive. Returns ms until the next call is needed; raises
-        OSError when the server stopped answering."""
+        """Keepalive. Returns ms until the next call is needed; raises OSError when the server stopped
+        answering."""
         if self.state == DISCONNECTED:
             return 1000
         ka = self.keepalive * 1000

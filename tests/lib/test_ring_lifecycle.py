@@ -235,7 +235,7 @@ def watched(rigs, seeds, n_steps):
         init(s, *a, **k)
         w.state = {}
         w.slot = {}
-        w.attach(s, "__init__")
+        w.attach(s, "boot")
 
     def step(run, st):
         run_step(run, st)
