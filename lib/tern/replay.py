@@ -376,9 +376,16 @@ def _follow(s):
         raise OSError("the store read its medium again after a failure: reconnecting, to resend what it holds")
 
 
+def _filter(flt):
+    # A filter checked, as str (given as bytes too).
+    from .topic import validate_filter
+
+    b = validate_filter(flt)
+    return flt if isinstance(flt, str) else b.decode()
+
+
 def _subscribe(s, flt, qos, now, handler, no_local, retain_as_published, retain_handling, sub_id, user_props):
     # Session.subscribe (its docstring says what it does).
-    from .session import _filter
     from .topic import parse_shared
 
     flt = _filter(flt)
@@ -419,8 +426,6 @@ def _subscribe(s, flt, qos, now, handler, no_local, retain_as_published, retain_
 
 def _unsubscribe(s, flt, now, user_props):
     # Session.unsubscribe (user_props=0: only forget; subscribe() replacing an entry).
-    from .session import _filter
-
     flt = _filter(flt)
     if user_props != 0:
         _fits(s, _UNSUBSCRIBE, flt, user_props, None)
