@@ -633,7 +633,9 @@ class Session:
         self._alloc_pid()
         n = pub_head(self.tx, topic, 0x32, self._last_pid, len(payload))  # the header's length
         if n + len(payload) > len(self.tx) or self._hviews.get(n) is None:
-            return _SLOW  # (publish() makes the header's view the store takes: see there)
+            # (publish() makes the header's view the store takes: see there) the id given back
+            self._last_pid = (self._last_pid - 2) % 65535 + 1
+            return _SLOW
         # The payload into the packet first: one that is no buffer raises TypeError here, before
         # anything is stored (the general route then says what is wrong).
         self._txmv[n : n + len(payload)] = payload
