@@ -858,6 +858,10 @@ class Session:
             import tern.handshake
 
             tern.handshake.read(self, pos, end, now)
+            if self.state == CONNECTED:  # the CONNACK's cold code (handshake, replay) released:
+                import gc  # collected before the steady state (docs/benchmarks.md, issue 39's A/B)
+
+                gc.collect()
             return
         p = pkt.decode(self.rxmv[pos:end], self.version, len(rx))
         if t == _DISCONNECT:
