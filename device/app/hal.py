@@ -173,9 +173,14 @@ def watchdog(prof):
 
 class Net:
     """Wi-Fi station bring-up with retry and exponential backoff; nothing to do without a radio.
-    poll() never blocks: the app keeps measuring (and queueing) while the network is down."""
+    poll() never blocks: the app keeps measuring (and queueing) while the network is down. The
+    backoff is the library's policy (tern.client.backoff_ms) with the app's backoff_min_ms and
+    backoff_max_ms, never under ASSOC_MS: the time a station takes to associate (a connect() called
+    again sooner would cut the one under way short)."""
 
-    def __init__(self, prof, ssid, password):
+    ASSOC_MS = 1000
+
+    def __init__(self, prof, ssid, password, backoff_min_ms, backoff_max_ms):
         self.wlan = None
         self.up = prof.get("network", "none") != "wifi"
         if not self.up:
@@ -185,7 +190,10 @@ class Net:
             self.wlan.active(True)
             self.ssid = ssid
             self.pw = password
-            self.delay = 1000
+            self.lo = backoff_min_ms
+            self.hi = backoff_max_ms
+            self.n = 0  # failed attempts since the link was last up
+            self.delay = self.ASSOC_MS
             self.t = ticks_ms()
             self.attempt = False
             if not ssid:
@@ -200,14 +208,18 @@ class Net:
         if self.up:
             if not was:
                 say("net", ok=True, ip=w.ifconfig()[0])
-                self.delay = 1000
+                self.n = 0
+                self.delay = self.ASSOC_MS
             return True
         if was:
             say("net", ok=False, err="link lost")
         if self.ssid and ticks_diff(ticks_ms(), self.t) >= 0:
             if self.attempt:
                 say("net", ok=False, err="no link after %d ms" % self.delay, status=w.status())
-                self.delay = min(self.delay * 2, 60000)
+                from tern.client import backoff_ms
+
+                self.n += 1
+                self.delay = max(self.ASSOC_MS, backoff_ms(self.n, self.lo, self.hi))
             w.connect(self.ssid, self.pw)
             self.attempt = True
             self.t = ticks_add(ticks_ms(), self.delay)

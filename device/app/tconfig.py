@@ -8,6 +8,7 @@ device/app/config.example.json and docs/app.md for the keys.
 import gc
 import json
 from hal import say
+from tern.client import BACKOFF_MIN_MS, BACKOFF_MAX_MS
 
 FILE = "config.json"
 _ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:"
@@ -38,8 +39,8 @@ SPEC = (
     ("max_pending", 256, "i", 2, 65535),
     ("rx_size", 4096, "i", 256, 1048576),
     ("tx_size", 512, "i", 64, 65535),
-    ("backoff_min_ms", 250, "i", 10, 3600000),
-    ("backoff_max_ms", 30000, "i", 10, 3600000),
+    ("backoff_min_ms", BACKOFF_MIN_MS, "i", 10, 3600000),  # (the library's defaults: tern.client)
+    ("backoff_max_ms", BACKOFF_MAX_MS, "i", 10, 3600000),
     ("wifi_ssid", None, "s", 0, 0),
     ("wifi_password", None, "s", 0, 0),
     ("deep_sleep", False, "b", 0, 0),

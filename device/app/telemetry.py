@@ -68,7 +68,7 @@ class App:
         self.wdt = hal.watchdog(prof)
         cfg = self.cfg = _config(prof)
         dev = self.dev = cfg["client_id"]
-        self.net = hal.Net(prof, cfg["wifi_ssid"], cfg["wifi_password"])
+        self.net = hal.Net(prof, cfg["wifi_ssid"], cfg["wifi_password"], cfg["backoff_min_ms"], cfg["backoff_max_ms"])
         store, kind = hal.open_store(prof)
         if kind == "flash":
             # Recovered here, before the client takes its buffers, into an index sized once for max_pending

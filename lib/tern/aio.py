@@ -71,7 +71,8 @@ import sys
 import asyncio
 
 from . import session as S
-from .client import ConnectError, GRACE_MS, MICROPYTHON, ticks_ms, ticks_diff, _Driver, _CLOSED, nodelay
+from .client import ConnectError, GRACE_MS, MICROPYTHON, ticks_ms, ticks_diff, _Driver, _CLOSED, nodelay, \
+    BACKOFF_MIN_MS, BACKOFF_MAX_MS
 from .wire import MQTTError
 
 try:
@@ -224,8 +225,8 @@ class Client(_Driver):
 
     def __init__(self, client_id="", server="127.0.0.1", port=None, version=4, keepalive=60,
                  clean=True, store=None, ssl=None, server_hostname=None, reconnect=True,
-                 backoff_min=0.25, backoff_max=30, connect_timeout=10, healthy_after=10,
-                 queue_size=16, stream=None, **session_opts):
+                 backoff_min=BACKOFF_MIN_MS / 1000, backoff_max=BACKOFF_MAX_MS / 1000, connect_timeout=10,
+                 healthy_after=10, queue_size=16, stream=None, **session_opts):
         if queue_size < 1:
             raise ValueError("queue_size must be at least 1")
         _Driver.__init__(self, client_id, server, port, version, keepalive, clean, store, ssl, server_hostname,

@@ -118,6 +118,23 @@ class ConnectError(OSError):
 
 _CLOSED = "connection closed by the broker"
 
+# The reconnect backoff, the one policy of every reconnect a board makes (the drivers' broker
+# reconnect, the telemetry app's config defaults, its Wi-Fi reconnect): backoff_ms. Its defaults,
+# in ms: the first wait after a failed attempt, and the longest.
+BACKOFF_MIN_MS = const(250)
+BACKOFF_MAX_MS = const(30000)
+
+
+def backoff_ms(n, lo, hi):
+    """The wait before attempt n + 1 after n failed ones (n >= 1), ms: lo ms doubling up to hi ms,
+    with jitter (50-100 %: fleets must not reconnect in step)."""
+    import random  # only a reconnect needs it: not imported at start
+
+    d = lo * (1 << min(n - 1, 16))
+    if d > hi:
+        d = hi
+    return int(d * (0.5 + random.getrandbits(16) / 131072))
+
 
 class _Driver:
     """What the blocking and the asyncio driver share: where to connect, how
@@ -237,15 +254,7 @@ class _Driver:
         # load) sees backed-off, jittered retries, not a storm.
         n = self._attempt
         self._attempt += 1
-        if not n:
-            return 0
-        import random  # only a reconnect needs it: not imported at start
-
-        d = self.backoff_min * (1 << min(n - 1, 16))
-        if d > self.backoff_max:
-            d = self.backoff_max
-        # jitter, 50-100 % of d: fleets must not reconnect in step
-        return int(d * (0.5 + random.getrandbits(16) / 131072) * 1000)
+        return backoff_ms(n, self.backoff_min * 1000, self.backoff_max * 1000) if n else 0
 
 
 # What _wait() waits for, as a number rather than a closure (a closure is a
@@ -300,7 +309,8 @@ class Client(_Driver):
 
     def __init__(self, client_id="", server="127.0.0.1", port=None, version=4, keepalive=60,
                  clean=True, store=None, ssl=None, server_hostname=None, reconnect=True,
-                 backoff_min=0.25, backoff_max=30, connect_timeout=10, healthy_after=10, stream=None, **opts):
+                 backoff_min=BACKOFF_MIN_MS / 1000, backoff_max=BACKOFF_MAX_MS / 1000, connect_timeout=10,
+                 healthy_after=10, stream=None, **opts):
         _Driver.__init__(self, client_id, server, port, version, keepalive, clean, store, ssl, server_hostname,
                          reconnect, backoff_min, backoff_max, connect_timeout, healthy_after, opts)
         self.sock = None
@@ -609,24 +619,27 @@ class Client(_Driver):
             payload = payload.encode()
         s = self.session
         if (qos == 0 or qos == 1) and not (retain or props):
-            # the steady cases (Session.pub0, pub1); else, or -2 from them, Session.publish
+            # The steady route as Session.publish takes it first (pub0, pub1; the error contract
+            # send_failed), here without publish()'s frame from the heap; else, or -2 from them,
+            # Session.publish's general route.
             try:
-                pid = s.pub1(topic, payload, ticks_ms()) if qos else s.pub0(topic, payload, ticks_ms())
+                pid = s.pub1(topic, payload) if qos else s.pub0(topic, payload)
             except (TypeError, NotImplementedError):
                 # a topic that is no dict key, a payload that is no buffer (MicroPython's slice
                 # store says NotImplementedError), both before anything is stored or sent:
                 # Session.publish says what is wrong
                 pid = _SLOW
             except OSError as e:
-                if not qos:
-                    self._drop(e)  # pub0's send failed: what Session.publish does (EV_LOST)
-                raise  # (pub1: the store failed; nothing accepted)
+                if qos:
+                    raise  # pub1: the store failed, nothing accepted
+                s.send_failed(e, 0)  # pub0: the send failed (raises; EV_LOST drops the connection)
             if pid != _SLOW:
+                s.last_tx = ticks_ms()
                 if pid:
                     try:
                         s.flush()  # pub1's packet
                     except OSError as e:
-                        self._drop(e)  # accepted (stored): it goes out after the next CONNACK
+                        s.send_failed(e, 1)  # accepted (stored): it goes out after the next CONNACK
                 return pid
         start = None  # the wait for room, timed from the first refusal (no clock read for a message that goes)
         while True:

@@ -77,6 +77,16 @@ def oversize(s, pos, end, size):
 
 
 def over_cap(s, n, now):
+    # Why a cap (Session._in_cap: four times receive_max, at least 128) and not receive_max itself,
+    # which MQTT 5 announces as our Receive Maximum: Mosquitto 2.0.11 counts a QoS 2 message in
+    # flight only until our PUBREC, so when we read a burst 32 to 60 ids await its PUBRELs
+    # whatever Receive Maximum we announced (4, 8, 32, or its 3.1.1 limit of 20). Over the cap on
+    # a fresh session, the broker broke the protocol (0x93; MQTT 3.1.x: the same error, no
+    # DISCONNECT). On a resumed one it is deferred: Mosquitto resends what was in flight when the
+    # last connection ended without counting it either, and each of those completed lets a
+    # Receive Maximum more come; refusing would bring the same after every reconnect. A deferred
+    # message is neither delivered nor acknowledged, and once the ids taken are released the
+    # session reconnects (Session._ack_any: redeliver) so the broker sends it again.
     # Session._admit with n ids awaiting PUBREL, at the cap: a fresh session's
     # broker broke the protocol (0x93); on a resumed one the message is
     # deferred (not delivered, not acknowledged). False: not taken.

@@ -1,8 +1,10 @@
 """FlashStore: the session store as a circular log on a raw flash partition.
 
-Over 600 lines because the append path, the reclaim of old sectors and the recovery scan work on
-the same window buffer, sector tables and index, and the scan runs at every open: a module of its
-own would put one more module and class on a board's heap for code every boot loads anyway.
+Over 600 lines because (and over the 1,000 the project allows a lib module, by choice) the append
+path, the reclaim of old sectors and the recovery scan work on the same window buffer, sector
+tables and index, and the scan runs at every open: a module of its own would put one more module
+and class on a board's heap for code every boot loads anyway. A fifth of the lines are the
+format's description and comments.
 
 The block device speaks MicroPython's extended block protocol (esp32.Partition,
 rp2.Flash, device/emulated/norflash.py): readblocks(b, buf, off),

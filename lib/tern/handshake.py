@@ -1,7 +1,7 @@
 """Connecting and authenticating, loaded for them and released after (_release): the CONNECT a
 session sends, the CONNACK that answers it (refusal, the checks it must pass, the
 server's properties taken; the session then resends what waits), and enhanced authentication
-(MQTT 5 AUTH, while connecting and for a re-authentication). A connected client keeps none of
+(MQTT 5 AUTH, while connecting and for a re-authentication; auth() says how the hook is called). A connected client keeps none of
 this code. Functions of the session `s`, through its interface for helper modules (Session's
 docstring).
 """
@@ -84,11 +84,21 @@ def _release():
 def read(s, pos, end, now):
     # A CONNACK (the session is CONNECTING: Session._reads lets no other
     # through) or an AUTH at rx[pos:end]; this module is released after.
-    # Returns the CONNACK Packet when it accepted the connection (with what
-    # it allows: limit, messages in flight; aliases, outbound topic aliases):
-    # the session then replays its send ring.
+    # A CONNACK that accepts the connection (what it allows: limit, messages
+    # in flight; aliases, outbound topic aliases) has tern.replay replay the
+    # send ring.
     try:
-        return _read(s, pos, end, now)
+        p = _read(s, pos, end, now)
+        if p:
+            import tern.replay  # (it releases itself after)
+
+            tern.replay.accepted(s, p, now)
+    except OSError:
+        # A store that failed (or a send) under the CONNACK's work: the connection ends before
+        # anything more is built from a ring replayed half-way (feed_n pumps in its finally); the
+        # driver reconnects.
+        s.connection_lost()
+        raise
     finally:
         _release()
 
@@ -148,6 +158,14 @@ def connack(s, p, now):
 def auth(s, p, now):
     # Enhanced authentication: a challenge (0x18) while connecting or
     # re-authenticating, or success (0) at the end of a re-authentication.
+    # The hook (Session's auth=): auth(reason, props) -> props. Put the Authentication Method (and
+    # any initial data) in connect_props; each AUTH the server sends (reason 0x18, continue) calls
+    # the hook with its reason and properties, and what it returns goes back in an AUTH packet (the
+    # method is added when missing). It is also called with reason 0 when a re-authentication
+    # (`reauthenticate`) succeeds. A hook that raises ends the connection (DISCONNECT 0x80) and its
+    # exception reaches the driver as MQTTError 0x80 naming it. A refusal arrives as a CONNACK
+    # reason code (the driver raises ConnectError) or, during re-authentication, as a server
+    # DISCONNECT.
     r = p.reason
     cp = s.connect_props
     m = cp and cp.get(_P_AUTH_METHOD)

@@ -4,11 +4,12 @@ handlers, events to `on_event(kind, a, b)`, and tells when it next needs the
 clock. No sockets, no clocks, no files: drivers own those, which is what lets
 the same engine run on a board, on a host and under fault injection.
 
-Over 600 lines because the steady path (send ring, window, receive buffer, dispatch) is one class
-whose methods read the same fields for every message: split by job, each part would reach into the
-others' fields or cost a call per message on the device. What a connected client never runs is out
-(tern.handshake, v5, fault, manual, refused, through the interface in Session's docstring); a
-third of the lines are comments and docstrings.
+Over 600 lines because (and up to the 1,200 the project allows session.py) the steady path (send
+ring, window, receive buffer, dispatch) is one class whose methods read the same fields for every
+message: split by job, each part would reach into the others' fields or cost a call per message on
+the device. What a connected client never runs is out (tern.handshake, replay, v5, fault, manual,
+refused, through the interface in Session's docstring); a third of the lines are comments and
+docstrings.
 
 Write-ahead: a QoS 1/2 PUBLISH, SUBSCRIBE or UNSUBSCRIBE goes into the store
 before its first byte is sent and leaves it on its acknowledgement. The send
@@ -28,7 +29,7 @@ for applications that make their own write durable first.
 from .wire import const, MQTTError
 from . import pkt
 from .pkt import Packet, pub_head
-from .topic import matches_bytes, parse_shared, validate_filter, validate_name
+from .topic import matches_bytes, validate_name
 
 try:
     from time import ticks_diff
@@ -36,29 +37,25 @@ except ImportError:  # CPython: the driver's clock does not wrap, a plain a - b 
     from operator import sub as ticks_diff
 
 
-# Packet types and property identifiers as private constants: folded into the
-# bytecode, so they cost no module globals on a board.
+# Packet types and property identifiers as private constants: folded into the bytecode, so they cost
+# no module globals on a board.
 _CONNACK = const(2)
 _PUBLISH = const(3)
 _PUBACK = const(4)
 _PUBREC = const(5)
 _PUBREL = const(6)
 _PUBCOMP = const(7)
-_SUBSCRIBE = const(8)
 _SUBACK = const(9)
-_UNSUBSCRIBE = const(10)
 _UNSUBACK = const(11)
 _PINGRESP = const(13)
 _DISCONNECT = const(14)
 _AUTH = const(15)
 _V5 = const(5)
 _PROTOCOL_ERROR = const(0x82)
-_P_SUB_ID = const(0x0B)
 _P_SESSION_EXPIRY = const(0x11)
 _P_RECEIVE_MAX = const(0x21)
 _P_ALIAS_MAX = const(0x22)
 _P_ALIAS = const(0x23)
-_P_USER = const(0x26)
 _P_MAX_PACKET = const(0x27)
 
 # The connection's states (CONNECTING is private: no driver needs to tell it apart) ...
@@ -72,9 +69,9 @@ _E_REFUSE = const(2)  # a CONNACK refusing it (tern.handshake)
 _E_LOST = const(3)  # connection_lost(): the transport is gone, a DISCONNECT, a protocol violation
 _NO = const(255)  # an event that cannot happen in that state
 # ... and the inbound packet types each reads (bit t: packet type t), any other being a protocol
-# violation (tern.fault.unexpected); DISCONNECTED reads what a feed under way still holds. The
-# table of states and events is Session.go's (written there: a constant in its bytecode, not a
-# module global on a board's heap).
+# violation (tern.fault.unexpected); DISCONNECTED reads what a feed under way still holds. The table
+# of states and events is Session.go's (written there: a constant in its bytecode, not a module
+# global on a board's heap).
 _READS_CONNECTING = const(1 << _CONNACK | 1 << _AUTH)
 _READS_OTHERS = const(0xFFFF ^ 1 << _CONNACK)
 
@@ -84,11 +81,10 @@ EV_PUBLISHED = const(2)  # a = pid, b = reason (acknowledged, or refused when >=
 EV_SUBACK = const(3)  # a = pid, b = list of reason codes
 EV_UNSUBACK = const(4)  # a = pid, b = list of reason codes
 EV_DISCONNECT = const(5)  # a = reason code, b = DISCONNECT Packet
-_EV_RESTORED = const(6)  # a = messages resent after a reconnect, b = broker lost the session (no driver reads it)
 EV_AUTH = const(7)  # a = 0: a re-authentication succeeded, b = AUTH Packet
 EV_LOST = const(8)  # a = 0, b = the OSError: a send under publish() failed, the connection is over
 
-# Ring entry flags.
+# Ring entry flags (the states they make and the transitions between them: tern.replay's docstring).
 _SENT = const(1)  # sent on this connection
 _QOS2 = const(2)
 _MARKED = const(4)  # PUBREC seen
@@ -109,50 +105,31 @@ class NotConnected(OSError):
     pass
 
 
-def _filter(flt):
-    """A filter checked, as str (given as bytes too)."""
-    b = validate_filter(flt)
-    return flt if isinstance(flt, str) else b.decode()
-
-
 class Session:
     """One MQTT session. See the module docstring for the I/O contract.
 
-    topic_alias_max: how many topic aliases the server may use towards us
-    (inbound, announced in CONNECT). outbound_aliases: how many we may use
-    towards the server (MQTT 5; 0 = off, the default), capped by the Topic
-    Alias Maximum in its CONNACK. Only QoS 0 messages carry an outbound alias:
-    aliases live only as long as one network connection, and a QoS 1/2 message
-    is stored as first sent and resent byte for byte after a reconnect, when
-    any alias it used would mean nothing (or something else) to the server.
-    The first message to a topic carries the topic and the alias; later ones
-    only the alias. Aliases are handed out until the cap is reached (no
-    replacement) and forgotten on every new connection.
+    topic_alias_max: how many topic aliases the server may use towards us (inbound, announced in
+    CONNECT). outbound_aliases: how many we may use towards the server (MQTT 5; 0 = off, the
+    default), capped by the Topic Alias Maximum in its CONNACK; only QoS 0 messages carry one
+    (tern.v5.alias_out says why and how they are given). auth: enhanced authentication (MQTT 5) as a
+    hook, auth(reason, props) -> props (tern.handshake's docstring says how it is called).
 
-    auth: enhanced authentication (MQTT 5) as a hook, auth(reason, props) ->
-    props. Put the Authentication Method (and any initial data) in
-    connect_props; each AUTH the server sends (reason 0x18, continue) calls the
-    hook with its reason and properties, and what it returns goes back in an
-    AUTH packet (the method is added when missing). It is also called with
-    reason 0 when a re-authentication (`reauthenticate`) succeeds. A hook that
-    raises ends the connection (DISCONNECT 0x80) and its exception reaches the
-    driver as MQTTError 0x80 naming it. A refusal arrives as a CONNACK reason code (the driver raises
-    ConnectError) or, during re-authentication, as a server DISCONNECT.
+    Counters: stats_recovered (messages found in the store at start), stats_resent (messages
+    replayed after reconnects), stats_dropped (inbound messages over the receive buffer, MQTT 3.1.x:
+    discarded and acknowledged), stats_deferred (inbound QoS 2 messages over receive_max on a
+    resumed session, left for the broker to resend: see _admit).
 
-    Counters: stats_recovered (messages found in the store at start),
-    stats_resent (messages replayed after reconnects), stats_dropped (inbound
-    messages over the receive buffer, MQTT 3.1.x: discarded and acknowledged),
-    stats_deferred (inbound QoS 2 messages over receive_max on a resumed
-    session, left for the broker to resend: see _admit).
-
-    The helper modules (tern.handshake, tern.v5, tern.fault, tern.manual,
-    tern.refused: paths a plain connected client never runs, loaded on first
-    use) are functions of the session and use this interface of it, and
-    nothing that starts with an underscore: go(event) (the state table), violation(), send_packet(), send_ack(), out(), emit(); the records conn (what CONNECT carries), subs (the
-    subscriptions), in_aliases (inbound topic aliases), inq (manual
-    acknowledgements); the counters in2 (inbound QoS 2 ids held) and deferred; stale;
-    skip and skip_id (an oversize PUBLISH being discarded); tx and last_tx.
-    """
+    The helper modules (tern.handshake, tern.v5, tern.fault, tern.manual, tern.refused: paths a
+    plain connected client never runs, loaded on first use) are functions of the session and use
+    this interface of it, and nothing that starts with an underscore (but tern.replay, the send
+    ring's cold half, which works on the ring itself: _ring, _rflags, _head, _n, _cap, _unsent,
+    _uctl, _inflight, _limit, _late, _gone, _next_sid, _oalias, _oalias_cap (and tern.v5.alias_out
+    these two); _push, _free, _find,
+    _alloc_pid, _pump; its docstring has the ring's lifecycle): go(event) (the state table),
+    violation(), send_packet(), send_ack(), out(), emit(); the records conn (what CONNECT carries),
+    subs (the subscriptions), in_aliases (inbound topic aliases), inq (manual acknowledgements); the
+    counters in2 (inbound QoS 2 ids held) and deferred; stale; skip and skip_id (an oversize PUBLISH
+    being discarded); tx and last_tx."""
 
     def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
                  window=16, rx_size=4096, tx_size=512, max_pending=256, session_expiry=None,
@@ -179,10 +156,9 @@ class Session:
         self.store = store
         self.window = window
         self._limit = window  # what may be in flight: the window, capped by the server's Receive Maximum
-        # What CONNECT carries besides client_id (which the server may assign
-        # in CONNACK), keepalive last: a CONNACK's Server Keep Alive replaces
-        # self.keepalive for that connection only; its properties are connect_props as
-        # given plus what the session announces (MQTT 5).
+        # What CONNECT carries besides client_id (which the server may assign in CONNACK), keepalive
+        # last: a CONNACK's Server Keep Alive replaces self.keepalive for that connection only; its
+        # properties are connect_props as given plus what the session announces (MQTT 5).
         self.conn = (clean, username, password, will_topic, will_payload, will_qos, will_retain, will_props, keepalive)
         props = dict(connect_props) if connect_props else {}
         if version == _V5:
@@ -211,9 +187,8 @@ class Session:
         self.on_event = None
         self.state = DISCONNECTED
         self._reads = _READS_OTHERS  # the packet types this state reads (see go)
-        # array and Message are imported here, where they are used once: two
-        # globals fewer keep the module's dict a size smaller on a board.
-        from array import array
+        # Message is imported here, where it is used once: a global fewer keeps the module's dict a
+        # size smaller on a board.
         from .message import Message
 
         self.rx = bytearray(rx_size)
@@ -228,66 +203,30 @@ class Session:
         self._held = []  # acks of messages read under a handler: they leave after its own (arrival order)
         self._cache = {}  # steady-path allocations made once, by topic (str or bytes): see publish
         self._hviews = {}  # views of the transmit buffer by header length (see publish): not in _cache, where an int topic would find one
-        self._head = 0
-        self._n = 0  # ring slots in use (released ones inside count until trimmed)
-        self._inflight = 0
-        self._unsent = 0
-        self._uctl = 0  # of which SUBSCRIBE or UNSUBSCRIBE
+        # the ring: its head; slots in use (released ones inside count until trimmed); messages in
+        # flight; entries not sent on this connection, and of those SUBSCRIBE or UNSUBSCRIBE ones
+        self._head = self._n = self._inflight = self._unsent = self._uctl = 0
         self.subs = []
         self._gone = []  # filters unsubscribed while offline: UNSUBSCRIBE when the broker kept the session
         self._late = False  # False: nothing waits for _send_late (it ran to its end since)
         self._next_sid = 1
         self.in_aliases = None
-        # With manual_ack, the queue of acknowledgements in arrival order:
-        # [pid, ack type, reason code to send, or -1 until the app's ack()].
+        # With manual_ack, the queue of acknowledgements in arrival order: [pid, ack type, reason
+        # code to send, or -1 until the app's ack()].
         self.inq = [] if manual_ack else None
         self.last_tx = 0
         self._ping_sent = -1
         self.server = {}  # the last CONNACK's properties (MQTT 5)
         self.max_qos = 2
-        self.retain_ok = True
-        self.sid_ok = True
-        self.wildcard_ok = True
-        self.shared_ok = True
+        self.retain_ok = self.sid_ok = self.wildcard_ok = self.shared_ok = True
         self.session_present = False
-        self.stats_resent = 0
-        self.stats_dropped = 0
-        self.stats_deferred = 0
+        self.stats_resent = self.stats_dropped = self.stats_deferred = 0
         self.skip = 0  # bytes of an oversize inbound PUBLISH still to discard
         self.skip_id = 0  # its QoS << 16 | packet id
-        # Rebuild the send ring from what the store recovered (after a reboot).
-        # The ring holds max_pending entries, or what the store holds when
-        # that is more (max_pending lowered between boots): refusing to start
-        # would refuse at every boot, with the messages never sent.
-        store.open()
-        self._last_pid = store.last_pid()
-        pids = store.pending()
-        cap = max_pending if max_pending > len(pids) else len(pids)
-        store.reserve(cap)
-        self._ring = array("H", bytes(2 * cap))  # zeroed, without a list of cap items
-        self._rflags = bytearray(cap)
-        self._cap = cap  # (len() is a global lookup and a call: too dear for every message on MicroPython)
-        for pid in pids:
-            self._push(pid, self._stored_flags(pid))
-        if store.seen != store.epoch:  # (the ring says what the store holds: see _follow)
-            store.seen = store.epoch
-        self.stats_recovered = self._n
+        # The send ring, rebuilt from what the store recovered (after a reboot): tern.replay.
+        import tern.replay
 
-    def _stored_flags(self, pid, b=None):
-        # A stored packet's ring flags, from its record (at start, for one parked, _GONE, and in
-        # _follow, which reads its first byte into b, not the transmit buffer: a packet may wait there)
-        st = self.store
-        f = _EVER
-        if st.kind(pid) != _PUBLISH:
-            return f | _CTRL
-        if b is None:
-            b = self.tx
-        st.read(pid, 0, b)
-        if (b[0] >> 1) & 3 == 2:
-            f |= _QOS2
-        if st.marked(pid):
-            f |= _MARKED
-        return f
+        tern.replay.boot(self, max_pending)
 
     # ------------------------------------------------------------- send ring
 
@@ -346,30 +285,26 @@ class Session:
 
     # ------------------------------------------------------------------ output
 
-    # While a feed is under way (_rpos >= 0), what the acknowledgements of
-    # our own messages trigger (PUBREL, and the messages an acknowledgement
-    # lets out of the window) is queued in _tx, one packet behind the other,
-    # and handed over in one write when the feed ends: one write per read of
-    # acknowledgements rather than one per packet. Whatever else is sent
-    # (an acknowledgement of an inbound message, publish, CONNECT, PINGREQ)
-    # flushes the queue first, so order is kept.
+    # While a feed is under way (_rpos >= 0), what the acknowledgements of our own messages trigger
+    # (PUBREL, and the messages an acknowledgement lets out of the window) is queued in _tx, one
+    # packet behind the other, and handed over in one write when the feed ends: one write per read
+    # of acknowledgements rather than one per packet. Whatever else is sent (an acknowledgement of
+    # an inbound message, publish, CONNECT, PINGREQ) flushes the queue first, so order is kept.
 
     def flush(self):
-        """Hand over the packets queued during a feed. feed_n does it when it
-        ends; a driver that waits for input inside a feed (a handler's
-        blocking call) does it before it waits."""
+        """Hand over the packets queued during a feed. feed_n does it when it ends; a driver that waits
+        for input inside a feed (a handler's blocking call) does it before it waits."""
         n = self._txn
         if n:
             self._txn = 0
             self.out(self.tx, 0, n)
 
     def out(self, buf, off, n):
-        # The write-ahead rule, for every packet in one place: whatever the
-        # store holds uncommitted (group commit: the mark a PUBREL announces,
-        # the inbound id a PUBREC does, its release a PUBCOMP does, the record
-        # of a PUBLISH, SUBSCRIBE or UNSUBSCRIBE) is made durable before a
-        # byte leaves, and after a storage failure the ring follows what the
-        # store holds (_settle). A store with nothing buffered answers by an attribute.
+        # The write-ahead rule, for every packet in one place: whatever the store holds uncommitted
+        # (group commit: the mark a PUBREL announces, the inbound id a PUBREC does, its release a
+        # PUBCOMP does, the record of a PUBLISH, SUBSCRIBE or UNSUBSCRIBE) is made durable before a
+        # byte leaves, and after a storage failure the ring follows what the store holds (_settle).
+        # A store with nothing buffered answers by an attribute.
         if self.store.dirty:
             self._settle()
         self.send(buf, off, n)
@@ -380,65 +315,17 @@ class Session:
         st = self.store
         st.commit()
         if st.epoch != st.seen:
-            self._follow()
+            import tern.replay  # (the ring's cold half: it releases itself after)
 
-    def _follow(self):
-        # The ring re-derived from what the store holds after a storage failure (flags from the
-        # records: QoS 2, PUBREC seen; sent on some connection as the ring said, else a record it
-        # did not hold, which was); a SUBSCRIBE no longer stored is sent again. When anything
-        # differs on a live connection, its packets were built from what the store no longer says:
-        # the connection ends (OSError; the drivers reconnect, and the CONNACK replays the ring).
-        st = self.store
-        st.seen = st.epoch
-        old = {}
-        order = []
-        i = self._head
-        for _ in range(self._n):
-            p = self._ring[i]
-            if p:
-                old[p] = self._rflags[i]
-                order.append(p)
-            i = (i + 1) % self._cap
-        pids = st.pending()
-        same = pids == order
-        b = bytearray(1)
-        for p in pids:
-            if not same:
-                break
-            f = self._stored_flags(p, b)
-            o = old[p]
-            same = o & _GONE or (f ^ o) & (_QOS2 | _MARKED | _CTRL) == 0
-        if same:
-            return
-        if len(pids) > self._cap:
-            from array import array
-
-            self._cap = len(pids)
-            self._ring = array("H", bytes(2 * self._cap))
-            self._rflags = bytearray(self._cap)
-        self._head = self._n = self._unsent = self._uctl = 0
-        for p in pids:
-            f = self._stored_flags(p, b)
-            o = old.get(p)
-            if o is not None:
-                f = o if o & _GONE else f & ~_EVER | o & _EVER
-            self._push(p, f)
-        for e in self.subs:
-            if e.pid and e.pid not in pids:
-                e.pid = 0
-                e.late = self._late = True
-        if self.state == CONNECTED:
-            self.connection_lost()
-            raise OSError("the store read its medium again after a failure: reconnecting, to resend what it holds")
+            tern.replay.follow(self)
 
     def send_ack(self, ptype, pid, reason, now):
-        # A PUBREL (our QoS 2 flow) waits with the rest of what the read
-        # released; the acknowledgement of an inbound message leaves at once:
-        # the broker may be holding its next messages until it comes (a full
-        # window), and QoS 0 ones would then overtake them. Either goes after
-        # the messages that acknowledgements read before its trigger let out
-        # of the window (trigger order; see _on_ack): a PUBREL from the ring
-        # (_send_ring) is not pumped for, the others are.
+        # A PUBREL (our QoS 2 flow) waits with the rest of what the read released; the
+        # acknowledgement of an inbound message leaves at once: the broker may be holding its next
+        # messages until it comes (a full window), and QoS 0 ones would then overtake them. Either
+        # goes after the messages that acknowledgements read before its trigger let out of the
+        # window (trigger order; see _on_ack): a PUBREL from the ring (_send_ring) is not pumped
+        # for, the others are.
         if ptype != _PUBREL:
             self._pump(now)
         q = ptype == _PUBREL and self._rpos >= 0
@@ -476,8 +363,8 @@ class Session:
 
     def connect_packet(self, now):
         """Send CONNECT; the driver calls this right after the socket opens."""
-        # Unread bytes belong to the old connection; under a feed (a handler
-        # that reconnected) what it has read stays, for the handlers under way.
+        # Unread bytes belong to the old connection; under a feed (a handler that reconnected) what
+        # it has read stays, for the handlers under way.
         self.rx_len = self._rpos if self._rpos > 0 else 0
         self._txn = 0
         self._ping_sent = -1
@@ -487,11 +374,10 @@ class Session:
         tern.handshake.connect(self, now)  # CONNECTING, and the CONNECT sent
 
     def _pump(self, now):
-        """Send what the window allows, oldest first: a PUBREL for a QoS 2
-        message whose PUBREC was seen, else the stored packet as it is
-        (with DUP when a PUBLISH went out before). Nothing can while the
-        window is full and no SUBSCRIBE waits (PUBRELs count in the window):
-        told here, in a call that costs little."""
+        """Send what the window allows, oldest first: a PUBREL for a QoS 2 message whose PUBREC was
+        seen, else the stored packet as it is (with DUP when a PUBLISH went out before). Nothing can
+        while the window is full and no SUBSCRIBE waits (PUBRELs count in the window): told here, in
+        a call that costs little."""
         if self.state == CONNECTED and self._unsent and (self._inflight < self._limit or self._uctl):
             self._send_ring(now)
 
@@ -504,13 +390,12 @@ class Session:
         flags = self._rflags
         ring = self._ring
         cap = self._cap
-        # Messages leave in ring order and the pump stops at the first that may
-        # not (a SUBSCRIBE beyond a full window may go on: it is outside it),
-        # and only sent ones are released on a live connection: the unsent ones
-        # are the last _unsent slots. Start there when the slot before them is
-        # a sent message, not a control packet (the steady state), else
-        # (released slots among unsent ones, after a CONNACK, a SUBSCRIBE sent
-        # past a full window) from the head.
+        # Messages leave in ring order and the pump stops at the first that may not (a SUBSCRIBE
+        # beyond a full window may go on: it is outside it), and only sent ones are released on a
+        # live connection: the unsent ones are the last _unsent slots. Start there when the slot
+        # before them is a sent message, not a control packet (the steady state), else (released
+        # slots among unsent ones, after a CONNACK, a SUBSCRIBE sent past a full window) from the
+        # head.
         d = self._n - self._unsent
         i = (self._head + d - 1) % cap
         if d <= 0 or not (ring[i] and flags[i] & _SENT and not flags[i] & _CTRL):
@@ -567,16 +452,32 @@ class Session:
     # ---------------------------------------------------------------- publish
 
     def publish(self, topic, payload, qos, retain, now, props=None):
-        """Queue or send one message. Returns its packet id (0 for QoS 0), or
-        WOULD_BLOCK when ordering or the outbox's size says to wait. A QoS
-        1/2 message once stored is accepted even if the connection fails
-        while it is sent (the session disconnects and reports EV_LOST).
+        """Queue or send one message. Returns its packet id (0 for QoS 0), or WOULD_BLOCK when ordering
+        or the outbox's size says to wait. A QoS 1/2 message once stored is accepted even if the
+        connection fails while it is sent (the session disconnects and reports EV_LOST).
 
-        topic: bytes (zero allocation) or str; props: a dict of MQTT 5
-        properties or None.
-        """
-        # (The steady path counts calls: on a Cortex-M3 a Python call costs some 700 instructions,
-        # a builtin such as len() 450, an attribute 150; what a message does not need is off it.)
+        topic: bytes (zero allocation) or str; props: a dict of MQTT 5 properties or None."""
+        # (The steady path counts calls: on a Cortex-M3 a Python call costs some 700 instructions, a
+        # builtin such as len() 450, an attribute 150; what a message does not need is off it.) The
+        # steady route first, as Client.publish takes it (pub0, pub1: their guards, the
+        # store-then-send order, and send_failed, the one error contract); what it does not take
+        # (-2, nothing stored or sent) goes on here.
+        if (qos == 0 or qos == 1) and not (retain or props) and isinstance(payload, _BUFFERS) and (
+                isinstance(topic, str) or isinstance(topic, bytes)):
+            try:
+                pid = self.pub1(topic, payload) if qos else self.pub0(topic, payload)
+            except OSError as e:
+                if qos:
+                    raise  # pub1: the store failed, nothing accepted
+                self.send_failed(e, 0)  # pub0: the send failed (raises)
+            if pid != _SLOW:
+                self.last_tx = now
+                if pid:
+                    try:
+                        self.flush()  # pub1's packet
+                    except OSError as e:
+                        self.send_failed(e, 1)
+                return pid
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
         if not isinstance(payload, _BUFFERS):
@@ -585,16 +486,16 @@ class Session:
             raise TypeError("payload must be bytes, bytearray, memoryview or str, not %s" % type(payload).__name__)
         if self._txn:
             self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
-        # Devices publish to a handful of topics: validate (and encode) each
-        # once, so a str or bytes topic costs no allocation on the steady path.
+        # Devices publish to a handful of topics: validate (and encode) each once, so a str or bytes
+        # topic costs no allocation on the steady path.
         try:
             t = self._cache.get(topic)
         except TypeError:  # a bytearray or memoryview: not a key, checked every time
             t = None
         topic = self._topic(topic, props) if t is None else t
-        # What the server's last CONNACK said it supports (MQTT 5; before any
-        # CONNACK everything is allowed): refused here, before a byte is sent
-        # or stored, rather than by a DISCONNECT from the server.
+        # What the server's last CONNACK said it supports (MQTT 5; before any CONNACK everything is
+        # allowed): refused here, before a byte is sent or stored, rather than by a DISCONNECT from
+        # the server.
         if qos > self.max_qos:
             raise ValueError("the server accepts QoS up to %d (CONNACK Maximum QoS)" % self.max_qos)
         if retain and not self.retain_ok:
@@ -602,59 +503,29 @@ class Session:
         tx = self.tx
         pblock = None  # the encoded properties: MQTT 5 only (b"\x00": none)
         if props:
-            if self.version != _V5:
-                raise ValueError("properties need MQTT 5")
-            from . import props as P  # (loaded when properties are sent or received: see _on_publish)
+            import tern.v5
 
-            P.client_publish(props, payload, qos, topic, self.server.get(_P_ALIAS_MAX, 0))
-            pblock = P.encode(props, _PUBLISH)
-            if 2 + len(topic) + 2 + 5 + len(pblock) > len(tx):
-                raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(tx))
+            pblock = tern.v5.publish_props(self, topic, payload, qos, props)
         elif self.version == _V5:
             pblock = b"\x00"
         plen = len(payload)
         mx = self.server.get(_P_MAX_PACKET)  # (only an MQTT 5 CONNACK sets one)
-        n = 0
+        size = 0  # the packet's, when the server said its maximum
         if mx:
-            n = 2 + len(topic) + (2 if qos else 0) + len(pblock) + plen  # the remaining length
-            n += 1 + pkt.varint_size(n)  # and the fixed header
-            if n > mx:
-                raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (n, mx))
+            size = 2 + len(topic) + (2 if qos else 0) + len(pblock) + plen  # the remaining length
+            size += 1 + pkt.varint_size(size)  # and the fixed header
+            if size > mx:
+                raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (size, mx))
         if not qos:
             if self.state != CONNECTED:
                 raise NotConnected("not connected: QoS 0 messages are not kept")
-            # Keep order behind queued messages (and, with a window of 1,
-            # behind the one in flight).
+            # Keep order behind queued messages (and, with a window of 1, behind the one in flight).
             if self._unsent or (self._inflight and self._limit == 1):
                 return WOULD_BLOCK
             if self._oalias_cap and not (props and _P_ALIAS in props):
-                # Outbound topic alias (see the class docstring): the
-                # property block for each topic is built once, so a repeat
-                # allocates nothing.
-                d = self._oalias
-                if d is None:
-                    d = self._oalias = {}
-                blk = d.get(topic)
-                new = blk is None and len(d) < self._oalias_cap
-                if new:
-                    a = len(d) + 1
-                    blk = bytes((3, _P_ALIAS, a >> 8, a & 0xFF))
-                if blk is not None:
-                    ablk = blk  # the alias alone, kept per topic
-                    if props:
-                        pp = dict(props)
-                        pp[_P_ALIAS] = blk[2] << 8 | blk[3]
-                        from . import props as P
+                import tern.v5  # (an outbound Topic Alias: see the class docstring)
 
-                        blk = P.encode(pp, _PUBLISH)
-                    if not new:
-                        topic = b""
-                        pblock = blk
-                    elif not mx or n + len(blk) - len(pblock) + 1 <= mx:
-                        # (+1: the remaining length may take a byte more) a new alias only where
-                        # its property keeps the packet within the server's maximum [MQTT-3.1.2-24]
-                        d[topic] = ablk
-                        pblock = blk
+                topic, pblock = tern.v5.alias_out(self, topic, props, pblock, size, mx)
             n = pkt.pub_head(tx, topic, 0x31 if retain else 0x30, 0, plen, pblock)
             pid = 0
         else:
@@ -662,9 +533,9 @@ class Session:
                 return WOULD_BLOCK
             pid = self._alloc_pid()
             n = pkt.pub_head(tx, topic, 0x30 | qos << 1 | (1 if retain else 0), pid, plen, pblock)
-            # The store takes the encoded header as a buffer of exactly n bytes;
-            # one view of the transmit buffer per header length (a device has few
-            # topics), kept, keeps that allocation out of the steady path.
+            # The store takes the encoded header as a buffer of exactly n bytes; one view of the
+            # transmit buffer per header length (a device has few topics), kept, keeps that
+            # allocation out of the steady path.
             c = self._hviews
             v = c.get(n)
             if v is None:
@@ -673,8 +544,8 @@ class Session:
                 v = c[n] = memoryview(tx)[:n]
             st = self.store
             st.append(_PUBLISH, pid, v, payload)
-            # Durable before publish() returns, online or not (group commit: offline, no packet would
-            # commit it until the next CONNACK); a store failure is not an acceptance.
+            # Durable before publish() returns, online or not (group commit: offline, no packet
+            # would commit it until the next CONNACK); a store failure is not an acceptance.
             if st.dirty:
                 st.commit()
             self._push(pid, _QOS2 if qos == 2 else 0)
@@ -684,24 +555,18 @@ class Session:
                 try:
                     self._pump(now)  # (whatever the window lets out, in ring order)
                 except OSError as e:
-                    # Accepted: stored and queued; only the connection failed
-                    # under the send. It goes out after the next CONNACK. Raising
-                    # would say "not accepted", and a caller that publishes it
-                    # again would send the message twice.
-                    self.connection_lost()
-                    self.emit(EV_LOST, 0, e)
+                    self.send_failed(e, qos)
                 return pid
             # The only message waiting, inside the window: sent as _send_ring would send it, from
             # the header still in tx and the payload (the record's bytes, now stored), rather than
             # read back from the store.
-            v = (self._head + self._n - 1) % self._cap
-            self._rflags[v] |= _SENT | _EVER
+            self._rflags[(self._head + self._n - 1) % self._cap] |= _SENT | _EVER
             self._unsent = 0
             self._inflight += 1
         if n + plen <= len(tx):
-            # One write per packet: a header and a payload written apart
-            # leave as two segments, and where Nagle's algorithm is on the
-            # second waits for the peer's (delayed) ACK of the first.
+            # One write per packet: a header and a payload written apart leave as two segments, and
+            # where Nagle's algorithm is on the second waits for the peer's (delayed) ACK of the
+            # first.
             self._txmv[n : n + plen] = payload
             n += plen
             plen = 0
@@ -710,77 +575,84 @@ class Session:
             if plen:
                 self.out(payload, 0, plen)
         except OSError as e:
-            # Part of the packet may have left: the connection cannot carry
-            # another. QoS 0 is not accepted (it is not kept), so the caller
-            # hears; a QoS 1/2 message is (see above).
-            self.connection_lost()
-            self.emit(EV_LOST, 0, e)
-            if not qos:
-                raise
+            self.send_failed(e, qos)
         self.last_tx = now
         return pid
 
-    def pub0(self, topic, payload, now):
-        """publish() of a QoS 0 message without retain or properties, the steady way, in a frame of
-        11 words (publish()'s comes from the heap, some 2,000+ instructions a call on a Cortex-M3):
-        MQTT 3.1.x, connected, nothing queued ahead of it or for a feed (_txn), no outbound
-        aliases, a topic publish() has cached, the packet within the transmit buffer; sent in
-        one write. Returns 0 once sent, or -2 with nothing sent: anything else goes through
-        publish(), which does it or says what is wrong. A topic that is no dict key (a bytearray,
-        a memoryview) raises TypeError before anything is written: the caller's cue for
-        publish(). An OSError from the send: the connection is over (the caller treats it as
-        publish() does)."""
+    def send_failed(self, e, qos):
+        """The error contract of a publish whose send failed (OSError e), for every route (publish(),
+        Client.publish's steady one): part of the packet may have left, so the connection is over
+        (EV_LOST: the driver drops it and reconnects). A QoS 1/2 message was stored first: accepted,
+        it goes out after the next CONNACK (raising would say "not accepted", and a caller that
+        publishes it again would send it twice). QoS 0 is not kept: the error goes on to the caller."""
+        self.connection_lost()
+        self.emit(EV_LOST, 0, e)
+        if not qos:
+            raise e
+
+    def pub0(self, topic, payload):
+        """publish() of a QoS 0 message without retain or properties, the steady way, in a frame of 11
+        words (publish()'s comes from the heap, some 2,000+ instructions a call on a Cortex-M3):
+        MQTT 3.1.x, connected, nothing queued ahead of it or for a feed (_txn), no outbound aliases,
+        a topic publish() has cached, the packet within the transmit buffer; sent in one write.
+        Returns 0 once sent (the caller then sets last_tx: one argument fewer keeps the frame within
+        11 words), or -2 with nothing sent: anything else goes through the general route, which does
+        it or says what is wrong. A topic that is no dict key (a bytearray, a memoryview) raises
+        TypeError before anything is written. An OSError from the send: the caller calls send_failed
+        (the one error contract)."""
         if self._txn or self._unsent or self._oalias_cap or self.state != CONNECTED or self.version == _V5:
             return _SLOW
         if self._inflight and self._limit == 1:
             return _SLOW
-        topic = self._cache.get(topic)
+        topic = self._cache.get(topic)  # (encoded)
         if topic is None:
             return _SLOW
-        self.last_tx = now  # (set before the send: `now` becomes the payload's length)
-        now = len(payload)
-        topic = pub_head(self.tx, topic, 0x30, 0, now)  # (the header's length)
-        if topic + now > len(self.tx):
+        plen = len(payload)
+        n = pub_head(self.tx, topic, 0x30, 0, plen)  # the header's length
+        if n + plen > len(self.tx):
             return _SLOW
-        self._txmv[topic : topic + now] = payload
-        self.out(self.tx, 0, topic + now)
+        self._txmv[n : n + plen] = payload
+        self.out(self.tx, 0, n + plen)
         return 0
 
-    def pub1(self, topic, payload, now):
+    def pub1(self, topic, payload):
         """pub0's QoS 1 sibling (same conditions, and room in the window and the ring): the message
         stored and committed (write-ahead), in the ring as sent, the packet left in the transmit
-        buffer as a feed's queued packets are (_txn): the caller hands it over with flush() and
-        treats a failed send as publish() does (accepted: the connection is over). Returns its packet
-        id, or -2 with nothing stored. An OSError from the store: not accepted, nothing queued."""
+        buffer as a feed's queued packets are (_txn): the caller hands it over with flush(), sets
+        last_tx and calls send_failed when that send fails (accepted: the connection is over).
+        Returns its packet id, or -2 with nothing stored. An OSError from the store: not accepted,
+        nothing queued. (The packet id is the session's last, _last_pid: a name of its own would
+        take the frame over 11 words.)"""
         if self._txn or self._unsent or self.state != CONNECTED or self.version == _V5:
             return _SLOW
         if self._inflight >= self._limit or self._n >= self._cap:
             return _SLOW
-        topic = self._cache.get(topic)
+        topic = self._cache.get(topic)  # (encoded)
         if topic is None:
             return _SLOW
-        self.last_tx = now  # (set before the send, as in pub0: `now` becomes the packet id)
-        now = self._alloc_pid()
-        topic = pub_head(self.tx, topic, 0x32, now, len(payload))  # (the header's length)
-        if topic + len(payload) > len(self.tx) or self._hviews.get(topic) is None:
-            return _SLOW  # (publish() makes the header's view the store takes: see there)
+        self._alloc_pid()
+        n = pub_head(self.tx, topic, 0x32, self._last_pid, len(payload))  # the header's length
+        if n + len(payload) > len(self.tx) or self._hviews.get(n) is None:
+            # (publish() makes the header's view the store takes: see there) the id given back
+            self._last_pid = (self._last_pid - 2) % 65535 + 1
+            return _SLOW
         # The payload into the packet first: one that is no buffer raises TypeError here, before
-        # anything is stored (Client.publish then takes publish(), which says what is wrong).
-        self._txmv[topic : topic + len(payload)] = payload
-        self.store.append(_PUBLISH, now, self._hviews.get(topic), payload)
+        # anything is stored (the general route then says what is wrong).
+        self._txmv[n : n + len(payload)] = payload
+        self.store.append(_PUBLISH, self._last_pid, self._hviews.get(n), payload)
         if self.store.dirty:
             self.store.commit()
         # _push's work and publish()'s direct send in one: sent (by the caller) and in flight
-        self._ring[(self._head + self._n) % self._cap] = now
+        self._ring[(self._head + self._n) % self._cap] = self._last_pid
         self._rflags[(self._head + self._n) % self._cap] = _SENT | _EVER
         self._n += 1
         self._inflight += 1
-        self._txn = topic + len(payload)
-        return now
+        self._txn = n + len(payload)
+        return self._last_pid
 
     def _topic(self, topic, props):
-        # A topic not in publish's cache: checked, encoded, and (str or bytes) cached. The
-        # transmit buffer must hold its header (properties: checked with them).
+        # A topic not in publish's cache: checked, encoded, and (str or bytes) cached. The transmit
+        # buffer must hold its header (properties: checked with them).
         if not topic and props and _P_ALIAS in props:
             return b""  # by an alias set on this connection
         t = validate_name(topic)
@@ -806,157 +678,37 @@ class Session:
 
     def subscribe(self, flt, qos, now, handler=None, no_local=False, retain_as_published=False,
                   retain_handling=0, sub_id=None, user_props=None):
-        """Register a subscription (and its handler) and send SUBSCRIBE when
-        connected. Returns the SUBSCRIBE's packet id, or 0 if not connected
-        (it is sent on connect) or the outbox has no room (it is sent once an
-        acknowledgement frees some: a SUBSCRIBE takes a place in the send
-        ring and the store as a message does, and never one that is taken). A
-        filter subscribed again replaces the old entry: its handler and its
-        identifier. Under MQTT 5 every subscription gets an identifier (sub_id,
-        or an automatic one no other subscription holds; sub_id=0: none): the
-        README's dispatch rules.
+        """Register a subscription (and its handler) and send SUBSCRIBE when connected. Returns the
+        SUBSCRIBE's packet id, or 0 if not connected (it is sent on connect) or the outbox has no
+        room (it is sent once an acknowledgement frees some: a SUBSCRIBE takes a place in the send
+        ring and the store as a message does, and never one that is taken). A filter subscribed
+        again replaces the old entry: its handler and its identifier. Under MQTT 5 every
+        subscription gets an identifier (sub_id, or an automatic one no other subscription holds;
+        sub_id=0: none): the README's dispatch rules.
 
-        What the server's last CONNACK said it lacks is refused here with
-        ValueError, before anything is registered or sent: wildcards,
-        shared subscriptions, an explicit sub_id. A handler alone does not
-        need identifiers: without them, dispatch falls back to topic
-        matching (a documented downgrade, not an error). A subscription
-        registered before the first CONNACK is sent as it is; a server that
-        lacks the feature refuses it in SUBACK."""
-        flt = _filter(flt)
-        auto = False
-        if qos < 0 or qos > 2:
-            raise ValueError("QoS must be 0, 1 or 2")
-        if retain_handling not in (0, 1, 2):
-            raise ValueError("retain handling must be 0, 1 or 2")
-        shared = parse_shared(flt)
-        match = (shared[1] if shared else flt).encode()
-        if no_local or sub_id or not (self.shared_ok and self.wildcard_ok):
-            from .v5 import check_sub
+        What the server's last CONNACK said it lacks is refused here with ValueError, before
+        anything is registered or sent: wildcards, shared subscriptions, an explicit sub_id. A
+        handler alone does not need identifiers: without them, dispatch falls back to topic matching
+        (a documented downgrade, not an error). A subscription registered before the first CONNACK
+        is sent as it is; a server that lacks the feature refuses it in SUBACK."""
+        import tern.replay  # (the ring's cold half: it releases itself after)
 
-            check_sub(self, flt, shared, match, no_local, sub_id)
-        if sub_id is None and self.version == _V5 and self.sid_ok:
-            # Every subscription gets an identifier (see _on_publish): the
-            # next one no current subscription holds.
-            sub_id = self._next_sid
-            while any(s.sid == sub_id for s in self.subs):
-                sub_id += 1
-            self._next_sid = sub_id + 1
-            auto = True
-        opts = qos
-        if self.version == _V5:  # the other options exist only in MQTT 5
-            opts |= (4 if no_local else 0) | (8 if retain_as_published else 0) | retain_handling << 4
-        self._fits(_SUBSCRIBE, (flt, opts), user_props, sub_id)
-        self.unsubscribe(flt, now, 0)  # a filter subscribed again replaces its entry
-        # A subscription is a record of its fields (a Packet used as one: no
-        # class of its own to load): filter (str), opts as sent, match (the
-        # filter topics are matched against: bytes, the inner filter of a
-        # $share), handler, sid, and user_props, sent again with every
-        # resubscription.
-        # pid: its SUBSCRIBE while pending (0 otherwise); late: not sent yet.
-        s = Packet(_SUBSCRIBE, filter=flt, opts=opts, match=match, handler=handler, sid=sub_id,
-                   auto=auto, user_props=user_props, late=True)
-        self.subs.append(s)
-        self._send_late(now)
-        return s.pid
+        return tern.replay.subscribe(self, flt, qos, now, handler, no_local, retain_as_published, retain_handling,
+                                     sub_id, user_props)
 
     def unsubscribe(self, flt, now, user_props=None):
-        """Forget the filter's handler and send UNSUBSCRIBE now when connected,
-        else after the next CONNACK if the broker kept the session.
-        (user_props=0: only forget; subscribe() replacing an entry.)"""
-        flt = _filter(flt)
-        if user_props != 0:
-            self._fits(_UNSUBSCRIBE, flt, user_props, None)
-        for s in self.subs:
-            if s.filter == flt:
-                self.subs.remove(s)
-                break
-        if flt in self._gone:
-            self._gone.remove(flt)
-        if user_props == 0:
-            return 0
-        pid = 0
-        if self.state == CONNECTED and self._n < len(self._rflags):
-            pid = self._ctrl(_UNSUBSCRIBE, flt, user_props, None, now)
-            if pid < 0:  # (not after _fits above: the same server's maximum)
-                return 0
-        if not pid:
-            self._gone.append(flt)
-            self._late = True
-        return pid
+        """Forget the filter's handler and send UNSUBSCRIBE now when connected, else after the next
+        CONNACK if the broker kept the session. (user_props=0: only forget; subscribe() replacing an
+        entry.)"""
+        import tern.replay
+
+        return tern.replay.unsubscribe(self, flt, now, user_props)
 
     def _send_late(self, now):
-        # Send the subscriptions and unsubscriptions that wait (made offline,
-        # or all of them for a broker without our session) while the ring has
-        # room: they take ring slots as messages do, and a full ring (an
-        # outbox full of messages at reconnect) keeps them waiting for the
-        # next acknowledgement instead of overwriting a live entry.
-        self._late = True
-        if self.state != CONNECTED:
-            return
-        cap = self._cap
-        for s in self.subs:
-            if s.late:
-                if self._n >= cap:
-                    return
-                p = self._ctrl(_SUBSCRIBE, (s.filter, s.opts), s.user_props, s.sid, now)
-                if not p:
-                    return
-                s.pid = p if p > 0 else 0
-                s.late = False
-        g = self._gone
-        while g and self._n < cap:
-            if not self._ctrl(_UNSUBSCRIBE, g[0], None, None, now):
-                return
-            g.pop(0)
-        if not g:
-            self._late = False
+        # What waits for room or a connection (a SUBSCRIBE, an UNSUBSCRIBE): tern.replay sends it.
+        import tern.replay
 
-    def _ctrl_packet(self, t, topic, user_props, sid, pid):
-        props = {}
-        if sid and self.version == _V5 and self.sid_ok:
-            props[_P_SUB_ID] = sid
-        if user_props:
-            props[_P_USER] = list(user_props)
-        return pkt.encode(Packet(t, pid=pid, topics=[topic], props=props or None), self.version)
-
-    def _fits(self, t, topic, user_props, sid):
-        """ValueError when the server's Maximum Packet Size (MQTT 5 CONNACK) is
-        below this SUBSCRIBE/UNSUBSCRIBE [MQTT-3.1.2-24]; checked before anything is
-        registered. (One registered offline, before a CONNACK said the maximum,
-        is given back at that CONNACK: see _ctrl.)"""
-        mx = self.server.get(_P_MAX_PACKET)
-        if mx:
-            n = len(self._ctrl_packet(t, topic, user_props, sid, 1))
-            if n > mx:
-                raise ValueError("%s of %d bytes is over the server's maximum packet size %d"
-                                 % ("SUBSCRIBE" if t == _SUBSCRIBE else "UNSUBSCRIBE", n, mx))
-
-    def _ctrl(self, t, topic, user_props, sid, now):
-        # SUBSCRIBE or UNSUBSCRIBE of one filter: stored, queued in the ring
-        # like a QoS 1 message (outside the window), resent until acknowledged.
-        # The caller made sure the ring has room; a store without room (ENOSPC)
-        # makes it wait like a full ring: 0 is returned, nothing is queued;
-        # -1: refused (over the server's Maximum Packet Size), EV_SUBACK /
-        # EV_UNSUBACK told so.
-        pid = self._alloc_pid()
-        b = self._ctrl_packet(t, topic, user_props, sid, pid)
-        mx = self.server.get(_P_MAX_PACKET)
-        if mx and len(b) > mx:
-            # Made offline, before this CONNACK said the maximum: sent, it would
-            # only get the connection closed, at every reconnect [MQTT-3.1.2-24].
-            # Given back as a refusing SUBACK/UNSUBACK would be, not stored.
-            self.emit(EV_SUBACK if t == _SUBSCRIBE else EV_UNSUBACK, pid, [0x95])
-            return -1
-        try:
-            self.store.append(t, pid, b, b"")
-        except OSError as e:
-            if e.args[0] != 28:  # ENOSPC
-                raise
-            return 0
-        self._push(pid, _CTRL)
-        self._pump(now)
-        return pid
+        tern.replay.send_late(self, now)
 
     # ------------------------------------------------------------------- input
 
@@ -977,15 +729,13 @@ class Session:
     def feed_n(self, n, now):
         """The driver wrote n more bytes into rx at rx_len (zero-copy receive).
 
-        Re-entrant: a handler or event callback that waits (a blocking
-        subscribe from on_connect, a publish and wait_published from a message
-        handler) makes the driver read and feed again from inside this call.
-        The inner call goes on from the shared read position `_rpos`, after
-        the frame being handled, and leaves that frame in place (the outer
-        handler may still hold a view of its payload): each call moves the
-        unread rest down to where it started reading, so a handler that waits
-        while more arrives does not fill the buffer. n = 0 handles frames
-        left behind by a handler that raised."""
+        Re-entrant: a handler or event callback that waits (a blocking subscribe from on_connect, a
+        publish and wait_published from a message handler) makes the driver read and feed again from
+        inside this call. The inner call goes on from the shared read position `_rpos`, after the
+        frame being handled, and leaves that frame in place (the outer handler may still hold a view
+        of its payload): each call moves the unread rest down to where it started reading, so a
+        handler that waits while more arrives does not fill the buffer. n = 0 handles frames left
+        behind by a handler that raised."""
         self.rx_len += n
         if n:
             self._ping_sent = -1
@@ -1045,8 +795,8 @@ class Session:
         return pkt.frame_size(self.rx, pos, self.rx_len, 268435460) if pos < self.rx_len else -1
 
     def _skip(self, now):
-        # An oversize PUBLISH (see tern.fault.oversize), discarded as it arrives; True while more
-        # of it is to come.
+        # An oversize PUBLISH (see tern.fault.oversize), discarded as it arrives; True while more of
+        # it is to come.
         pos = self._rpos
         k = self.skip
         if self.rx_len - pos < k:
@@ -1065,9 +815,9 @@ class Session:
 
     def _handle(self, pos, end, now):
         # The steady path's frames, in a frame of 11 words (one larger comes from the heap, some
-        # 2,000 instructions a call on a Cortex-M3): a PUBLISH, a PUBACK without a reason code
-        # (MQTT 3.1.1's; MQTT 5's for success). Everything else, and anything odd in these, goes
-        # to _handle_any, which says what is wrong.
+        # 2,000 instructions a call on a Cortex-M3): a PUBLISH, a PUBACK without a reason code (MQTT
+        # 3.1.1's; MQTT 5's for success). Everything else, and anything odd in these, goes to
+        # _handle_any, which says what is wrong.
         t = self.rx[pos]
         if t == 0x40 and end - pos == 4 and self._reads & 1 << _PUBACK:
             t = self.rx[pos + 2] << 8 | self.rx[pos + 3]
@@ -1092,9 +842,8 @@ class Session:
             return
         body = end - pos
         if _PUBACK <= t <= _PUBCOMP and (body == 4 or (body == 5 and self.version == _V5)):
-            # Fast path, allocating nothing: fixed header, packet id and (MQTT
-            # 5) a reason code. Anything odd in them goes on to the full
-            # decoder below, which says what is wrong.
+            # Fast path, allocating nothing: fixed header, packet id and (MQTT 5) a reason code.
+            # Anything odd in them goes on to the full decoder below, which says what is wrong.
             pid = rx[pos + 2] << 8 | rx[pos + 3]
             reason = rx[pos + 4] if body == 5 else 0
             if pid and b0 & 15 == (2 if t == _PUBREL else 0) and (
@@ -1104,21 +853,15 @@ class Session:
         if t == _PINGRESP and body == 2 and b0 == 0xD0:
             return
         if t == _CONNACK or t == _AUTH:
-            # The packets of connecting and authenticating: tern.handshake
-            # reads them and releases itself after (a connected client does not
-            # keep its code).
+            # The packets of connecting and authenticating: tern.handshake reads them (and has
+            # tern.replay replay the ring at a CONNACK that accepts); both release themselves after.
             import tern.handshake
 
-            try:
-                p = tern.handshake.read(self, pos, end, now)
-                if p:
-                    self._accepted(p, now)
-            except OSError:
-                # A store that failed (or a send) under the CONNACK's work: the connection ends
-                # before anything more is built from a ring replayed half-way (feed_n pumps in its
-                # finally); the driver reconnects.
-                self.connection_lost()
-                raise
+            tern.handshake.read(self, pos, end, now)
+            if self.state == CONNECTED:  # the CONNACK's cold code (handshake, replay) released:
+                import gc  # collected before the steady state (docs/benchmarks.md, issue 39's A/B)
+
+                gc.collect()
             return
         p = pkt.decode(self.rxmv[pos:end], self.version, len(rx))
         if t == _DISCONNECT:
@@ -1129,136 +872,11 @@ class Session:
         elif t != _PINGRESP:  # PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK, UNSUBACK
             self._on_ack(t, p.pid, p.reasons if t > _PUBCOMP else p.reason, now)
 
-    def _accepted(self, p, now):
-        # A CONNACK accepted the connection (tern.handshake took its
-        # properties): what it allows on this connection (messages in
-        # flight, outbound topic aliases; aliases both ways start
-        # afresh), the send ring replayed, then the application told.
-        self._limit = p.limit
-        self._oalias_cap = p.aliases
-        self.in_aliases = self._oalias = None
-        sp = self.session_present
-        # Without a session on the broker (clean start, expiry, or it
-        # forgot; tern.handshake cleared the inbound QoS 2 ids):
-        # accepted messages still go out; a QoS 2 message whose PUBREC
-        # was seen is published again, since the broker no longer
-        # holds it (at least once rather than lost); the broker's
-        # copies of our subscriptions are gone.
-        lost = not sp and self._n > 0
-        # Replay the ring in its original order (and without a session on
-        # the broker, forget the PUBRECs seen) before the application
-        # hears of the connection: what it publishes from EV_CONNACK then
-        # goes after the resends, once.
-        self._inflight = 0
-        self._unsent = self._uctl = 0
-        # A packet stored before this CONNACK said what the server takes
-        # (offline, or for another server) that breaks its Maximum Packet
-        # Size, Maximum QoS or Retain Available would only get the
-        # connection closed, again after every reconnect, with everything
-        # behind it waiting: a PUBLISH is given back refused (EV_PUBLISHED
-        # 0x95, 0x9B, 0x9A), as a PUBACK refusing it would, a SUBSCRIBE or
-        # UNSUBSCRIBE over the maximum [MQTT-3.1.2-24] as its SUBACK or
-        # UNSUBACK would (EV_SUBACK / EV_UNSUBACK [0x95]; the subscription
-        # stays registered, as after a refusing SUBACK). Its Topic Alias
-        # Maximum and Receive Maximum cannot refuse one: an MQTT 5 PUBLISH
-        # from before this connection goes without its Topic Alias (_OLD),
-        # and the window is capped by the Receive Maximum (_limit).
-        mx = self.server.get(_P_MAX_PACKET, 0)
-        chk = mx or self.max_qos < 2 or not self.retain_ok
-        old = _OLD if self.version == _V5 else 0
-        refused = []  # pid << 12 | packet type << 8 | reason
-        st = self.store
-        # Without a session on the broker every registered subscription
-        # goes again (below): a SUBSCRIBE still pending for one of them is
-        # resent as it is, any other stored SUBSCRIBE or UNSUBSCRIBE (of a
-        # filter replaced or dropped since, or from before a reboot) is
-        # superseded and released, so none piles up when a broker closes
-        # the connection instead of answering.
-        keep = [s.pid for s in self.subs if s.pid] if not sp else None
-        i = self._head
-        for _ in range(self._n):
-            pid = self._ring[i]
-            if pid:
-                f = self._rflags[i] & ~_SENT
-                if f & _GONE:  # given back at an earlier CONNACK that failed (ENOSPC) before its release
-                    if f & _TOLD:
-                        self._free(i)
-                        i = (i + 1) % len(self._rflags)
-                        continue
-                    f = self._stored_flags(pid)  # not told: looked at again
-                if f & _MARKED and not sp:
-                    st.unmark(pid)
-                    f &= ~_MARKED
-                r = 0
-                k = _PUBLISH
-                if f & _CTRL:
-                    k = st.kind(pid)
-                    if keep is not None and pid not in keep:
-                        if k != _UNSUBSCRIBE:
-                            self._free(i)  # (nobody waits for a superseded SUBSCRIBE)
-                            i = (i + 1) % len(self._rflags)
-                            continue
-                        r = 0x11  # "no subscription existed", to whoever waits
-                    elif mx and st.size(pid) > mx:
-                        r = 0x95
-                elif chk and not f & _MARKED:
-                    st.read(pid, 0, self.tx)
-                    b = self.tx[0]
-                    r = 0x95 if mx and st.size(pid) > mx else 0x9B if (b >> 1) & 3 > self.max_qos else (
-                        0x9A if b & 1 and not self.retain_ok else 0)
-                if r:
-                    # Released only once the application was told (below): a power cut
-                    # in between tells it again after the reboot, rather than never.
-                    # Parked meanwhile as a control packet in flight: nothing sends it.
-                    self._rflags[i] = _SENT | _CTRL | _GONE
-                    refused.append(pid << 12 | k << 8 | r)
-                else:
-                    if not f & (_MARKED | _CTRL):
-                        f |= old
-                    self._rflags[i] = f
-                    self._unsent += 1
-                    if f & _CTRL:
-                        self._uctl += 1
-            i = (i + 1) % len(self._rflags)
-        resent = self._unsent
-        # Subscriptions go (again) to a broker without our session, and,
-        # to one that kept it, those made or dropped while offline: one
-        # SUBSCRIBE each, as each may carry its own identifier.
-        if not sp:
-            for s in self.subs:
-                s.late = not s.pid
-            self._gone = []
-        for r in refused:
-            k = r >> 8 & 15
-            pid = r >> 12
-            if k == _PUBLISH:
-                self.emit(EV_PUBLISHED, pid, r & 255)
-            else:
-                for s in self.subs:
-                    if s.pid == pid:
-                        s.pid = 0  # answered: not resent, subscribed again after a session is lost
-                self.emit(EV_SUBACK if k == _SUBSCRIBE else EV_UNSUBACK, pid, [r & 255])
-            i = self._find(pid)
-            if i >= 0:
-                self._rflags[i] |= _TOLD
-        for r in refused:  # (all told first: a release that fails, ENOSPC, leaves only told ones parked)
-            i = self._find(r >> 12)
-            if i >= 0:
-                self._free(i)
-        self._send_late(now)
-        self._pump(now)
-        if self.state == CONNECTED:  # not when a resend found the connection dead
-            self.emit(EV_CONNACK, sp, p)
-        if resent or lost:
-            self.stats_resent += resent
-            self.emit(_EV_RESTORED, resent, lost)
-
     def go(self, event):
         """Move the connection to the state `event` (_E_*) leads to."""
-        # The state machine as a table, in the manner of h11: one row per
-        # state, one column per event, the next state in each cell; 255 (_NO):
-        # the event cannot happen in that state (a CONNACK outside CONNECTING
-        # never gets here: _reads turns it away first).
+        # The state machine as a table, in the manner of h11: one row per state, one column per
+        # event, the next state in each cell; 255 (_NO): the event cannot happen in that state (a
+        # CONNACK outside CONNECTING never gets here: _reads turns it away first).
         n = (
             # CONNECT  ACCEPT  REFUSE  LOST
             b"\x01"   b"\xff" b"\xff" b"\x00"  # DISCONNECTED
@@ -1271,10 +889,9 @@ class Session:
         self._reads = _READS_CONNECTING if n == _CONNECTING else _READS_OTHERS
 
     def reauthenticate(self, now, props=None):
-        """Start a re-authentication on the open connection (MQTT 5 enhanced
-        authentication): AUTH 0x19 with the Authentication Method and `props`
-        (e.g. fresh Authentication Data). The hook answers the server's
-        challenges; EV_AUTH (a = 0) reports success, a refusal comes as a
+        """Start a re-authentication on the open connection (MQTT 5 enhanced authentication): AUTH 0x19
+        with the Authentication Method and `props` (e.g. fresh Authentication Data). The hook
+        answers the server's challenges; EV_AUTH (a = 0) reports success, a refusal comes as a
         server DISCONNECT."""
         if self.state != CONNECTED:
             raise NotConnected("not connected")
@@ -1283,10 +900,9 @@ class Session:
         tern.handshake.reauthenticate(self, now, props)
 
     def _on_ack(self, t, pid, reason, now):
-        # An acknowledgement from the server; for SUBACK and UNSUBACK, reason
-        # is the list of reason codes. The steady case first, in a small frame (see _handle):
-        # the PUBACK of the oldest message, a QoS 1 PUBLISH sent on this connection, ends it as
-        # _ack_any would.
+        # An acknowledgement from the server; for SUBACK and UNSUBACK, reason is the list of reason
+        # codes. The steady case first, in a small frame (see _handle): the PUBACK of the oldest
+        # message, a QoS 1 PUBLISH sent on this connection, ends it as _ack_any would.
         if t == _PUBACK and self._n and self._ring[self._head] == pid and (
                 self._rflags[self._head] & (_SENT | _QOS2 | _CTRL) == _SENT):
             self._free(self._head)
@@ -1324,8 +940,8 @@ class Session:
         if t == _PUBREC:
             self._pump(now)  # (its PUBREL goes after what earlier acknowledgements let out: see _ack)
         if i < 0 or not f & _SENT:
-            # Unknown identifier: nothing pending changes (a late ack after a
-            # reboot or a confused server). PUBREC still needs an answer.
+            # Unknown identifier: nothing pending changes (a late ack after a reboot or a confused
+            # server). PUBREC still needs an answer.
             if t == _PUBREC:
                 self.send_ack(_PUBREL, pid, 0x92, now)
             return
@@ -1340,8 +956,7 @@ class Session:
             self.send_ack(_PUBREL, pid, 0, now)
             return
         else:
-            # PUBACK of a QoS 1 message, PUBCOMP after PUBREC, or a PUBREC
-            # refusing a QoS 2 message.
+            # PUBACK of a QoS 1 message, PUBCOMP after PUBREC, or a PUBREC refusing a QoS 2 message.
             done = not f & _QOS2 if t == _PUBACK else f & _QOS2 and (t == _PUBREC or f & _MARKED)
         if not done:
             from .fault import wrong_ack
@@ -1352,19 +967,9 @@ class Session:
                 self.emit(EV_PUBLISHED, pid, _PROTOCOL_ERROR)
             wrong_ack(self, t, pid, f, now)
         if t > _PUBCOMP:
-            # One filter a SUBSCRIBE/UNSUBSCRIBE, so one reason code ([MQTT-3.8.4-6],
-            # [MQTT-3.11.3-2]; UNSUBACK before MQTT 5: none), and never more than the QoS asked for.
-            q = -1
-            for e in self.subs:
-                if e.pid == pid:
-                    q = e.opts & 3
-                    sub = e
-            if len(reason) != (1 if t == _SUBACK or self.version == _V5 else 0) or (
-                    t == _SUBACK and q >= 0 and reason[0] < 0x80 and reason[0] > q):
-                self.violation(_PROTOCOL_ERROR, "%s %d does not answer its request: %r" % (
-                    "SUBACK" if t == _SUBACK else "UNSUBACK", pid, reason), now)
-            if q >= 0:
-                sub.pid = 0  # answered (before _send_late may hand the identifier to another)
+            import tern.replay  # (the subscription's side: it releases itself after)
+
+            tern.replay.answered(self, t, pid, reason, now)
         self._free(i)
         if self._late and self._n < self._cap:
             self._send_late(now)  # what waited for room goes first
@@ -1373,13 +978,13 @@ class Session:
         else:
             self._inflight -= 1
             self.emit(EV_PUBLISHED, pid, reason)
-            # What this lets out of the window leaves when the read is handled
-            # (feed_n pumps once for all the acknowledgements in it, in one pass)
-            # or before a message handler runs, whichever comes first.
+            # What this lets out of the window leaves when the read is handled (feed_n pumps once
+            # for all the acknowledgements in it, in one pass) or before a message handler runs,
+            # whichever comes first.
 
     def _answer(self, t, pid, now):
-        # Acknowledge an inbound message that is not delivered, in its place
-        # among the acknowledgements (arrival order).
+        # Acknowledge an inbound message that is not delivered, in its place among the
+        # acknowledgements (arrival order).
         if self.inq is not None:
             self.inq.append([pid, t, 0])
             self.ack(0, now)
@@ -1398,9 +1003,8 @@ class Session:
         m.buf = m.tbuf = rx
         m.version = v
         if v == _V5:
-            # tern.props is loaded when a property block is not empty: a
-            # connected client whose messages carry none does not hold it
-            # (the handshake lets it go after the CONNACK).
+            # tern.props is loaded when a property block is not empty: a connected client whose
+            # messages carry none does not hold it (the handshake lets it go after the CONNACK).
             if m.props_end > m.props_start:
                 import tern.props
 
@@ -1408,8 +1012,8 @@ class Session:
             else:
                 m.alias = m.n_sub_ids = m.pfi = 0
             if m.alias or m.topic_end == m.topic_start:
-                # `import tern.v5`, not `from .v5 import alias_in`: that one
-                # builds its tuple of names (32 bytes) at every message.
+                # `import tern.v5`, not `from .v5 import alias_in`: that one builds its tuple of
+                # names (32 bytes) at every message.
                 import tern.v5
 
                 tern.v5.alias_in(self, m, now)
@@ -1430,15 +1034,13 @@ class Session:
         elif q:
             if d:  # its ack waits for the handler under way: slot taken now, in arrival order
                 self._held.append(pid << 4 | t)
-        # Dispatch (the rules are in the README, "Which handlers a message
-        # reaches"). A copy carrying identifiers stands for the subscriptions
-        # holding them: each one's handler (on_message when it has none) runs
-        # once per identifier, which is the same whether the broker sends one
-        # copy with several identifiers or one copy per subscription; an
-        # identifier no subscription holds goes to on_message. A copy without
-        # identifiers stands for subscriptions without one (when the server
-        # takes identifiers): each matching one's handler runs once, and
-        # on_message once when one of them has no handler or none matches.
+        # Dispatch (the rules are in the README, "Which handlers a message reaches"). A copy
+        # carrying identifiers stands for the subscriptions holding them: each one's handler
+        # (on_message when it has none) runs once per identifier, which is the same whether the
+        # broker sends one copy with several identifiers or one copy per subscription; an identifier
+        # no subscription holds goes to on_message. A copy without identifiers stands for
+        # subscriptions without one (when the server takes identifiers): each matching one's handler
+        # runs once, and on_message once when one of them has no handler or none matches.
         n_ids = m.n_sub_ids
         ids = m.sub_ids
         sids = v == _V5 and self.sid_ok
@@ -1483,9 +1085,9 @@ class Session:
                 if took != 1 and dflt:
                     dflt(m)
         finally:
-            # Acknowledged even when a handler raised (the exception goes on
-            # to the driver's caller): acknowledgements keep arrival order,
-            # so those of messages read meanwhile follow this one's.
+            # Acknowledged even when a handler raised (the exception goes on to the driver's
+            # caller): acknowledgements keep arrival order, so those of messages read meanwhile
+            # follow this one's.
             self._depth = d
             if not d and err is None:  # (not over a connection that broke)
                 if q and not manual:
@@ -1507,23 +1109,10 @@ class Session:
         return None
 
     def _admit(self, pid, rec, now):
-        # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in
-        # the store; rec = 0: by ack(), later) until then, so their number is
-        # capped (_in_cap: four times receive_max, at least 128). Not at
-        # receive_max itself, which MQTT 5 announces as our Receive Maximum:
-        # Mosquitto 2.0.11 counts a QoS 2 message in flight only until our
-        # PUBREC, so when we read a burst 32 to 60 ids await its PUBRELs
-        # whatever Receive Maximum we announced (4, 8, 32, or its 3.1.1 limit
-        # of 20). Over the cap on a fresh session, the broker broke the
-        # protocol (0x93; MQTT 3.1.x: the same error, no DISCONNECT). On a
-        # resumed one it is deferred: Mosquitto resends what was in flight
-        # when the last connection ended without counting it either, and each
-        # of those completed lets a Receive Maximum more come; refusing would
-        # bring the same after every reconnect. A deferred message is neither
-        # delivered nor acknowledged, and once the ids taken are released the
-        # session reconnects (see _on_ack) so the broker sends it again.
-        # False: not taken (deferred; or the store could not record its id,
-        # then deferred as well: see tern.fault.unrecorded).
+        # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in the store; rec = 0: by
+        # ack(), later) until then, so their number is capped (_in_cap; why not at receive_max, and
+        # what over it does: tern.fault.over_cap). False: not taken (deferred; or the store could
+        # not record its id, then deferred as well: see tern.fault.unrecorded).
         n = self.in2
         if n >= self._in_cap:
             from .fault import over_cap
@@ -1541,9 +1130,8 @@ class Session:
         return True
 
     def ack(self, ack_id, now):
-        """Manual acknowledgement: the application is done with a message.
-        Acknowledgements still leave in the order the messages arrived: this
-        sends those at the head of the queue that are ready."""
+        """Manual acknowledgement: the application is done with a message. Acknowledgements still leave
+        in the order the messages arrived: this sends those at the head of the queue that are ready."""
         if self.inq is not None:
             import tern.manual  # (not `from .manual import`: see _on_publish)
 
@@ -1556,8 +1144,8 @@ class Session:
     # ------------------------------------------------------------------ timers
 
     def poll(self, now):
-        """Keepalive. Returns ms until the next call is needed; raises
-        OSError when the server stopped answering."""
+        """Keepalive. Returns ms until the next call is needed; raises OSError when the server stopped
+        answering."""
         if self.state == DISCONNECTED:
             return 1000
         ka = self.keepalive * 1000

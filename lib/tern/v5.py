@@ -1,5 +1,5 @@
 """The session's MQTT 5 paths that a plain connect never runs, imported on first use (a board
-speaking MQTT 3.1.1, or MQTT 5 without them, does not load this module): inbound topic aliases, the checks of No Local, chosen subscription
+speaking MQTT 3.1.1, or MQTT 5 without them, does not load this module): topic aliases both ways, the checks of No Local, chosen subscription
 identifiers and what the server lacks (functions of the session `s`, called from where they were
 its methods), and for the drivers the error of a server's DISCONNECT and reply() to a request.
 """
@@ -7,6 +7,58 @@ its methods), and for the drivers the error of a server's DISCONNECT and reply()
 from .wire import const, MQTTError
 
 _PROTOCOL_ERROR = const(0x82)
+_PUBLISH = const(3)
+_P_ALIAS = const(0x23)
+_P_ALIAS_MAX = const(0x22)
+
+
+def publish_props(s, topic, payload, qos, props):
+    # Session.publish with properties: checked, encoded (the block returned).
+    if s.version != 5:
+        raise ValueError("properties need MQTT 5")
+    from . import props as P  # (loaded when properties are sent or received: see Session._on_publish)
+
+    P.client_publish(props, payload, qos, topic, s.server.get(_P_ALIAS_MAX, 0))
+    pblock = P.encode(props, _PUBLISH)
+    if 2 + len(topic) + 2 + 5 + len(pblock) > len(s.tx):
+        raise ValueError("topic and properties too long for the transmit buffer (%d bytes)" % len(s.tx))
+    return pblock
+
+
+def alias_out(s, topic, props, pblock, size, mx):
+    # Session.publish of a QoS 0 message with outbound topic aliases on (outbound_aliases: how many
+    # we may use towards the server, capped by the Topic Alias Maximum in its CONNACK). Only QoS 0
+    # messages carry an outbound alias: aliases live only as long as one network connection, and a
+    # QoS 1/2 message is stored as first sent and resent byte for byte after a reconnect, when any
+    # alias it used would mean nothing (or something else) to the server. The first message to a
+    # topic carries the topic and the alias; later ones only the alias. Aliases are handed out
+    # until the cap is reached (no replacement) and forgotten on every new connection. The
+    # property block for each topic is built once, so a repeat allocates nothing. Returns (topic,
+    # property block) to send: the topic empty once its alias is set.
+    d = s._oalias
+    if d is None:
+        d = s._oalias = {}
+    blk = d.get(topic)
+    new = blk is None and len(d) < s._oalias_cap
+    if new:
+        a = len(d) + 1
+        blk = bytes((3, _P_ALIAS, a >> 8, a & 0xFF))
+    if blk is not None:
+        ablk = blk  # the alias alone, kept per topic
+        if props:
+            pp = dict(props)
+            pp[_P_ALIAS] = blk[2] << 8 | blk[3]
+            from . import props as P
+
+            blk = P.encode(pp, _PUBLISH)
+        if not new:
+            return b"", blk
+        if not mx or size + len(blk) - len(pblock) + 1 <= mx:
+            # (+1: the remaining length may take a byte more) a new alias only where its property
+            # keeps the packet within the server's maximum [MQTT-3.1.2-24]
+            d[topic] = ablk
+            return topic, blk
+    return topic, pblock
 
 
 def alias_in(s, m, now):

@@ -2,7 +2,8 @@
 answered by one CONNACK and nothing else comes first [MQTT-3.2.0-1]; a refusal ends the
 connection; a second CONNACK is a protocol error; every state ends on a lost connection. And what
 a connected client keeps: the code that reads CONNACK and AUTH (tern.handshake) is released once
-they are read, and loaded again for the next connect. Runs on CPython and MicroPython."""
+they are read, and loaded again for the next connect; so is the send ring's cold half (tern.replay:
+the CONNACK's replay, subscribing). Runs on CPython and MicroPython."""
 
 import sys
 
@@ -41,6 +42,27 @@ def test_connack_connects_and_the_handshake_code_is_not_kept():
         s.connect_packet(0)  # loaded again for the next connect
         feed(s, Packet(CONNACK, session_present=False))
         assert s.state == CONNECTED and "tern.handshake" not in sys.modules
+
+
+def test_the_rings_cold_half_is_not_kept():
+    # tern.replay replays the ring at a CONNACK (here: a QoS 1 message stored offline, resent) and
+    # queues a SUBSCRIBE; each time it is let go after.
+    for v in (4, 5):
+        s, out, ev = session(v)
+        pid = s.publish("t", b"offline", 1, False, 0)
+        s.subscribe("a/#", 1, 0)
+        assert "tern.replay" not in sys.modules, "subscribe() keeps tern.replay"
+        s.connect_packet(0)
+        feed(s, Packet(CONNACK))
+        assert "tern.replay" not in sys.modules, "a connected client keeps tern.replay"
+        b = b"".join(out[1:])
+        assert b[0] == 0x32, out  # the message, first sent (no DUP) ...
+        k = b[1] + 2
+        assert b[k] == 0x82 and len(b) == k + b[k + 1] + 2, out  # ... then the SUBSCRIBE
+        feed(s, Packet(PUBACK, pid=pid))
+        assert s.pending() == [b[k + 2] << 8 | b[k + 3]], s.pending()
+        s.unsubscribe("a/#", 0)
+        assert "tern.replay" not in sys.modules
 
 
 def test_mqtt5_property_code_is_kept_only_while_property_blocks_come():

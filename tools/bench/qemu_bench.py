@@ -332,9 +332,9 @@ def render(h, mods, loaded, apps, smallest, times, a):
             " 512-byte transmit buffers, the send ring for 256 messages, the session, the MemoryStore; then the"
             " telemetry app's own modules, what the tight profile's app adds):", "",
             *_step_table(mods)]
-    out += ["", "Loaded after the connect: " + ", ".join(f"`tern.{m}`" for m in loaded) + " (`handshake` and, under"
-            " MQTT 5, `props` are loaded by connect() and let go after the CONNACK; `props` comes back with the"
-            " first property block; `v5`, `fault`, `manual`, `refused` and `tls` load when a path of theirs runs).", "",
+    out += ["", "Loaded after the connect: " + ", ".join(f"`tern.{m}`" for m in loaded) + " (`handshake`, `replay` and,"
+            " under MQTT 5, `props` are loaded by connect() and let go after the CONNACK; `replay` comes back for"
+            " a subscribe() and at every CONNACK, `props` with the first property block; `v5`, `fault`, `manual`, `refused` and `tls` load when a path of theirs runs).", "",
             "The telemetry app, outbox a FlashStore on the board's NOR flash model (firmware_bench's run:"
             f" {a.readings:,} QoS 1 readings every 10 ms, window 8; qemu-m3-tight frozen, the stock boards with"
             " the app in place from ROMFS):", "",

@@ -56,7 +56,8 @@ from .scenario import Scenario
 from .schedule import Fault, check_seed, collector_id, make_schedule
 
 # Firmware settings the fleet uses unless the scenario's [firmware] table says otherwise: a fleet run
-# lasts seconds, so reconnect quickly and notice a dead link soon.
+# lasts seconds, so reconnect quickly and notice a dead link soon (the backoff: the library's policy,
+# tern.client.backoff_ms, with a floor and a cap under its defaults BACKOFF_MIN_MS, BACKOFF_MAX_MS).
 FIRMWARE_DEFAULTS = {"version": 5, "keepalive": 10, "backoff_min_ms": 100, "backoff_max_ms": 2000,
                      "interval_ms": 500, "qos": 1, "wifi_ssid": "fleet"}
 STOP_INTERVAL_MS = 86400000  # the firmware's largest interval: "stop measuring" for the settle phase
