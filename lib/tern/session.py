@@ -859,9 +859,9 @@ class Session:
 
             tern.handshake.read(self, pos, end, now)
             if self.state == CONNECTED:  # the CONNACK's cold code (handshake, replay) released:
-                import gc  # collected before the steady state (docs/benchmarks.md, issue 39's A/B)
+                import gc  # collected before the steady state on MicroPython (docs/benchmarks.md, issue 39)
 
-                gc.collect()
+                gc.collect() if hasattr(gc, "mem_free") else None  # (CPython: a full collection per connect)
             return
         p = pkt.decode(self.rxmv[pos:end], self.version, len(rx))
         if t == _DISCONNECT:

@@ -14,7 +14,7 @@ The table is read from the module's text (MicroPython keeps no docstrings), on b
 
 import sys
 
-import model
+from tests.lib import model
 import tern.session
 import tern.wire
 from check import MICROPYTHON
