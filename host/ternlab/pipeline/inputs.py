@@ -22,23 +22,22 @@ WITH_COLLECTORS = "demo-short, demo, soak or spread"  # bundled scenarios with [
 MAX_LOOK = 2000  # directory entries looked at before deciding (a landing's first file comes early)
 
 
-def _fleet_summary(d: str) -> dict | None:
-    """A fleet run's summary.json in ``d`` (tern fleet run / tern demo), else None."""
+def _summary(d: str, *keys: str) -> dict | None:
+    """``d``'s summary.json when it holds ``keys`` (a fleet run's or an audit's), else None."""
     try:
         with open(os.path.join(d, "summary.json")) as f:
             s = json.load(f)
     except (OSError, ValueError):
         return None
-    return s if isinstance(s, dict) and "scenario" in s and "ledger_rows" in s else None
+    return s if isinstance(s, dict) and all(k in s for k in keys) else None
+
+
+def _fleet_summary(d: str) -> dict | None:
+    return _summary(d, "scenario", "ledger_rows")  # tern fleet run / tern demo
 
 
 def _audit_summary(d: str) -> dict | None:
-    try:
-        with open(os.path.join(d, "summary.json")) as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return s if isinstance(s, dict) and "verdict" in s and "per_qos" in s else None
+    return _summary(d, "verdict", "per_qos")  # tern audit
 
 
 def _files(d: str):
