@@ -7,11 +7,17 @@ off, still gets the plugin: it is then loaded from here. `pytester` is for the p
 """
 
 import os
+import sys
 from importlib.metadata import entry_points
 
 import pytest
 
 from tests.setup_check import DEBIAN_LIST, missing_programs, refusal
+
+# The library unloads tern.handshake and tern.replay after each connect (a device's heap): a suite that
+# connects thousands of times would compile them again at each load where no bytecode is cached
+# (PYTHONDONTWRITEBYTECODE, as on this machine and CI: 4/5 of the model test's time). The suite caches it.
+sys.dont_write_bytecode = False
 
 _installed = any(ep.value in ("ternlab.pytest_tern", "ternlab.pytest_plugin") for ep in entry_points(group="pytest11"))
 pytest_plugins = ["pytester"]

@@ -325,9 +325,7 @@ def test_device_code_lives_in_device_and_boards_holds_profiles_only():
 # No test module is a library: what tests share lives in helper modules not named test_* (the test
 # kit tests/lib/kit.py and the modules on it; tests/host/firmwarekit.py), and tools reach the kit as
 # the package tests.lib (`python -m tools.NAME` from the root), never by putting a tests folder on
-# sys.path. Pending (another change): tests/host/test_qemu_scripted.py reads the scripts of the library
-# test module it runs on the qemu boards from that module (their SCRIPTS, among its test functions).
-PENDING_TEST_IMPORTS = ["tests/host/test_qemu_scripted.py imports test_scripted"]
+# sys.path.
 
 
 def imported_test_modules(source, name="<source>"):
@@ -363,8 +361,7 @@ def test_no_test_module_is_imported_and_no_tool_puts_tests_on_the_path():
         for path in sorted(base.rglob("*.py")):
             text = path.read_text()
             rel = path.relative_to(ROOT)
-            bad += ["%s:%d imports %s" % (rel, line, m) for line, m in imported_test_modules(text, str(path))
-                    if "%s imports %s" % (rel, m) not in PENDING_TEST_IMPORTS]
+            bad += ["%s:%d imports %s" % (rel, line, m) for line, m in imported_test_modules(text, str(path))]
             if base.name == "tools":
                 bad += ["%s:%d puts a tests folder on sys.path" % (rel, line) for line in sys_path_edits_to_tests(text, str(path))]
     assert bad == [], "share through a helper module (tests/lib/kit.py, tests/host/firmwarekit.py)"
