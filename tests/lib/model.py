@@ -70,7 +70,7 @@ from tern.wire import MQTTError
 
 from .check import MICROPYTHON, Rng
 from .faults import BEFORE, ENOSPC, KINDS
-from .kit import Broker, FileRig, Finding, FlashRig, LfsRig, Limits, MemRig, pid_of, reading
+from .kit import Broker, FileRig, Finding, FlashRig, LfsRig, Limits, MemRig, pid_of, reading, sweep
 
 try:
     from tern.filestore import OutboxUnknown
@@ -813,13 +813,6 @@ def example(rig_name, seed, n_steps):
 
 
 def budget(rigs, seeds, n_steps):
-    """Run every seed on every rig; returns (examples run, findings)."""
-    found = []
-    count = 0
-    for seed in seeds:
-        for name in rigs:
-            count += 1
-            f = example(name, seed, n_steps)
-            if f:
-                found.append(f)
-    return count, found
+    """Run every seed on every rig (the kit's sweep loop); returns (examples run, findings)."""
+    points = [(seed, name) for seed in seeds for name in rigs]
+    return len(points), sweep(points, lambda p: example(p[1], p[0], n_steps))
