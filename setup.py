@@ -1,5 +1,5 @@
 """The `ternlab` wheel carries the project's board profiles, device code and fleet scenarios as package
-data (ternlab/share/{boards,device,scenarios}, found by ternlab.paths): they are copied from the
+data (ternlab/share/{boards,firmware,scenarios}, found by ternlab.paths): they are copied from the
 checkout's folders when the wheel is built, so the repository keeps one copy of each file. An editable
 install reads the checkout's folders directly. Everything else is in pyproject.toml."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-SHARED = ("boards", "device", "scenarios")
+SHARED = ("boards", "firmware", "scenarios")
 HERE = Path(__file__).resolve().parent
 
 

@@ -7,7 +7,7 @@ operation of a scripted workload.
 
 (from the checkout's root: the sample of cut points is the test kit's, tests.lib.kit.sample.)
 
-The workload (device/testing/crash_device.py): 100 publishes (50 at QoS 1, 50 at
+The workload (firmware/testing/crash_device.py): 100 publishes (50 at QoS 1, 50 at
 QoS 2, payloads of 12..203 bytes), 3 SUBSCRIBE and 2 UNSUBSCRIBE, and 20
 inbound QoS 2 messages the host sends to the device while it runs. For each
 operation index k, on a fresh medium and with fresh client ids:

@@ -1,6 +1,6 @@
 """The telemetry app's console, read on the host: events, the ledger, counts.
 
-The telemetry app (device/app/telemetry.py, device/app/hal.py) prints one line per event: ``PREFIX`` and a
+The telemetry app (firmware/app/telemetry.py, firmware/app/hal.py) prints one line per event: ``PREFIX`` and a
 JSON object with an ``ev`` key. This module is the host's only knowledge of that format, so the
 harness, the fleet runner and the tests import it rather than the app's internals.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .pipeline.schema import LEDGER_FIELDS, parse_payload
 
-PREFIX = "TERN "  # device/app/hal.py PREFIX
+PREFIX = "TERN "  # firmware/app/hal.py PREFIX
 
 
 def parse_line(line: str) -> tuple[list[dict], int]:

@@ -34,7 +34,7 @@ OPTIONAL = (
     ("ternlab.fleet.cli", {"fleet": "run a fleet of emulated boards under a seeded fault scenario"}, None),
     ("ternlab.boards.cli", {
         "board": "run an emulated board in the foreground (tern board run)",
-        "deploy": "compile lib/tern's device set and the telemetry app (device/app) with mpy-cross and copy them to a board",
+        "deploy": "compile lib/tern's device set and the telemetry app (firmware/app) with mpy-cross and copy them to a board",
         "flash": "write a MicroPython image and the profile's partition table to an ESP32 (esptool)",
         "repl": "a terminal on a board's REPL",
     }, None),

@@ -1,5 +1,5 @@
 """What goes on a board, decided once: the library's device set (lib/tern/manifest.py) and the
-telemetry app's modules (device/app/manifest.py, which includes it), both micropython-lib manifests
+telemetry app's modules (firmware/app/manifest.py, which includes it), both micropython-lib manifests
 that MicroPython's own tool freezes into a firmware. `tern deploy`, the fleet's and tests' boards
 (compile_mpy, install_app), the qemu firmware build (its cache key), the mip packages and the size
 report all read them here, and mpy-cross is run here only (mpy_cross), so the ways onto a board

@@ -1,6 +1,6 @@
 """Where the harness finds the project's files, and the one place that puts device code on a path.
 
-Board profiles, the device code and the fleet scenarios are the checkout's `boards/`, `device/` and
+Board profiles, the device code and the fleet scenarios are the checkout's `boards/`, `firmware/` and
 `scenarios/` folders; an installed `ternlab` wheel carries the same files as package data under
 `ternlab/share/` (copied there by setup.py when the wheel is built, never kept twice in the repo).
 The library's sources, which deploy and the emulated boards compile and copy to boards, are those of
@@ -8,7 +8,7 @@ the `tern` package this interpreter imports (lib/tern in a checkout, the install
 
 Device code (what runs on a board or emulates one) is reached only through `device_dir`,
 `device_path` and `use_device` below: no other host module, tool or test spells a folder of
-`device/` or edits `sys.path` to reach one (tests/host/test_layout.py checks both).
+`firmware/` or edits `sys.path` to reach one (tests/host/test_layout.py checks both).
 """
 
 from pathlib import Path
@@ -19,7 +19,7 @@ CHECKOUT = HERE.parents[1]
 
 
 def project_dir(name: str) -> Path:
-    """`boards`, `device` or `scenarios`: the wheel's copy when installed, else the checkout's."""
+    """`boards`, `firmware` or `scenarios`: the wheel's copy when installed, else the checkout's."""
     d = SHARE / name
     return d if d.is_dir() else CHECKOUT / name
 
@@ -42,7 +42,7 @@ def boards_home() -> Path:
     return Path(base) / "tern" / "boards"
 
 
-# The parts of device/ by what they are (device/README.md says what to change where).
+# The parts of firmware/ by what they are (firmware/README.md says what to change where).
 DEVICE_PARTS = {
     "app": "app",                       # the telemetry app: main.py, hal.py, tconfig.py, telemetry.py, manifest.py
     "norflash": "emulated",             # norflash.py: the NOR flash model, the reference semantics
@@ -59,7 +59,7 @@ _NEEDS = {"unix-board": ("norflash",), "testing": ("norflash",)}
 def device_dir(part: str) -> Path:
     """The folder of one part of the device code (a key of DEVICE_PARTS)."""
     try:
-        return project_dir("device") / DEVICE_PARTS[part]
+        return project_dir("firmware") / DEVICE_PARTS[part]
     except KeyError:
         raise ValueError("no device part %r (known: %s)" % (part, ", ".join(DEVICE_PARTS))) from None
 

@@ -7,7 +7,7 @@ and class on a board's heap for code every boot loads anyway. A fifth of the lin
 format's description and comments.
 
 The block device speaks MicroPython's extended block protocol (esp32.Partition,
-rp2.Flash, device/emulated/norflash.py): readblocks(b, buf, off),
+rp2.Flash, firmware/emulated/norflash.py): readblocks(b, buf, off),
 writeblocks(b, buf, off) programs only (bits 1 -> 0), ioctl(6, b) erases.
 It keeps the contract of lib/tern/store.py across power loss at any flash
 operation. Layout (all integers little-endian):

@@ -1,5 +1,5 @@
 # Tern's device set, in micropython-lib style: what goes on a board. Frozen into an image with
-# include("path/to/lib/tern") from a FROZEN_MANIFEST (device/app/manifest.py does), copied by
+# include("path/to/lib/tern") from a FROZEN_MANIFEST (firmware/app/manifest.py does), copied by
 # `tern deploy`, installed by `mpremote mip install` (package.json at the repository's top, checked
 # against this list by tests/host/test_device_set.py). The full codec (codec.py) is for hosts and
 # tests only and never goes on a board; this file itself is not a module.

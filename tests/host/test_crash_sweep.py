@@ -18,7 +18,7 @@ import pytest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-import crash_sweep as C  # noqa: E402  (it puts device/testing on the path)
+import crash_sweep as C  # noqa: E402  (it puts firmware/testing on the path)
 import crash_device as D  # noqa: E402
 from tests.lib.check import Rng, read_all  # noqa: E402
 

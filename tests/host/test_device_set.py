@@ -1,5 +1,5 @@
 """Tern's device set (issue 16): lib/tern/manifest.py names what goes on a board, and the three ways
-there agree with it: freezing (device/app/manifest.py through MicroPython's own manifest tool),
+there agree with it: freezing (firmware/app/manifest.py through MicroPython's own manifest tool),
 `mpremote mip install` (package.json at the repository's top, onto an emulated board, which then
 publishes to Mosquitto) and `tern deploy` (tests/host/test_boards_cli.py). The host codec never goes."""
 

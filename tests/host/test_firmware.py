@@ -1,7 +1,7 @@
 """The telemetry firmware on emulated boards against a real Mosquitto.
 
 Each test boots an EmulatedBoard (the MicroPython unix port with emulated NOR flash, the outbox a
-FlashStore on the profile's raw partition) running device/app/main.py, reads its console through
+FlashStore on the profile's raw partition) running firmware/app/main.py, reads its console through
 ternlab.app_events, and checks what a subscriber on the broker really received (the devices, the
 subscriber and the runs under faults: firmwarekit.py, which the other firmware tests share).
 """

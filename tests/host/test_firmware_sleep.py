@@ -2,7 +2,7 @@
 
 The emulated board's watchdog is enforced by the host (ternlab.boards.emulated: the relay that owns
 the device process times the feeds and kills and reboots the process when one is late), and its deep
-sleep ends the process and boots it again later (device/emulated/unix/emuboard.py). `board.freeze()` is
+sleep ends the process and boots it again later (firmware/emulated/unix/emuboard.py). `board.freeze()` is
 fault injection: it stops the device process where it is, an app that hangs.
 """
 

@@ -224,12 +224,13 @@ def test_the_pipeline_package_lists_its_modules():
     assert listed == {p.stem for p in pkg.glob("*.py") if p.stem != "__init__"}
 
 
-# Device code (device/: what runs on a board or emulates one) is reached through one loader,
+# Device code (firmware/: what runs on a board or emulates one) is reached through one loader,
 # ternlab.paths (device_dir, device_path, use_device). No other module, tool or test spells a folder
-# of device/ (so none can put one on sys.path or MICROPYPATH itself), and no sys.path edit outside
-# the loader takes a device folder from it either.
+# of firmware/ (so none can put one on sys.path or MICROPYPATH itself), nor one of its old place
+# device/, and no sys.path edit outside the loader takes a device folder from it either.
 LOADER = TREES["ternlab"] / "paths.py"
 SCANNED = (ROOT / "host", ROOT / "tools", ROOT / "tests")
+DEVICE_TREE, OLD_TREE = "firmware", "device"
 DEVICE_FOLDERS = {"app", "emulated", "qemu-firmware", "testing"}
 OLD_PLACES = re.compile(r"boards/emulated|boards/qemu(/|$)|tools/firmware|qemu_device|tools/crash_device")
 DEVICE_API = {"device_dir", "device_path", "use_device"}
@@ -237,7 +238,17 @@ DEVICE_API = {"device_dir", "device_path", "use_device"}
 
 def _names_device_code(s):
     parts = s.split("/")
-    return any(a == "device" and b in DEVICE_FOLDERS for a, b in zip(parts, parts[1:])) or bool(OLD_PLACES.search(s))
+    return any(a in (DEVICE_TREE, OLD_TREE) and b in DEVICE_FOLDERS for a, b in zip(parts, parts[1:])) \
+        or bool(OLD_PLACES.search(s))
+
+
+def _joins_the_tree(n):
+    """Whether the `/` of `n` joins the device tree to a root (`ROOT / "firmware"`), not a folder of
+    that name deeper down (`ROOT / "build" / "firmware"`, where the firmware images are built)."""
+    left, right = _const(n.left), _const(n.right)
+    if OLD_TREE in (left, right) or left == DEVICE_TREE:
+        return True
+    return right == DEVICE_TREE and not (isinstance(n.left, ast.BinOp) and _const(n.left.right) is not None)
 
 
 def _const(node):
@@ -272,14 +283,14 @@ def device_reaches(source, name="<source>"):
         s = _const(n)
         if s is not None and id(n) not in docs and _names_device_code(s):
             found.append((n.lineno, "spells %r" % s))
-        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and "device" in (_const(n.left), _const(n.right)):
-            found.append((n.lineno, "joins 'device' into a path"))
+        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and _joins_the_tree(n):
+            found.append((n.lineno, "joins the device tree into a path"))
         elif isinstance(n, ast.Call):
             args = [_const(a) for a in n.args]
-            if any(a == "device" and b in DEVICE_FOLDERS for a, b in zip(args, args[1:])):
-                found.append((n.lineno, "joins 'device' and a device folder"))
-            elif "device" in args and getattr(n.func, "id", getattr(n.func, "attr", None)) == "project_dir":
-                found.append((n.lineno, "asks project_dir for device/"))
+            if any(a in (DEVICE_TREE, OLD_TREE) and b in DEVICE_FOLDERS for a, b in zip(args, args[1:])):
+                found.append((n.lineno, "joins the device tree and a device folder"))
+            elif {DEVICE_TREE, OLD_TREE} & set(args) and getattr(n.func, "id", getattr(n.func, "attr", None)) == "project_dir":
+                found.append((n.lineno, "asks project_dir for the device tree"))
     for arg in _sys_path_edits(tree):
         for n in ast.walk(arg):
             if isinstance(n, (ast.Name, ast.Attribute)) and getattr(n, "id", getattr(n, "attr", None)) in DEVICE_API:
@@ -289,14 +300,20 @@ def device_reaches(source, name="<source>"):
 
 def test_the_device_checker_sees_each_way_of_reaching_device_code():
     assert device_reaches('import sys\nsys.path.insert(0, ROOT + "/boards/emulated")\n')
+    assert device_reaches('env = {"MICROPYPATH": str(ROOT / "firmware" / "emulated")}\n')
+    assert device_reaches('p = os.path.join(ROOT, "firmware", "testing")\n')
+    assert device_reaches('q = ROOT / "firmware/app/main.py"\n')
+    assert device_reaches('from ternlab.paths import project_dir\nd = project_dir("firmware")\n')
+    assert device_reaches('import sys\nsys.path[:0] = device_path("norflash")\n')
+    assert device_reaches('import sys\nsys.path.append(str(paths.device_dir("app")))\n')
+    # the tree's old name, device/, in any of those spellings
     assert device_reaches('env = {"MICROPYPATH": str(ROOT / "device" / "emulated")}\n')
     assert device_reaches('p = os.path.join(ROOT, "device", "testing")\n')
     assert device_reaches('q = ROOT / "device/app/main.py"\n')
     assert device_reaches('from ternlab.paths import project_dir\nd = project_dir("device")\n')
-    assert device_reaches('import sys\nsys.path[:0] = device_path("norflash")\n')
-    assert device_reaches('import sys\nsys.path.append(str(paths.device_dir("app")))\n')
-    assert not device_reaches('"""Runs device/app/main.py."""\nfrom ternlab.paths import use_device\nuse_device("norflash")\n')
+    assert not device_reaches('"""Runs firmware/app/main.py."""\nfrom ternlab.paths import use_device\nuse_device("norflash")\n')
     assert not device_reaches('import sys\nsys.path.insert(0, ROOT + "/lib")\nrow = {"device": "d1"}\n')
+    assert not device_reaches('cache = ROOT / "build" / "firmware"\nprof = {"firmware": "frozen"}\n')
 
 
 def test_only_the_loader_reaches_device_code():
@@ -309,17 +326,43 @@ def test_only_the_loader_reaches_device_code():
     assert bad == [], "reach device code through ternlab.paths (device_dir, device_path, use_device)"
 
 
-def test_device_code_lives_in_device_and_boards_holds_profiles_only():
+def test_device_code_lives_in_firmware_and_boards_holds_profiles_only():
     from ternlab.paths import DEVICE_PARTS, device_dir
 
     for part in DEVICE_PARTS:
-        assert device_dir(part).is_dir(), part
+        assert device_dir(part).is_dir() and ROOT / DEVICE_TREE in device_dir(part).parents, part
     homes = {device_dir(p) for p in DEVICE_PARTS}
-    stray = [p for p in (ROOT / "device").rglob("*") if p.is_file() and p.suffix in (".py", ".c", ".patch", ".mk")
+    stray = [p for p in (ROOT / DEVICE_TREE).rglob("*") if p.is_file() and p.suffix in (".py", ".c", ".patch", ".mk")
              and not any(h == p.parent or h in p.parents for h in homes)]
     assert stray == []
     assert sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "boards").rglob("*")
                   if p.is_file() and p.suffix not in (".json", ".csv", ".md")) == []
+
+
+# The top level is the one the project was specified with (issue 39): firmware, lib, host, tests,
+# boards, tools; beside them the docs, what tools need at the top (mip's package.json and the mpy/ it
+# points to, the build and packaging files, CI's entry) and nothing else. Pending (another change):
+# the fleet scenarios, scenarios/, still at the top.
+TOP_FOLDERS = {DEVICE_TREE, "lib", "host", "tests", "boards", "tools"}
+TOP_BESIDE = {"docs", "mpy", ".ci", "README.md", "Makefile", "pyproject.toml", "setup.py", "MANIFEST.in",
+              "package.json", "package-src.json", ".gitignore"}
+PENDING_TOP = {"scenarios"}
+
+
+def top_level():
+    """The first path part of every file git keeps or would add (tracked, or untracked and not
+    ignored): what the checkout is made of, without the venv, build/ and the runs' output."""
+    import subprocess
+
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, check=True).stdout.decode()
+    return {f.split("/")[0] for f in out.split("\0") if f and (ROOT / f).exists()}
+
+
+def test_the_top_level_is_the_specified_one():
+    top, want = top_level(), TOP_FOLDERS | TOP_BESIDE | PENDING_TOP
+    assert OLD_TREE not in top, "device/ is firmware/ now: what runs on a board goes there"
+    assert top == want, "not at the top: %s; missing: %s" % (sorted(top - want), sorted(want - top))
 
 
 # No test module is a library: what tests share lives in helper modules not named test_* (the test

@@ -31,7 +31,7 @@ def wheels(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pkg")
     src, out = tmp / "src", tmp / "wheels"
     junk = shutil.ignore_patterns("__pycache__", "*.pyc", "*.mpy", "build", "*.egg-info")
-    for name in ("lib", "host", "boards", "device", "scenarios"):
+    for name in ("lib", "host", "boards", "firmware", "scenarios"):
         shutil.copytree(ROOT / name, src / name, ignore=junk)
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy(ROOT / name, src / name)

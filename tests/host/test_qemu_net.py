@@ -1,4 +1,4 @@
-"""The qemu boards' `socket` module (device/qemu-firmware/cmodules/qboard/net.c, the host's end in
+"""The qemu boards' `socket` module (firmware/qemu-firmware/cmodules/qboard/net.c, the host's end in
 ternlab.boards.qemu_net), on both ISAs: what a board's socket does, against real TCP servers on the
 host's loopback -- getaddrinfo, connect (and its refusals), send/recv/read/write/readinto/readline,
 non-blocking and timed-out reads, select.poll, end of stream both ways, many bytes both ways through

@@ -99,7 +99,7 @@ def once_each(got, accepted, what):
 
 # ------------------------------------------------------------------- the cause: publish() on a dead socket
 
-# The firmware's rule for a reading (device/app/telemetry.py): an accepted publish uses up the sequence
+# The firmware's rule for a reading (firmware/app/telemetry.py): an accepted publish uses up the sequence
 # number, an exception means "not accepted" and the next reading takes the same number. One file, run by
 # CPython and by the MicroPython unix port; the host steps it with a line on stdin.
 APP = r"""

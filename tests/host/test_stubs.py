@@ -1,4 +1,4 @@
-"""The device code (Tern's device set and the app, device/app) type-checked against the boards' own API
+"""The device code (Tern's device set and the app, firmware/app) type-checked against the boards' own API
 (issue 16): pyright (the `basedpyright` wheel, which carries pyright and its Node.js runtime, so it
 runs offline) with the MicroPython stubs of the ESP32 and RP2 ports (`micropython-esp32-stubs`,
 `micropython-rp2-stubs`, pinned to MicroPython 1.28, installed by `make setup` into .venv/stubs/PORT).

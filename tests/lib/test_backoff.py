@@ -1,6 +1,6 @@
 """The reconnect backoff is one policy with one set of defaults, in the library (issue 39):
 tern.client.backoff_ms and BACKOFF_MIN_MS / BACKOFF_MAX_MS, which both drivers' defaults take (the
-telemetry app's config and its Wi-Fi reconnect take them too: device/app). Runs on CPython and
+telemetry app's config and its Wi-Fi reconnect take them too: firmware/app). Runs on CPython and
 MicroPython."""
 
 import tern.aio

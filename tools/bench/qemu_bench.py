@@ -315,7 +315,7 @@ def render(h, mods, loaded, apps, smallest, times, a):
         " MicroPython v1.28.0's qemu port (32-bit) for an Arm Cortex-M3 (MPS2-AN385, qemu-system-arm 7.2) and a"
         " RISC-V RV32IMC core (virt, qemu-system-riscv32 7.2: the ESP32-C3's ISA), built by `make firmware`:"
         " stock (nothing of Tern frozen) and, for the frozen rows, with `tern` and the app frozen in"
-        " (`device/app/manifest.py`); Mosquitto on loopback reached through the boards' own sockets"
+        " (`firmware/app/manifest.py`); Mosquitto on loopback reached through the boards' own sockets"
         " (ternlab.boards.qemu_net).",
         "",
         "Heap after `import` + `connect()` (bytes; `gc.mem_alloc()` after `gc.collect()`, before the import"

@@ -15,8 +15,8 @@ on a serial port (mpremote's SerialTransport), so the same test body drives
 Board profiles live in `boards/<name>/profile.json` at the top of the project
 (JSON, so the device can read the same file); `load_profile(name)` reads one.
 This package is the host side; the code that runs on the boards (or emulates
-them) is in `device/` at the top (`device/emulated/unix`, `device/emulated/qemu`;
-device/README.md), reached through ternlab.paths.
+them) is in `firmware/` at the top (`firmware/emulated/unix`, `firmware/emulated/qemu`;
+firmware/README.md), reached through ternlab.paths.
 The interface is `ternlab.boards.board`, which the kinds import; this module
 only re-exports it (so the package and its kinds never import each other).
 """

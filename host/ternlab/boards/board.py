@@ -60,7 +60,7 @@ def load_profile(name_or_path):
     if dflt is not None:
         known = json.loads((device_dir("app") / "config.example.json").read_text())
         if not isinstance(dflt, dict) or set(dflt) - set(known):
-            raise ValueError("%s: defaults must map config keys (device/app/config.example.json) to values; unknown: %s"
+            raise ValueError("%s: defaults must map config keys (firmware/app/config.example.json) to values; unknown: %s"
                              % (p, ", ".join(sorted(set(dflt) - set(known))) if isinstance(dflt, dict) else dflt))
     if not isinstance(prof["heap_bytes"], int) or prof["heap_bytes"] < 8192:
         raise ValueError("%s: heap_bytes must be an integer >= 8192" % p)
@@ -297,7 +297,7 @@ class Board:
     # -- software ------------------------------------------------------------
     def deploy(self, app=None, config=None, files=(), source=False, romfs=False, say=lambda line: None):
         """Put Tern and an app on the board, as `tern deploy` does: lib/tern's device set and the
-        app folder's files (default: the telemetry app, device/app/) compiled with mpy-cross for
+        app folder's files (default: the telemetry app, firmware/app/) compiled with mpy-cross for
         the profile's architecture (source=True: copied as source; romfs=True: into the ROMFS
         partition) and copied; config (a dict, or a file) checked by the firmware's rules first and
         copied as config.json; files: more files, "LOCAL" or "LOCAL:REMOTE". The board runs them from

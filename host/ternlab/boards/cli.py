@@ -4,7 +4,7 @@
                                                           REPL on this terminal (Ctrl-] quits; Ctrl-T p
                                                           powers it on or cycles it, Ctrl-T o off);
                                                           --headless leaves the port to mpremote
-  tern deploy (--port PORT | --emulated DIR) [--config F] compile lib/tern's device set and device/app/
+  tern deploy (--port PORT | --emulated DIR) [--config F] compile lib/tern's device set and firmware/app/
               [--app APPDIR]                              (or your APPDIR) with mpy-cross and copy
                                                           them (mpremote's transport); config checked
   tern flash --port PORT --firmware FILE [--profile P]    esptool: a combined, full-flash or app image,
@@ -84,7 +84,7 @@ def add_subcommands(sub):
     r.set_defaults(func=_ends_on_hangup(cmd_board_run))
     p.set_defaults(func=lambda a: (p.print_usage(sys.stderr), 2)[1])
 
-    d = sub.add_parser("deploy", help="compile lib/tern's device set and the telemetry app (device/app) with mpy-cross and copy them to a board")
+    d = sub.add_parser("deploy", help="compile lib/tern's device set and the telemetry app (firmware/app) with mpy-cross and copy them to a board")
     _target_args(d)
     d.add_argument("--config", metavar="FILE", help="copied to the board as config.json")
     d.add_argument("--file", action="append", default=[], metavar="LOCAL[:REMOTE]",

@@ -1,6 +1,6 @@
 """The telemetry app's config.json, checked on the host before `tern deploy` copies it to a board.
 
-On the board a bad config never stops the app: device/app/tconfig.py reports each problem on the console
+On the board a bad config never stops the app: firmware/app/tconfig.py reports each problem on the console
 and runs on the default (no broker at all for a config MicroPython's json cannot read). Here the same
 file is read by the same rules -- tconfig.load itself, imported from the firmware folder, its console
 lines collected instead of printed, reading the file as MicroPython's json does (ternlab.boards.mpjson)
@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 
 def _tconfig(said):
-    """device/app/tconfig.py as a module whose console lines go to `said` (a list of dicts)."""
+    """firmware/app/tconfig.py as a module whose console lines go to `said` (a list of dicts)."""
     hal = types.ModuleType("hal")
     hal.say = lambda ev, **kw: said.append(kw)
     spec = importlib.util.spec_from_file_location("tern_fw_tconfig", device_dir("app") / "tconfig.py")
@@ -130,7 +130,7 @@ def check(path, profile):
         if key in raw and err == "unknown key, ignored":
             near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
             errors.append("unknown key %r%s" % (key, " (did you mean %r?)" % near[0] if near else
-                                                  " (the keys: device/app/config.example.json)"))
+                                                  " (the keys: firmware/app/config.example.json)"))
         elif key in raw and err.startswith("must be"):
             fix = _split(raw[key]) if key == "host" else ""
             got = "" if "got" not in m else " (got %s%s)" % (json.dumps(m["got"]), fix)

@@ -6,8 +6,8 @@ bytecode runs in place and costs the heap only its objects, as frozen code does.
 What goes where on the board's filesystem (ternlab.devset decides what, for every way onto a board):
   lib/tern/*.py          -> /lib/tern/*.mpy   (compiled for the profile's architecture; the device
                                                set of lib/tern/manifest.py: not the host codec)
-  the app's modules      -> /*.mpy            (device/app/manifest.py's module() lines)
-  device/app/main.py     -> /main.py          (source: the board runs it by that name)
+  the app's modules      -> /*.mpy            (firmware/app/manifest.py's module() lines)
+  firmware/app/main.py   -> /main.py          (source: the board runs it by that name)
   --app DIR              -> its files instead of the app's (.py compiled; main.py, boot.py source)
   --config FILE          -> /config.json
 The other form of a module (X.py next to a new X.mpy, or the reverse) is removed, since
@@ -32,7 +32,7 @@ _REMOVE = "import os\nfor p in %r:\n try:\n  os.remove(p)\n except OSError:\n  p
 
 def plan(config=None, files=(), app=None):
     """[(local path, remote path without extension change, compile?)]: the device set of the library
-    this interpreter imports and the telemetry app (device/app), or your app.
+    this interpreter imports and the telemetry app (firmware/app), or your app.
     app: a user's app folder instead of the firmware: its .py files compiled (main.py and boot.py
     kept source), its other files copied as they are, subfolders included.
     files: extra files copied as they are, each "LOCAL" (to the board's top folder under its own

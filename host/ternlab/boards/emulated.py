@@ -6,7 +6,7 @@ device; it stays the same across resets and power cycles. Behind it, a
 relay (the "supervisor", ternlab.boards.emulated_pty; every board's on one event loop,
 ternlab.boards.hub) runs the device
 process -- the unix port, started through the `emuboard` boot shim (device
-side: device/emulated/unix/emuboard.py) -- on a second pty; that module says what
+side: firmware/emulated/unix/emuboard.py) -- on a second pty; that module says what
 the relay does (line endings, Ctrl-C, soft reboot and hard reset, the
 watchdog, deep sleep, reset causes, power cuts). This one is the Board: power,
 freeze/thaw, cuts, the flash image and the ROMFS partition.

@@ -5,7 +5,7 @@ mpremote, pyserial or a terminal opens, exactly like a board's USB serial
 device; it stays the same across resets and power cycles. Behind it, a
 relay thread (the "supervisor", `Supervisor` here) runs the device process --
 the unix port, started through the `emuboard` boot shim (device side:
-device/emulated/unix/emuboard.py) -- on a second pty that is its controlling
+firmware/emulated/unix/emuboard.py) -- on a second pty that is its controlling
 terminal. Every board's relay in a process runs on one event loop (ternlab.boards.hub), not on a
 thread of its own. The relay:
 

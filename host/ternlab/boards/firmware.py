@@ -1,11 +1,11 @@
 """Firmware images for the qemu boards: MicroPython v1.28.0's qemu port for an Arm Cortex-M3 (board
 MPS2_AN385, qemu-system-arm) or a RISC-V RV32 core (board VIRT_RV32, qemu-system-riscv32: the ESP32-C3's
-ISA), with the board's C module (device/qemu-firmware/cmodules: NOR flash, ROMFS, link UART, `socket`).
+ISA), with the board's C module (firmware/qemu-firmware/cmodules: NOR flash, ROMFS, link UART, `socket`).
 
 A profile's machine is its "arch" (MACHINES); its firmware is *stock* (the board's own frozen modules,
 _boot.py and emuboard.py, and asyncio: nothing of Tern or the app, as on a user's board, so what is
 installed in /lib is what is imported) unless it says `"firmware": "frozen"`, which freezes Tern and
-the telemetry app in through device/app/manifest.py. The heap is not a build constant: the host gives
+the telemetry app in through firmware/app/manifest.py. The heap is not a build constant: the host gives
 each boot the profile's (qemu.py, the semihosting command line), so one image serves every profile of
 a machine and kind, up to HEAP_MAX bytes.
 
@@ -13,12 +13,12 @@ a machine and kind, up to HEAP_MAX bytes.
 same content. Steps:
 1. the source: ../shared/third_party/micropython-1.28.0-subset.tar.gz beside the project when it is
    there, else a shallow clone of tag v1.28.0; unpacked once into the cache, with the patches of
-   device/qemu-firmware/patches applied (`git apply`) and lib/micropython-lib/README.md created (the
+   firmware/qemu-firmware/patches applied (`git apply`) and lib/micropython-lib/README.md created (the
    manifest tools need it; the submodule is not part of the subset); mpy-cross built in it;
 2. ports/qemu/boards/manifest.py written into that tree: the board's own frozen modules
-   (device/emulated/qemu) and asyncio, what device/app/manifest.py's
+   (firmware/emulated/qemu) and asyncio, what firmware/app/manifest.py's
    `include("$(PORT_DIR)/boards/manifest.py")` picks up as on any other port;
-3. `make -C ports/qemu BOARD=...` with FROZEN_MANIFEST (that manifest, or device/app/manifest.py for
+3. `make -C ports/qemu BOARD=...` with FROZEN_MANIFEST (that manifest, or firmware/app/manifest.py for
    a frozen image), LittleFS (MICROPY_VFS_LFS2=1), asyncio, the C module, in a fresh build directory.
 
 Images are cached under build/firmware (or $TERN_FIRMWARE_CACHE) by a hash of everything that goes
@@ -193,7 +193,7 @@ def build(profile="qemu-m3-esp32", log=print, force=False) -> Path:
             "# written by ternlab.boards.firmware: the qemu board's own frozen modules\n"
             "include(\"$(MPY_DIR)/extmod/asyncio\")\n"
             "freeze(%r, (\"_boot.py\", \"emuboard.py\"))\n" % str(DEVICE))
-        # the port's boards/manifest.py is what device/app/manifest.py includes ($(PORT_DIR)/boards/manifest.py)
+        # the port's boards/manifest.py is what firmware/app/manifest.py includes ($(PORT_DIR)/boards/manifest.py)
         shutil.copyfile(board_manifest, mp / "ports" / "qemu" / "boards" / "manifest.py")
         obj = cache / ("obj-" + out.name[4:])
         shutil.rmtree(obj, ignore_errors=True)

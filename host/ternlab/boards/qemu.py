@@ -19,7 +19,7 @@ QEMU instead of the unix port:
   connected, and when the far end hangs up (or cannot be reached) it says so on the carrier line (a
   modem's DCD): the firmware's link stream then reads end of stream, as a socket does when its peer
   closes; closing the stream on the board drops the line the other way (DTR) and the bridge hangs up;
-- the NOR flash is the C model in the firmware (device/qemu-firmware/cmodules/qboard): native memory,
+- the NOR flash is the C model in the firmware (firmware/qemu-firmware/cmodules/qboard): native memory,
   written through to flash.img (+ .wear) in the board's workdir by semihosting, the torn write and
   cut.json at the N-th flash operation, after which QEMU exits with status 80 (power cut);
 - machine.reset() (emuboard.reset()) ends QEMU with status 0: the relay boots it again;
@@ -49,7 +49,7 @@ from .relay import BACKLOG, BridgeLoop, PortRelay
 from .spawn import popen
 
 _UP = b"\x00TERN:UP\x00"
-EXIT_POWER_CUT = 80  # device/qemu-firmware/cmodules/qboard/qboard.c
+EXIT_POWER_CUT = 80  # firmware/qemu-firmware/cmodules/qboard/qboard.c
 
 
 def _free_port():

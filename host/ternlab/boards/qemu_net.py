@@ -1,5 +1,5 @@
 """The qemu boards' network, host side: the far end of the board's `socket` module
-(device/qemu-firmware/cmodules/qboard/net.c) over its network UART, which QEMU exposes as a loopback
+(firmware/qemu-firmware/cmodules/qboard/net.c) over its network UART, which QEMU exposes as a loopback
 TCP server. The board asks, this bridge does: resolve a name, dial an address, pass bytes both ways,
 close. Only the host's loopback is dialled (127.0.0.0/8): any other address is refused, with an
 OSError on the board that says so, and a line in the board's console log.

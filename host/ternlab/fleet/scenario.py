@@ -20,7 +20,7 @@ Format (all keys but ``duration`` optional)::
     persistence = true             # Mosquitto keeps sessions across restarts
     log_packets = false            # its log: connections and subscriptions (true: every packet too)
 
-    [firmware]                     # merged into every board's config.json (see device/app/)
+    [firmware]                     # merged into every board's config.json (see firmware/app/)
     interval_ms = 200
     qos = 1
 

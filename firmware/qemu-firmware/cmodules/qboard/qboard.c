@@ -7,7 +7,7 @@
 // read from the host file flash.img at open and written through to it on every program and erase,
 // so it survives power cycles (QEMU exiting). Program only clears bits (asking for a 1 where the
 // flash holds 0 raises ValueError), erase sets a block to 0xFF. The wear counters are written
-// through to flash.img.wear in the format of device/emulated/norflash.py. A power cut at the N-th
+// through to flash.img.wear in the format of firmware/emulated/norflash.py. A power cut at the N-th
 // program/erase (cut_at, or arm_cut) tears that operation as norflash.py does (seeded), writes
 // cut.json and ends QEMU with exit status 80: the host sees the board lose power.
 // Flash(start, count) is a partition of it with MicroPython's extended block protocol.

@@ -2,7 +2,7 @@
 
 A bad value never stops the device: each problem is printed as one console line naming the key, what
 was wrong and the safe default used instead, and the app runs on. Passwords are never echoed. See
-device/app/config.example.json and docs/app.md for the keys.
+firmware/app/config.example.json and docs/app.md for the keys.
 """
 
 import gc

@@ -15,7 +15,7 @@ Power cut: CUT > 0 makes the CUT-th flash (or file) operation of this boot a
 torn one. The device then prints `CUT ...` and blocks until the host kills
 it, so no line of code runs after the cut: no exception unwinds through the
 library, nothing more reaches the broker. Flash: the emulated NOR flash tears
-the operation (device/emulated/norflash.py). POSIX: the operation is a file
+the operation (firmware/emulated/norflash.py). POSIX: the operation is a file
 write, a sync or a remove made by FileStore; at the cut every file keeps what
 was synced plus a seeded prefix of what was written after, and a file created
 since the last directory sync may vanish (a power cut, not only a crash).

@@ -7,7 +7,7 @@ topic, sent_ts), then ``DONE {...}`` when the broker has acknowledged everything
 
     micropython ledger_publisher.py HOST PORT DEVICE N [QOS] [INTERVAL_MS] [BOOT]
 
-(tests/host/devices/collecting.py starts it; the telemetry app, device/app, is the real device.)
+(tests/host/devices/collecting.py starts it; the telemetry app, firmware/app, is the real device.)
 """
 
 import sys

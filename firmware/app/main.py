@@ -1,4 +1,4 @@
-"""Board entry point: run the telemetry app (device/app/telemetry.py).
+"""Board entry point: run the telemetry app (firmware/app/telemetry.py).
 
 An unexpected error (even one while importing the app) is printed, then the board waits 30 s before
 it resets: a fault that survives a reset costs a slow retry rather than a tight boot loop. The wait

@@ -1,7 +1,7 @@
 """The qemu boards' device side, frozen into their firmware (MicroPython's qemu port on an Arm
 Cortex-M3 or a RISC-V RV32 core): the board's own modules, as an ESP32 firmware has its _boot.py and
 flashbdev.py, whether or not Tern is frozen in beside them. The same API as the unix-port board's
-emuboard (device/emulated/unix/emuboard.py), so device/app/hal.py and the tests drive either unchanged.
+emuboard (firmware/emulated/unix/emuboard.py), so firmware/app/hal.py and the tests drive either unchanged.
 
 The firmware runs `_boot.py` (which calls boot()) before boot.py and main.py. boot() reads the
 host's board.json (semihosting: the host's board directory is QEMU's working directory), opens the
