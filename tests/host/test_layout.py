@@ -341,12 +341,11 @@ def test_device_code_lives_in_firmware_and_boards_holds_profiles_only():
 
 # The top level is the one the project was specified with (issue 39): firmware, lib, host, tests,
 # boards, tools; beside them the docs, what tools need at the top (mip's package.json and the mpy/ it
-# points to, the build and packaging files, CI's entry) and nothing else. Pending (another change):
-# the fleet scenarios, scenarios/, still at the top.
+# points to, the build and packaging files, CI's entry; the fleet scenarios, scenarios/, which users
+# name by path as they name boards/ profiles: `tern fleet run scenarios/smoke.toml`) and nothing else.
 TOP_FOLDERS = {DEVICE_TREE, "lib", "host", "tests", "boards", "tools"}
 TOP_BESIDE = {"docs", "mpy", ".ci", "README.md", "Makefile", "pyproject.toml", "setup.py", "MANIFEST.in",
-              "package.json", "package-src.json", ".gitignore"}
-PENDING_TOP = {"scenarios"}
+              "package.json", "package-src.json", ".gitignore", "scenarios"}
 
 
 def top_level():
@@ -360,7 +359,7 @@ def top_level():
 
 
 def test_the_top_level_is_the_specified_one():
-    top, want = top_level(), TOP_FOLDERS | TOP_BESIDE | PENDING_TOP
+    top, want = top_level(), TOP_FOLDERS | TOP_BESIDE
     assert OLD_TREE not in top, "device/ is firmware/ now: what runs on a board goes there"
     assert top == want, "not at the top: %s; missing: %s" % (sorted(top - want), sorted(want - top))
 
