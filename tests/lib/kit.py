@@ -20,6 +20,7 @@ tools/store_sweep.py and tools/model_sweep.py; on CPython and the MicroPython un
 - The broker model (Broker, Limits): the server from the MQTT specs; a client packet that breaks a
   limit it announced is a Finding.
 - The sweep loop (sweep) over cut or fault points, and a seeded sample of them (sample).
+- Wire: a Session's output decoded as it leaves, for the tests that drive a Session without a socket.
 
 A module of the package tests.lib: imported as `from tests.lib import kit` (pytest and the MicroPython
 runs of tests/lib/conftest.py have the checkout's root on the path; tools run as `python -m
@@ -616,6 +617,41 @@ class Broker:
             self.sent_in.append((q, self.next_msg))
         self.tx += encode(Packet(3, topic="i", payload=b"%d" % self.next_msg, qos=q, pid=pid), self.v)
         return pid, self.next_msg
+
+
+# -- a session's output -----------------------------------------------------------------
+class Wire:
+    """A Session's output, decoded as it leaves: one write may carry several packets (what one read
+    releases leaves together) and a packet may span writes. `out`: the packets not taken yet."""
+
+    def __init__(self, s):
+        self.v = s.version
+        self.out = []
+        self.rest = b""
+        s.send = self.send
+
+    def send(self, buf, off, n):
+        data = self.rest + bytes(buf[off : off + n])
+        k = 0
+        while k < len(data):
+            m = frame_size(data, k, len(data), 1 << 20)
+            if m < 0 or k + m > len(data):
+                break
+            self.out.append(decode(data[k : k + m], self.v))
+            k += m
+        self.rest = data[k:]
+
+    def types(self):
+        return [(p.type, p.pid) for p in self.out]
+
+    def take(self):
+        """The packets sent since the last take."""
+        got = self.out
+        self.out = []
+        return got
+
+    def take_types(self):
+        return [(p.type, p.pid) for p in self.take()]
 
 
 # -- the sweep loop ----------------------------------------------------------------------

@@ -14,33 +14,15 @@ session workload, in every store mode) and of the model (tests/lib/model.py) wit
 
 from check import MICROPYTHON, raises
 from storekit import rmtree, tmppath
-from tern.codec import Packet, decode, encode, frame_size
+from tern.codec import Packet, decode, encode
 from tern.filestore import FileStore, OsFs
 from tern.flashstore import FlashStore
 from tern.session import Session, CONNECTED
 from tests.lib.faults import AFTER, BEFORE, ENOSPC, Fault, FaultFlash, FaultFs
+from tests.lib.kit import Wire
 
 MP_HEAPSIZE = "4m"
 MP_TIMEOUT = 280
-
-
-class Wire:
-    """The session's sent packets, decoded."""
-
-    def __init__(self, s):
-        self.out = []
-        s.send = self.send
-
-    def send(self, buf, off, n):
-        b = bytes(buf[off : off + n])
-        k = 0
-        while k < len(b):
-            m = frame_size(b, k, len(b), 1 << 20)
-            self.out.append(decode(b[k : k + m], 4))
-            k += m
-
-    def types(self):
-        return [(p.type, p.pid) for p in self.out]
 
 
 def connect(s, sp=False):

@@ -15,10 +15,11 @@ with `max_topic_alias 0` / `max_packet_size 200`. Runs on CPython and MicroPytho
 from check import MICROPYTHON
 from pump import until
 from tern.client import Client, ticks_ms
-from tern.codec import Packet, encode, decode
+from tern.codec import Packet, encode
 from tern.session import Session, EV_PUBLISHED, EV_SUBACK, EV_UNSUBACK
 from tern.store import MemoryStore
 from tern.wire import CONNACK, PUBLISH, PUBACK, PUBREC, SUBSCRIBE, UNSUBSCRIBE
+from tests.lib import kit
 
 MP_TIMEOUT = 240
 
@@ -31,45 +32,25 @@ class Wire:
     """A v5 Session on a store, its output split into decoded packets, its events kept."""
 
     def __init__(self, store, **kw):
-        self.out = []  # the byte stream, as written: a packet may leave in several writes
         self.ev = []
         self.now = 0
         self.s = Session("lim", 5, False, store=store, session_expiry=600, **kw)
-        self.s.send = lambda b, o, n: self.out.append(bytes(b[o : o + n]))
+        self.w = kit.Wire(self.s)
         self.s.on_event = lambda k, a, b: self.ev.append((k, a, b)) if k in (EV_PUBLISHED, EV_SUBACK,
                                                                              EV_UNSUBACK) else None
 
     def connect(self, sp, caps=None):
         self.now += 10
         self.s.connect_packet(self.now)
-        del self.out[:]  # (the CONNECT)
+        self.w.take()  # (the CONNECT)
         self.s.feed(E(CONNACK, session_present=sp, props=caps or None), self.now)
 
     def drop(self):
         self.s.connection_lost()
-        del self.out[:]
+        self.w.take()
 
     def sent(self):
-        got = [decode(b, 5) for b in split(b"".join(self.out))]
-        del self.out[:]
-        return got
-
-
-def split(data):
-    got = []
-    i = 0
-    while i < len(data):
-        n, mul, j = 0, 1, i + 1
-        while True:
-            c = data[j]
-            n += (c & 127) * mul
-            mul *= 128
-            j += 1
-            if not c & 128:
-                break
-        got.append(data[i : j + n])
-        i = j + n
-    return got
+        return self.w.take()
 
 
 def test_stored_message_with_a_topic_alias_goes_with_its_topic_on_the_next_connection():

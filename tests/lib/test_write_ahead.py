@@ -13,8 +13,9 @@ FlashStore's group buffer is RAM), must find the state the packet announced:
 - PUBREC announces the inbound id, SUBSCRIBE / UNSUBSCRIBE their records.
 """
 
-from tern.codec import Packet, decode, encode, frame_size
+from tern.codec import Packet, encode
 from tern.session import Session
+from tests.lib import kit
 from tests.lib.kit import FileRig, FlashRig, MemRig
 
 
@@ -39,26 +40,14 @@ def cut(rig):
 
 
 # -- a session on the wire ---------------------------------------------------------------
-class Wire:
-    """A session whose packets are decoded as they leave, with helpers to answer it."""
+class Wire(kit.Wire):
+    """A session on a store whose packets are decoded as they leave, with helpers to answer it."""
 
     def __init__(self, st, v=4):
-        self.v = v
-        self.out = []
         self.got = []
         s = self.s = Session("wal", v, False, store=st, window=4)
-        s.send = self._send
         s.on_message = lambda m: self.got.append(bytes(m.payload))
-        self.buf = bytearray()
-
-    def _send(self, buf, off, n):
-        self.buf += bytes(buf[off : off + n])
-        while self.buf:
-            k = frame_size(self.buf, 0, len(self.buf), 1 << 20)
-            if k < 0 or k > len(self.buf):
-                return
-            self.out.append(decode(bytes(self.buf[:k]), self.v))
-            self.buf = self.buf[k:]
+        kit.Wire.__init__(self, s)
 
     def feed(self, p):
         self.s.feed(encode(p, self.v), 0)
@@ -66,11 +55,6 @@ class Wire:
     def connect(self, sp):
         self.s.connect_packet(0)
         self.feed(Packet(2, session_present=sp))
-
-    def take(self):
-        o = self.out
-        self.out = []
-        return [(p.type, p.pid) for p in o]
 
 
 def each_rig(f):
@@ -89,12 +73,12 @@ def test_pubrel_leaves_after_its_mark_is_durable():
         w = Wire(rig.boot())
         w.connect(False)
         pid = w.s.publish("t", b"once", 2, False, 0)
-        assert w.take()[-1] == (3, pid), name
+        assert w.take_types()[-1] == (3, pid), name
         w.feed(Packet(5, pid=pid))  # PUBREC
-        assert w.take() == [(6, pid)], name
+        assert w.take_types() == [(6, pid)], name
         w = Wire(cut(rig))  # power cut right after the PUBREL left
         w.connect(True)
-        sent = w.take()
+        sent = w.take_types()
         assert sent[1:] == [(6, pid)], "%s: after the cut the session sent %r, not PUBREL %d" % (name, sent, pid)
 
     each_rig(one)
@@ -107,9 +91,9 @@ def test_pubcomp_leaves_after_the_release_is_durable():
         w = Wire(rig.boot())
         w.connect(False)
         w.feed(Packet(3, topic="i", payload=b"first", qos=2, pid=7))
-        assert w.got == [b"first"] and w.take() == [(1, 0), (5, 7)], name
+        assert w.got == [b"first"] and w.take_types() == [(1, 0), (5, 7)], name
         w.feed(Packet(6, pid=7))  # PUBREL
-        assert w.take() == [(7, 7)], name
+        assert w.take_types() == [(7, 7)], name
         w = Wire(cut(rig))  # power cut right after the PUBCOMP left
         w.connect(True)
         w.feed(Packet(3, topic="i", payload=b"second", qos=2, pid=7))  # the id, free again, reused
@@ -126,15 +110,15 @@ def test_pubrec_and_subscribe_leave_after_their_records():
         w = Wire(rig.boot())
         w.connect(False)
         w.feed(Packet(3, topic="i", payload=b"m", qos=2, pid=9))
-        assert w.take()[-1] == (5, 9), name
+        assert w.take_types()[-1] == (5, 9), name
         w = Wire(cut(rig))
         w.connect(True)
-        w.take()
+        w.take_types()
         w.feed(Packet(3, topic="i", payload=b"m", qos=2, pid=9, dup=True))
-        assert w.got == [] and w.take() == [(5, 9)], "%s: a repeat after PUBREC delivered again" % name
+        assert w.got == [] and w.take_types() == [(5, 9)], "%s: a repeat after PUBREC delivered again" % name
         sp = w.s.subscribe("a/b", 1, 0)
         up = w.s.unsubscribe("c", 0)
-        assert w.take() == [(8, sp), (10, up)], name
+        assert w.take_types() == [(8, sp), (10, up)], name
         if isinstance(rig, MemRig):
             return
         w = Wire(cut(rig))
