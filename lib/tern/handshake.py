@@ -73,7 +73,7 @@ def _release():
     sys.modules.pop("tern.props", None)
     try:
         del tern.handshake  # pyright: ignore[reportAttributeAccessIssue]  (set by the import that loaded this module)
-    except AttributeError:  # (released already, by a call nested in this one)
+    except (AttributeError, KeyError):  # (released already, by a call nested in this one; MicroPython says KeyError)
         pass
     try:
         del tern.props  # pyright: ignore[reportAttributeAccessIssue]

@@ -46,9 +46,10 @@ makes a transition they do not list.
     refuse it, or a SUBSCRIBE/UNSUBSCRIBE is superseded (its kind becomes ctl) [_accepted]
   given > told: the application told (EV_PUBLISHED, EV_SUBACK, EV_UNSUBACK) [_accepted]
   told > free: released once told, or at the next CONNACK [_accepted]
-  given > waiting release given: a CONNACK after one that failed before telling: looked at again
-    from its record [_accepted]
-  waiting sent > free: CONNACK without our session: a superseded SUBSCRIBE released [_accepted]
+  given > waiting waiting5 release given: a CONNACK after one that failed before telling: looked
+    at again from its record (sent before or not, it goes with DUP) [_accepted]
+  fresh waiting sent given > free: CONNACK without our session: a superseded SUBSCRIBE released
+    [_accepted]
   * > free: the store read its medium again (its epoch moved on) and holds no record of it; or
     the ring, rebuilt from its first slot, overwrites an entry before it is pushed again [_follow]
   free fresh fresh5 > fresh: the same, every entry re-derived from its record [_follow]

@@ -480,10 +480,10 @@ class Session:
                 return pid
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
-        if not isinstance(payload, _BUFFERS):
-            # (before anything is stored: a store that took room for a record it then could not
-            # build would leave a gap in its log)
-            raise TypeError("payload must be bytes, bytearray, memoryview or str, not %s" % type(payload).__name__)
+        if not isinstance(payload, _BUFFERS) or isinstance(payload, memoryview) and len(bytes(payload[:1])) > 1:
+            # (before anything is stored: a record built short of its header's length, or not at all,
+            # corrupts the log; a memoryview's len() counts its items, so they must be bytes)
+            raise TypeError("payload must be bytes, bytearray, str or a memoryview of bytes, not %s" % type(payload).__name__)
         if self._txn:
             self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
         # Devices publish to a handful of topics: validate (and encode) each once, so a str or bytes

@@ -502,3 +502,43 @@ def test_a_payload_that_is_no_buffer_is_refused_before_anything_is_stored(broker
     assert [m[1] for m in got] == [b"cached 0", b"cached 1", b"end"], got
     pub.disconnect()
     sub.disconnect()
+
+
+def test_a_memoryview_of_wider_items_is_refused_before_anything_is_stored(broker_addr):
+    # len() of a memoryview counts its items: of an array('H') it is half the bytes the view holds.
+    # Refused (TypeError or ValueError) before a byte is stored or sent on every route, online and
+    # off, so no record is built longer than its header says (CPython) and the store's index does
+    # not lose step with its records (MicroPython's MemoryStore).
+    from array import array
+    from tern.store import MemoryStore
+
+    wide = memoryview(array("H", [1, 2, 3]))
+
+    def refused(c, q):
+        try:
+            c.publish("wide/t", wide, qos=q)
+        except (TypeError, ValueError):
+            return
+        raise AssertionError("a memoryview of 2-byte items was accepted at QoS %d" % q)
+
+    off = Client("wideoff", store=MemoryStore())
+    first = off.publish("wide/t", b"one", qos=1)  # (the topic cached: the steady route's)
+    for q in (0, 1, 2):
+        if q:
+            refused(off, q)
+    last = off.publish("wide/t", b"two", qos=1)
+    assert off.session.pending() == [first, last] and off.session.store.pending() == [first, last]
+    got = []
+    sub = client(broker_addr, "widesub", version=4)
+    sub.subscribe("wide/#", 1, handler=collect(got))
+    for v in (4, 5):
+        pub = client(broker_addr, "widepub%d" % v, version=v)
+        pub.wait_published(pub.publish("wide/t", b"cached", qos=1), 5)
+        for q in (0, 1, 2):
+            refused(pub, q)
+        assert not pub.session.pending()
+        pub.wait_published(pub.publish("wide/t", memoryview(b"bytes %d" % v), qos=1), 5)
+        pub.disconnect()
+    until([sub], lambda: len(got) == 4, what="4 messages")
+    assert [m[1] for m in got] == [b"cached", b"bytes 4", b"cached", b"bytes 5"], got
+    sub.disconnect()

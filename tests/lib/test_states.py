@@ -65,6 +65,34 @@ def test_the_rings_cold_half_is_not_kept():
         assert "tern.replay" not in sys.modules
 
 
+def test_an_app_that_connects_again_from_on_connect():
+    # on_connect (EV_CONNACK) runs while the CONNACK is still being read: the link lost there and
+    # the app dialling again from its callback reads a second CONNACK with the same tern.handshake,
+    # which that read releases; the outer read, ending after it, releases it again (on MicroPython
+    # `del` of a module attribute already gone said KeyError, which reached the app).
+    for v in (4, 5):
+        s, out, ev = session(v)
+        again = []
+
+        def on_event(k, a, b):
+            ev.append((k, a, b))
+            if k == EV_CONNACK and not again:
+                again.append(1)
+                s.connection_lost()
+                s.connect_packet(0)
+                feed(s, Packet(CONNACK))
+
+        s.on_event = on_event
+        s.connect_packet(0)
+        feed(s, Packet(CONNACK))
+        assert s.state == CONNECTED and [e[0] for e in ev].count(EV_CONNACK) == 2, ev
+        assert "tern.handshake" not in sys.modules and "tern.replay" not in sys.modules
+        s.connection_lost()
+        s.connect_packet(0)  # and the next connect loads it again
+        feed(s, Packet(CONNACK))
+        assert s.state == CONNECTED
+
+
 def test_mqtt5_property_code_is_kept_only_while_property_blocks_come():
     # The CONNACK's properties are read with tern.props, released with the handshake; a message
     # without properties is read without it, one with properties loads it, and the rules that
