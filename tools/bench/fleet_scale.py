@@ -69,6 +69,15 @@ def proc_stat(path: str):
     return rss, (int(fields[11]) + int(fields[12])) / TICK
 
 
+def switches(pid) -> int | None:
+    """Context switches of a process so far (voluntary + involuntary): about how often it woke up."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    except (OSError, ValueError):
+        return None
+
+
 class Meter(Callbacks):
     """Samples every process of the run on the fleet's tick; CPU per pid is its last reading (a board
     process reborn after a power cut is a new pid, counted apart)."""
@@ -77,6 +86,7 @@ class Meter(Callbacks):
         self.rss = {}          # board name -> peak RSS
         self.pss = {}          # board name -> peak PSS
         self.cpu = {}          # (role, name, pid) -> CPU seconds
+        self.wakes = {}        # (name, pid) of a board process -> its context switches
         self.peak = {}         # role -> peak RSS of one process
         self.fleet = None
         self.threads = 0       # most threads this process had at once
@@ -94,6 +104,9 @@ class Meter(Callbacks):
             self.peak[role] = max(self.peak.get(role, 0), st[0])
             if role == "board":
                 self.rss[name] = max(self.rss.get(name, 0), st[0])
+                w = switches(pid)
+                if w is not None:
+                    self.wakes[(name, pid)] = w
 
     def on_tick(self, fleet):
         now = time.monotonic()
@@ -274,6 +287,7 @@ def main(argv=None) -> int:
         "board_pss_median_mib": round(psss[len(psss) // 2] / 2**20, 2) if psss else None,
         "board_pss_max_mib": round(psss[-1] / 2**20, 2) if psss else None,
         "board_pss_n_times_median_mib": round(n * psss[len(psss) // 2] / 2**20, 1) if psss else None,
+        "board_wakeups_per_s_per_board": round(sum(meter.wakes.values()) / wall / n, 1),
         "board_cpu_s": round(boards_cpu, 1), "board_cpu_pct_per_board": round(100 * boards_cpu / wall / n, 2),
         "runner_cpu_s": round(runner, 1), "runner_fleet_thread_s": round(main_cpu, 1),
         "runner_other_threads_s": round(other_cpu, 1), "runner_threads_max": meter.threads,
