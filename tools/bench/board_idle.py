@@ -9,7 +9,9 @@ states a board of a large fleet spends its time in, each measured over the same 
 
 Per state: CPU of the board processes from /proc/PID/stat (the kernel's clock ticks, user + system)
 and context switches from /proc/PID/status (voluntary + involuntary: about how often the process
-woke), per board, median and mean over the boards. No faults; the fleet's checks still judge the run.
+woke), per board, median and mean over the boards; and what a board process took from its power-on
+to the first state (its boot: importing the app, opening the outbox, connecting; and `--warmup`
+seconds of readings). No faults; the fleet's checks still judge the run.
 
     nice -n 10 python tools/bench/board_idle.py --boards 8 --phase 20
 """
@@ -54,6 +56,7 @@ class Phases(Callbacks):
         self.k = -1          # the state under way (-1: warming up)
         self.start = None    # (fleet time, {pid: sample}) at the state's start
         self.rows = {}       # state -> {"cpu_pct": [...], "wakeups_per_s": [...]} per board
+        self.boot_cpu = []   # CPU seconds of each board process from its start to the first state
 
     def _snap(self, fleet):
         return fleet.now(), {s.board.pid: sample(s.board.pid) for s in fleet.slots if s.board.pid}
@@ -90,6 +93,8 @@ class Phases(Callbacks):
         if k >= 0:
             self._enter(fleet, k)
             self.start = self._snap(fleet) if k < len(STATES) else None
+            if k == 0:  # what each process took from its start: the boot, the connect, a reading or two
+                self.boot_cpu = [a[0] / TICK for a in self.start[1].values() if a]
 
 
 def main(argv=None) -> int:
@@ -109,7 +114,8 @@ def main(argv=None) -> int:
         result = Fleet(sc, seed=a.seed, out=Path(out), callbacks=phases,
                        replay=f"python tools/bench/board_idle.py --boards {a.boards} --phase {a.phase:g}").run()
     fig = {"boards": a.boards, "phase_s": a.phase, "ok": result.ok, "failures": result.failures[:5],
-           "load_avg": os.getloadavg()}
+           "load_avg": os.getloadavg(),
+           "cpu_s_from_power_on_median": round(statistics.median(phases.boot_cpu), 3) if phases.boot_cpu else None}
     for state in STATES:
         r = phases.rows.get(state)
         if not r or not r["boards"]:
