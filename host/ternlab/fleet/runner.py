@@ -233,8 +233,10 @@ class Fleet:
     def _inject(self, f: Fault) -> None:
         if f.kind == "collector_kill":
             c = self.collectors[f.target]
-            if not c.proc.alive or c.kill_at is not None:
-                self._record(f, "skipped", c.proc.id, "not running")
+            if not c.proc.alive or c.kill_at is not None or c.starting is not None:
+                # (a kill while it starts again would be taken for a collector that failed by itself)
+                self._record(f, "skipped", c.proc.id, "not running" if c.starting is None else
+                             "still starting again after its last kill")
                 return
             c.kill_at = (f, self.now() + KILL_WAIT)  # done in _collector_housekeep, mid-batch
             return
