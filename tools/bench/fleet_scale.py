@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """What a fleet costs the host per board: N emulated boards under a scenario's fault mix (the
-demo's by default), with every process of the run sampled from /proc (CPU time, peak RSS; PSS from
+demo's by default), with every process of the run sampled from /proc (CPU time, peak RSS, the boards'
+wake-ups -- context switches from /proc/PID/status, per board and second; PSS from
 /proc/PID/smaps_rollup, which shares the pages of the unix port's binary and libraries out among the
 processes that map them, so PSS x N is what N boards take; RSS counts those pages in every board).
 
