@@ -236,9 +236,10 @@ def main(argv=None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
     tmp = None if a.out else tempfile.TemporaryDirectory(prefix="fleet-scale-")
     out = Path(a.out or tmp.name)
-    # sampling 1,000 boards ten times a second would be a cost of its own: once every N/100 seconds
+    # sampling 1,000 boards ten times a second would be a cost of its own: once every N/100 seconds;
+    # PSS (smaps_rollup, about 1 ms a board, on the fleet's thread) once every N/10 seconds, at least 10
     every = max(0.1, a.boards / 100)
-    meter = Meter(every=every)
+    meter = Meter(every=every, pss_every=max(10.0, a.boards / 10))
     replay = (f"python tools/bench/fleet_scale.py --scenario {a.scenario} --boards {a.boards} "
               f"--duration {a.duration:g} --seed {a.seed}" + (" --no-faults" if a.no_faults else ""))
     if a.master:
