@@ -218,6 +218,33 @@ def test_ctrl_c_interrupts_main_and_machine_reset_reboots(emu):
     assert emu.pid != pid and "MPY: soft reboot" not in emu.log.texts(m)
 
 
+def _switches(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+
+
+def test_sleep_ms_waits_in_one_wait_with_the_ports_time_api_and_ctrl_c_ends_it(emu):
+    # the port's sleep_ms wakes every 0.5 ms (about 2,400 times in 1.5 s): a fleet of boards waiting
+    # for their links saturated the host; the emulated board's time (firmware/emulated/unix/time.py) waits once
+    port = subprocess.run([micropython_path(), "-c", "import time; print(sorted(dir(time)))"],
+                          capture_output=True, text=True, check=True, env={"MICROPYPATH": ""}).stdout
+    names = emu.eval("sorted(n for n in dir(__import__('time')) if not n.startswith('_'))")
+    assert names == [n for n in eval(port) if not n.startswith("_")] and "sleep_ms" in names
+    before = _switches(emu.pid)
+    slept = emu.eval("(lambda t, m: (t.sleep_ms(1500), t.sleep_ms(0), t.sleep_ms(-1), t.ticks_diff(t.ticks_ms(), m))[3])"
+                     "(__import__('time'), __import__('time').ticks_ms())")
+    assert 1500 <= slept < 5000
+    assert _switches(emu.pid) - before < 300  # the REPL's own traffic: a few dozen
+    with pytest.raises(DeviceError, match="TypeError"):
+        emu.exec("import time\ntime.sleep_ms(1.5)")  # as the port's: an int
+    emu.write_file("main.py", "import time\nprint('sleeping')\ntime.sleep_ms(600000)\nprint('woke')\n")
+    m = emu.log.mark()
+    emu.power_cycle()
+    emu.wait_for(r"sleeping", since=m)
+    assert emu.eval("6 * 7") == 42  # the host's Ctrl-C ended the ten-minute sleep
+    assert "KeyboardInterrupt:" in emu.log.texts(m) and "woke" not in emu.log.texts(m)
+
+
 def test_console_log_is_timestamped_in_memory_and_on_disk(emu):
     emu.exec("pass")  # past the boot banner
     m = emu.log.mark()

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """What a fleet costs the host per board: N emulated boards under a scenario's fault mix (the
-demo's by default), with every process of the run sampled from /proc (CPU time, peak RSS; PSS from
+demo's by default), with every process of the run sampled from /proc (CPU time, peak RSS, the boards'
+wake-ups -- context switches from /proc/PID/status, per board and second; PSS from
 /proc/PID/smaps_rollup, which shares the pages of the unix port's binary and libraries out among the
 processes that map them, so PSS x N is what N boards take; RSS counts those pages in every board).
 
@@ -69,6 +70,15 @@ def proc_stat(path: str):
     return rss, (int(fields[11]) + int(fields[12])) / TICK
 
 
+def switches(pid) -> int | None:
+    """Context switches of a process so far (voluntary + involuntary): about how often it woke up."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    except (OSError, ValueError):
+        return None
+
+
 class Meter(Callbacks):
     """Samples every process of the run on the fleet's tick; CPU per pid is its last reading (a board
     process reborn after a power cut is a new pid, counted apart)."""
@@ -77,6 +87,7 @@ class Meter(Callbacks):
         self.rss = {}          # board name -> peak RSS
         self.pss = {}          # board name -> peak PSS
         self.cpu = {}          # (role, name, pid) -> CPU seconds
+        self.wakes = {}        # (name, pid) of a board process -> its context switches
         self.peak = {}         # role -> peak RSS of one process
         self.fleet = None
         self.threads = 0       # most threads this process had at once
@@ -94,6 +105,9 @@ class Meter(Callbacks):
             self.peak[role] = max(self.peak.get(role, 0), st[0])
             if role == "board":
                 self.rss[name] = max(self.rss.get(name, 0), st[0])
+                w = switches(pid)
+                if w is not None:
+                    self.wakes[(name, pid)] = w
 
     def on_tick(self, fleet):
         now = time.monotonic()
@@ -222,9 +236,10 @@ def main(argv=None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
     tmp = None if a.out else tempfile.TemporaryDirectory(prefix="fleet-scale-")
     out = Path(a.out or tmp.name)
-    # sampling 1,000 boards ten times a second would be a cost of its own: once every N/100 seconds
+    # sampling 1,000 boards ten times a second would be a cost of its own: once every N/100 seconds;
+    # PSS (smaps_rollup, about 1 ms a board, on the fleet's thread) once every N/10 seconds, at least 10
     every = max(0.1, a.boards / 100)
-    meter = Meter(every=every)
+    meter = Meter(every=every, pss_every=max(10.0, a.boards / 10))
     replay = (f"python tools/bench/fleet_scale.py --scenario {a.scenario} --boards {a.boards} "
               f"--duration {a.duration:g} --seed {a.seed}" + (" --no-faults" if a.no_faults else ""))
     if a.master:
@@ -274,6 +289,7 @@ def main(argv=None) -> int:
         "board_pss_median_mib": round(psss[len(psss) // 2] / 2**20, 2) if psss else None,
         "board_pss_max_mib": round(psss[-1] / 2**20, 2) if psss else None,
         "board_pss_n_times_median_mib": round(n * psss[len(psss) // 2] / 2**20, 1) if psss else None,
+        "board_wakeups_per_s_per_board": round(sum(meter.wakes.values()) / wall / n, 1),
         "board_cpu_s": round(boards_cpu, 1), "board_cpu_pct_per_board": round(100 * boards_cpu / wall / n, 2),
         "runner_cpu_s": round(runner, 1), "runner_fleet_thread_s": round(main_cpu, 1),
         "runner_other_threads_s": round(other_cpu, 1), "runner_threads_max": meter.threads,

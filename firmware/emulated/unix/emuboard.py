@@ -2,12 +2,14 @@
 
 The host (ternlab.boards.emulated) starts
 
-    micropython -X heapsize=H -i -c "import gc;gc.collect();b=gc.mem_alloc();import emuboard;emuboard.boot(globals(),b);del emuboard,b"
+    micropython -X heapsize=H -i -c "import gc;gc.collect();b=gc.mem_alloc();__import__('time');gc.collect();import emuboard;emuboard.boot(globals(),b);del emuboard,b"
 
 with TERN_EMU_CONFIG naming a JSON file: {"profile": {...}, "id": "...",
 "image": path, "cut_at": N, "seed": S, "mode": "friendly"|"raw", "reserve": R,
-"cut_file": path, "link": path, "host_paths": [...], "romfs": path}. boot() then does what a board's
-firmware does before its REPL:
+"cut_file": path, "link": path, "host_paths": [...], "romfs": path}. (`time` first: this folder's
+time.py, whose sleep_ms() waits in one system call where the port's wakes every 0.5 ms; imported and
+its compiler's garbage collected before emuboard, so it does not split the heap a ROMFS buffer needs.)
+boot() then does what a board's firmware does before its REPL:
 
 - opens ONE emulated NOR flash image (norflash.NorFlash semantics, read and
   written through the file, no RAM copy: the image may be larger than the

@@ -55,7 +55,8 @@ from .hub import shared as shared_hub
 from .relay import BACKLOG, PortRelay
 from .spawn import popen
 
-_BOOT = "import gc;gc.collect();b=gc.mem_alloc();import emuboard;emuboard.boot(globals(),b);del emuboard,b"
+_BOOT = ("import gc;gc.collect();b=gc.mem_alloc();__import__('time');gc.collect();"  # the board's time first: firmware/emulated/unix/time.py
+         "import emuboard;emuboard.boot(globals(),b);del emuboard,b")
 _SENT = b"\x00TERN:"
 _HOLD_MAX = 5.0  # seconds a Ctrl-C waits for the device at most (its flash operations take well under 1 ms)
 _RETRY = 0.002  # seconds between tries of a Ctrl-C the device holds (a flash operation takes well under 1 ms)

@@ -56,10 +56,10 @@ from .scenario import Scenario
 from .schedule import Fault, check_seed, collector_id, make_schedule
 
 # Firmware settings the fleet uses unless the scenario's [firmware] table says otherwise: a fleet run
-# lasts seconds, so reconnect quickly and notice a dead link soon (the backoff: the library's policy,
-# tern.client.backoff_ms, with a floor and a cap under its defaults BACKOFF_MIN_MS, BACKOFF_MAX_MS).
-FIRMWARE_DEFAULTS = {"version": 5, "keepalive": 10, "backoff_min_ms": 100, "backoff_max_ms": 2000,
-                     "interval_ms": 500, "qos": 1, "wifi_ssid": "fleet"}
+# lasts seconds, so notice a dead link soon. The reconnect backoff is the firmware's own, the library's
+# (tern.client.backoff_ms and its defaults BACKOFF_MIN_MS, BACKOFF_MAX_MS), as a device has it: the
+# first try after a connection that served goes at once, failed ones back off with jitter.
+FIRMWARE_DEFAULTS = {"version": 5, "keepalive": 10, "interval_ms": 500, "qos": 1, "wifi_ssid": "fleet"}
 STOP_INTERVAL_MS = 86400000  # the firmware's largest interval: "stop measuring" for the settle phase
 OBSERVER_TOPIC = "tern/+/telemetry"
 KILL_WAIT = 3.0  # a collector_kill waits up to this long for the collector to hold an unwritten batch
@@ -233,8 +233,10 @@ class Fleet:
     def _inject(self, f: Fault) -> None:
         if f.kind == "collector_kill":
             c = self.collectors[f.target]
-            if not c.proc.alive or c.kill_at is not None:
-                self._record(f, "skipped", c.proc.id, "not running")
+            if not c.proc.alive or c.kill_at is not None or c.starting is not None:
+                # (a kill while it starts again would be taken for a collector that failed by itself)
+                self._record(f, "skipped", c.proc.id, "not running" if c.starting is None else
+                             "still starting again after its last kill")
                 return
             c.kill_at = (f, self.now() + KILL_WAIT)  # done in _collector_housekeep, mid-batch
             return
