@@ -22,6 +22,7 @@ _E_REFUSE = const(2)
 _EV_CONNACK = const(1)  # ... and those it tells (on_event)
 _EV_AUTH = const(7)
 _P_AUTH_METHOD = const(0x15)
+_P_SESSION_EXPIRY = const(0x11)
 _P_ASSIGNED_ID = const(0x12)
 _P_SERVER_KEEPALIVE = const(0x13)
 _P_RECEIVE_MAX = const(0x21)
@@ -40,6 +41,7 @@ def _clear_in(s):
     s.store.commit()
     s.stale = False
     s.in2 = 0
+    s.inids = s.store  # (tern.fault.InOverflow's ids go with it)
 
 
 def connect(s, now):
@@ -143,6 +145,10 @@ def connack(s, p, now):
     s.shared_ok = g(_P_SHARED_OK, 1) == 1
     s.client_id = g(_P_ASSIGNED_ID, s.client_id)
     s.keepalive = g(_P_SERVER_KEEPALIVE, s.keepalive)
+    # Does the broker's session end with this connection (tern.fault.over_cap)? MQTT 5: the
+    # session expiry in effect is 0 (the CONNACK's, else the CONNECT's).
+    x = props.get(_P_SESSION_EXPIRY, (s.connect_props or {}).get(_P_SESSION_EXPIRY, 0))
+    s.ephemeral = not x if s.version == _V5 else s.conn[0]
     if not sp:
         # The broker has no session for us: inbound QoS 2 ids are gone.
         s.stale = True  # until the clear is durable: after a failure (ENOSPC) it is retried before the next CONNECT

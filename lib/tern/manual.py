@@ -24,7 +24,7 @@ def ack(s, ack_id, now):
         pid, t, r = q.pop(0)
         if s.state != _CONNECTED:
             continue
-        if t == _PUBREC and not s.store.in_has(pid):
+        if t == _PUBREC and not s.inids.in_has(pid):
             s.store.in_add(pid)  # (durable before its PUBREC leaves: Session._out)
         s.send_ack(t, pid, r, now)
 
@@ -33,6 +33,6 @@ def lost(s):
     # The connection is gone: the queue was for it (the broker sends those
     # messages again). QoS 2 messages the app never acknowledged: counted, not recorded.
     for e in s.inq:
-        if e[1] == _PUBREC and s.in2 and not s.store.in_has(e[0]):
+        if e[1] == _PUBREC and s.in2 and not s.inids.in_has(e[0]):
             s.in2 -= 1
     s.inq = []

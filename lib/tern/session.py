@@ -117,7 +117,7 @@ class Session:
     Counters: stats_recovered (messages found in the store at start), stats_resent (messages
     replayed after reconnects), stats_dropped (inbound messages over the receive buffer, MQTT 3.1.x:
     discarded and acknowledged), stats_deferred (inbound QoS 2 messages over receive_max on a
-    resumed session, left for the broker to resend: see _admit).
+    persistent session, left for the broker to resend: see _admit).
 
     The helper modules (tern.handshake, tern.v5, tern.fault, tern.manual, tern.refused: paths a
     plain connected client never runs, loaded on first use) are functions of the session and use
@@ -127,8 +127,8 @@ class Session:
     these two); _push, _free, _find,
     _alloc_pid, _pump; its docstring has the ring's lifecycle): go(event) (the state table),
     violation(), send_packet(), send_ack(), out(), emit(); the records conn (what CONNECT carries),
-    subs (the subscriptions), in_aliases (inbound topic aliases), inq (manual acknowledgements); the
-    counters in2 (inbound QoS 2 ids held) and deferred; stale; skip and skip_id (an oversize PUBLISH
+    subs (the subscriptions), in_aliases (inbound topic aliases), inq (manual acknowledgements), inids; the
+    counters in2 (inbound QoS 2 ids held) and deferred; stale, ephemeral; skip and skip_id (an oversize PUBLISH
     being discarded); tx and last_tx."""
 
     def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
@@ -153,7 +153,7 @@ class Session:
             from .store import MemoryStore
 
             store = MemoryStore()
-        self.store = store
+        self.store = self.inids = store  # inids: where inbound QoS 2 ids are looked up (tern.inbits)
         self.window = window
         self._limit = window  # what may be in flight: the window, capped by the server's Receive Maximum
         # What CONNECT carries besides client_id (which the server may assign in CONNACK), keepalive
@@ -807,7 +807,7 @@ class Session:
             return True
         k = self.skip_id
         self.stats_dropped += 1
-        if k >> 16 == 2 and not self.store.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 1, now):
+        if k >> 16 == 2 and not self.inids.in_has(k & 0xFFFF) and not self._admit(k & 0xFFFF, 1, now):
             return False  # (kept as for any QoS 2 message, until PUBREL; else not acknowledged)
         if k >> 16:
             self._answer(_PUBACK if k >> 16 == 1 else _PUBREC, k & 0xFFFF, now)
@@ -917,9 +917,9 @@ class Session:
         st = self.store
         if t == _PUBREL:
             # The server releases an inbound QoS 2 message.
-            known = st.in_has(pid)
+            known = self.inids.in_has(pid)
             if known:
-                st.in_release(pid)
+                self.inids.in_release(pid)
                 if self.in2:  # ids recovered after a reboot were not counted
                     self.in2 -= 1
             r = 0 if known else 0x92
@@ -1023,7 +1023,7 @@ class Session:
         pid = m.pid
         st = self.store
         t = _PUBACK if q == 1 else _PUBREC
-        if q == 2 and st.in_has(pid):
+        if q == 2 and self.inids.in_has(pid):
             self._answer(_PUBREC, pid, now)  # a repeat of a message already delivered: not delivered again
             return
         manual = self.inq is not None and q
@@ -1110,14 +1110,14 @@ class Session:
 
     def _admit(self, pid, rec, now):
         # One more inbound QoS 2 message awaiting PUBREL: its id is kept (in the store; rec = 0: by
-        # ack(), later) until then, so their number is capped (_in_cap; why not at receive_max, and
+        # ack(), later) until then, so the store's share is capped (_in_cap; why not at receive_max,
         # what over it does: tern.fault.over_cap). False: not taken (deferred; or the store could
-        # not record its id, then deferred as well: see tern.fault.unrecorded).
+        # not record its id, then deferred as well, or kept in RAM: see tern.fault.unrecorded).
         n = self.in2
         if n >= self._in_cap:
             from .fault import over_cap
 
-            return over_cap(self, n, now)
+            return over_cap(self, pid, now)
         if rec:
             try:
                 self.store.in_add(pid)
@@ -1125,7 +1125,7 @@ class Session:
             except OSError as e:
                 from .fault import unrecorded
 
-                return unrecorded(self, e, now)
+                return unrecorded(self, pid, e, now)
         self.in2 = n + 1
         return True
 
