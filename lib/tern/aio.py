@@ -70,10 +70,20 @@ that loop is running.
 import sys
 import asyncio
 
-from . import session as S
 from .client import ConnectError, GRACE_MS, MICROPYTHON, ticks_ms, ticks_diff, _Driver, _CLOSED, nodelay, \
     BACKOFF_MIN_MS, BACKOFF_MAX_MS
-from .wire import MQTTError
+from .wire import MQTTError, const
+
+# The session's states, events and publish()'s WOULD_BLOCK (tern.events), folded in as tern.client does.
+_DISCONNECTED = const(0)
+_CONNECTED = const(2)
+_WOULD_BLOCK = const(-1)
+_EV_CONNACK = const(1)
+_EV_PUBLISHED = const(2)
+_EV_SUBACK = const(3)
+_EV_UNSUBACK = const(4)
+_EV_DISCONNECT = const(5)
+_EV_AUTH = const(7)
 
 try:
     from collections import namedtuple
@@ -259,7 +269,7 @@ class Client(_Driver):
 
     @property
     def connected(self):
-        return self._up is not None and self.session.state == S.CONNECTED
+        return self._up is not None and self.session.state == _CONNECTED
 
     async def __aenter__(self):
         await self.connect()
@@ -400,7 +410,7 @@ class Client(_Driver):
 
     async def _connect_once(self, timeout):
         s = self.session
-        if self._w is not None or s.state != S.DISCONNECTED:
+        if self._w is not None or s.state != _DISCONNECTED:
             self._up = None
             s.connection_lost()
             self._teardown()
@@ -493,24 +503,24 @@ class Client(_Driver):
             ev.set()
 
     def _on_event(self, kind, a, b):
-        if kind == S.EV_CONNACK:
+        if kind == _EV_CONNACK:
             self._mark(b)
             self._cev.set()
             self._progress.set()
             if self.on_connect:
                 self._call(self.on_connect, a, b.reason)
-        elif kind == S.EV_PUBLISHED:
+        elif kind == _EV_PUBLISHED:
             self._wake_waiter(a, b)
             self._progress.set()
             if self.on_published:
                 self._call(self.on_published, a, b)
-        elif kind == S.EV_SUBACK or kind == S.EV_UNSUBACK:
+        elif kind == _EV_SUBACK or kind == _EV_UNSUBACK:
             self._wake_waiter(a, b)
             self._progress.set()
-        elif kind == S.EV_AUTH:
+        elif kind == _EV_AUTH:
             self._authed = True
             self._progress.set()
-        elif kind == S.EV_DISCONNECT:
+        elif kind == _EV_DISCONNECT:
             from .v5 import server_disconnect
 
             self._lost(server_disconnect(a, b))
@@ -526,7 +536,7 @@ class Client(_Driver):
         fatal = None
         try:
             while not self._closing:
-                if self._up is not None and s.state == S.CONNECTED:
+                if self._up is not None and s.state == _CONNECTED:
                     try:
                         nxt = s.poll(ticks_ms())
                     except OSError as e:
@@ -630,7 +640,7 @@ class Client(_Driver):
         while True:
             self._progress.clear()
             pid = s.publish(topic, payload, qos, retain, ticks_ms(), props)
-            if pid != S.WOULD_BLOCK:
+            if pid != _WOULD_BLOCK:
                 break
             self._full(qos, start, t_ms, self._closing or not self.reconnect)
             await self._await_progress(t_ms - ticks_diff(ticks_ms(), start))
@@ -787,7 +797,7 @@ class Client(_Driver):
         self._stop()
         s = self.session
         w = self._w
-        if w is not None and s.state == S.CONNECTED:
+        if w is not None and s.state == _CONNECTED:
             # Stop reading, queue DISCONNECT behind what is buffered, and let
             # the writer task hand it all to the stream (cancelling a drain
             # half way could repeat bytes on MicroPython).

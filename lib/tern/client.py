@@ -153,11 +153,12 @@ class _Driver:
         self.healthy_after = healthy_after
         if "user" in opts:  # umqtt's and mqtt_as's spelling
             opts["username"] = opts.pop("user")
-        # A board gets 4 KiB; a host can afford packets up to 1 MiB (MQTT 3.1.1
-        # has no way to tell the broker a smaller limit).
-        opts.setdefault("rx_size", 4096 if MICROPYTHON else 1 << 20)
-        # and a transmit buffer that holds a whole typical packet: each leaves in one write
-        opts.setdefault("tx_size", 512 if MICROPYTHON else 1 << 16)
+        # A board takes the Session's buffers (1 KiB in, 512 bytes out: see its docstring); a host
+        # can afford packets up to 1 MiB (MQTT 3.1.1 has no way to tell the broker a smaller limit)
+        # and a transmit buffer that holds any usual packet, so each leaves in one write.
+        if not MICROPYTHON:
+            opts.setdefault("rx_size", 1 << 20)
+            opts.setdefault("tx_size", 1 << 16)
         # version=(5, 4): MQTT 5, and 3.1.1 when the broker refuses 5 as
         # unsupported (see _fallback).
         vs = tuple(version) if isinstance(version, (tuple, list)) else (version,)

@@ -9,7 +9,7 @@
 options.defaults(aio=True, flashstore=True, filestore=True)
 
 files = ["__init__.py", "wire.py", "propids.py", "props.py", "pkt.py", "topic.py", "message.py",
-         "store.py", "session.py", "handshake.py", "replay.py", "v5.py", "fault.py", "manual.py", "client.py", "refused.py",
+         "store.py", "session.py", "events.py", "handshake.py", "replay.py", "v5.py", "fault.py", "manual.py", "client.py", "refused.py",
          "tls.py"]
 if options.aio:
     files.append("aio.py")

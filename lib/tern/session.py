@@ -1,34 +1,29 @@
-"""The MQTT protocol engine, without I/O: it is fed received bytes and the time
-(milliseconds), and it hands bytes to `send(buf, off, n)`, messages to
-handlers, events to `on_event(kind, a, b)`, and tells when it next needs the
-clock. No sockets, no clocks, no files: drivers own those, which is what lets
-the same engine run on a board, on a host and under fault injection.
+"""The MQTT protocol engine, without I/O: it is fed received bytes and the time (milliseconds), and it
+hands bytes to `send(buf, off, n)`, messages to handlers, events to `on_event(kind, a, b)`, and
+tells when it next needs the clock. No sockets, no clocks, no files: drivers own those, which is
+what lets the same engine run on a board, on a host and under fault injection.
 
-Over 600 lines because (and up to the 1,200 the project allows session.py) the steady path (send
-ring, window, receive buffer, dispatch) is one class whose methods read the same fields for every
-message: split by job, each part would reach into the others' fields or cost a call per message on
-the device. What a connected client never runs is out (tern.handshake, replay, v5, fault, manual,
-refused, through the interface in Session's docstring); a third of the lines are comments and
-docstrings.
+Over 600 lines (up to the 1,200 the project allows session.py) because the steady path (send ring,
+window, receive buffer, dispatch) is one class whose methods read the same fields for every message:
+split by job, each part would reach into the others' fields or cost a call per message on the
+device. What a connected client never runs is out (tern.handshake, replay, v5, fault, manual,
+refused, through the interface in Session's docstring); a third of the lines are comments.
 
-Write-ahead: a QoS 1/2 PUBLISH, SUBSCRIBE or UNSUBSCRIBE goes into the store
-before its first byte is sent and leaves it on its acknowledgement. The send
-order lives in a ring of packet identifiers (3 bytes per pending message);
-a reconnect replays the ring in order: PUBREL for QoS 2 messages whose PUBREC
-was seen, the PUBLISH with DUP set for the rest. Nothing is resent on a live
-connection.
+Write-ahead: a QoS 1/2 PUBLISH, SUBSCRIBE or UNSUBSCRIBE goes into the store before its first byte
+is sent and leaves it on its acknowledgement. The send order lives in a ring of packet identifiers
+(3 bytes per pending message); a reconnect replays the ring in order: PUBREL for QoS 2 messages
+whose PUBREC was seen, the PUBLISH with DUP set for the rest; nothing on a live connection.
 
-Inbound QoS 2 is delivered once: the packet identifier is made durable before
-the handler runs and PUBREC is sent after it; a repeat of that identifier is
-answered with PUBREC again and not delivered. A power cut while the handler
-runs therefore loses that one delivery rather than repeating it (which is what
-keeps a `reboot` command from looping); manual acknowledgement reverses this
-for applications that make their own write durable first.
+Inbound QoS 2 is delivered once: the packet identifier is made durable before the handler runs and
+PUBREC is sent after it; a repeat of that identifier is answered with PUBREC again and not
+delivered. A power cut while the handler runs therefore loses that one delivery rather than
+repeating it (which is what keeps a `reboot` command from looping); manual acknowledgement reverses
+this for applications that make their own write durable first.
 """
 
 from .wire import const, MQTTError
 from . import pkt
-from .pkt import Packet, pub_head
+from .pkt import pub_head
 from .topic import matches_bytes, validate_name
 
 try:
@@ -58,10 +53,11 @@ _P_ALIAS_MAX = const(0x22)
 _P_ALIAS = const(0x23)
 _P_MAX_PACKET = const(0x27)
 
-# The connection's states (CONNECTING is private: no driver needs to tell it apart) ...
-DISCONNECTED = const(0)
+# The connection's states (public names, as for the events, publish()'s WOULD_BLOCK: tern.events,
+# served below; CONNECTING is private: no driver needs to tell it apart) ...
+_DISCONNECTED = const(0)
 _CONNECTING = const(1)
-CONNECTED = const(2)
+_CONNECTED = const(2)
 # ... the events that move it (go()) ...
 _E_CONNECT = const(0)  # connect_packet(): CONNECT sent
 _E_ACCEPT = const(1)  # a CONNACK accepting it (tern.handshake)
@@ -69,20 +65,19 @@ _E_REFUSE = const(2)  # a CONNACK refusing it (tern.handshake)
 _E_LOST = const(3)  # connection_lost(): the transport is gone, a DISCONNECT, a protocol violation
 _NO = const(255)  # an event that cannot happen in that state
 # ... and the inbound packet types each reads (bit t: packet type t), any other being a protocol
-# violation (tern.fault.unexpected); DISCONNECTED reads what a feed under way still holds. The table
-# of states and events is Session.go's (written there: a constant in its bytecode, not a module
-# global on a board's heap).
+# violation (tern.fault.unexpected); DISCONNECTED reads what a feed under way still holds. The table of
+# states and events is Session.go's (a constant in its bytecode, not a module global on the heap).
 _READS_CONNECTING = const(1 << _CONNACK | 1 << _AUTH)
 _READS_OTHERS = const(0xFFFF ^ 1 << _CONNACK)
 
-# Events for on_event(kind, a, b).
-EV_CONNACK = const(1)  # a = session present, b = CONNACK Packet
-EV_PUBLISHED = const(2)  # a = pid, b = reason (acknowledged, or refused when >= 0x80)
-EV_SUBACK = const(3)  # a = pid, b = list of reason codes
-EV_UNSUBACK = const(4)  # a = pid, b = list of reason codes
-EV_DISCONNECT = const(5)  # a = reason code, b = DISCONNECT Packet
-EV_AUTH = const(7)  # a = 0: a re-authentication succeeded, b = AUTH Packet
-EV_LOST = const(8)  # a = 0, b = the OSError: a send under publish() failed, the connection is over
+# Events for on_event(kind, a, b) (what a and b are: tern.events).
+_EV_CONNACK = const(1)
+_EV_PUBLISHED = const(2)
+_EV_SUBACK = const(3)
+_EV_UNSUBACK = const(4)
+_EV_DISCONNECT = const(5)
+_EV_AUTH = const(7)
+_EV_LOST = const(8)
 
 # Ring entry flags (the states they make and the transitions between them: tern.replay's docstring).
 _SENT = const(1)  # sent on this connection
@@ -94,11 +89,15 @@ _OLD = const(32)  # an MQTT 5 PUBLISH stored before this connection: sent withou
 _GONE = const(64)  # given back at a CONNACK, released once the application was told (with _SENT | _CTRL: never sent)
 _TOLD = const(128)  # and told
 
-WOULD_BLOCK = const(-1)
+_WOULD_BLOCK = const(-1)
 _SLOW = const(-2)  # pub0: not the steady case, publish() is to do it (the drivers know the value)
 
-
 _BUFFERS = (bytes, bytearray, memoryview)  # what a payload may be (a tuple built once: see publish)
+
+
+def __getattr__(name):  # the public states, events and WOULD_BLOCK (tern.events: why not globals)
+    from . import events
+    return getattr(events, name)
 
 
 class NotConnected(OSError):
@@ -108,11 +107,14 @@ class NotConnected(OSError):
 class Session:
     """One MQTT session. See the module docstring for the I/O contract.
 
-    topic_alias_max: how many topic aliases the server may use towards us (inbound, announced in
-    CONNECT). outbound_aliases: how many we may use towards the server (MQTT 5; 0 = off, the
-    default), capped by the Topic Alias Maximum in its CONNACK; only QoS 0 messages carry one
-    (tern.v5.alias_out says why and how they are given). auth: enhanced authentication (MQTT 5) as a
-    hook, auth(reason, props) -> props (tern.handshake's docstring says how it is called).
+    rx_size: the receive buffer, the largest packet taken (1 KiB, esp-mqtt's default: a board's
+    commands and settings; announced as Maximum Packet Size under MQTT 5; a PUBLISH over it under
+    3.1.x is dropped and acknowledged: stats_dropped); tx_size: the transmit buffer (a longer packet
+    leaves in two writes). topic_alias_max: topic aliases the server may use towards us (inbound,
+    announced in CONNECT). outbound_aliases: how many we may use towards the server (MQTT 5; 0 = off,
+    the default), capped by the Topic Alias Maximum in its CONNACK; only QoS 0 messages carry one
+    (tern.v5.alias_out says why and how). auth: enhanced authentication (MQTT 5), a hook,
+    auth(reason, props) -> props (tern.handshake's docstring says how it is called).
 
     Counters: stats_recovered (messages found in the store at start), stats_resent (messages
     replayed after reconnects), stats_dropped (inbound messages over the receive buffer, MQTT 3.1.x:
@@ -124,15 +126,14 @@ class Session:
     this interface of it, and nothing that starts with an underscore (but tern.replay, the send
     ring's cold half, which works on the ring itself: _ring, _rflags, _head, _n, _cap, _unsent,
     _uctl, _inflight, _limit, _late, _gone, _next_sid, _oalias, _oalias_cap (and tern.v5.alias_out
-    these two); _push, _free, _find,
-    _alloc_pid, _pump; its docstring has the ring's lifecycle): go(event) (the state table),
+    these two); _push, _free, _find, _alloc_pid, _pump; its docstring has the ring's lifecycle): go(event) (the state table),
     violation(), send_packet(), send_ack(), out(), emit(); the records conn (what CONNECT carries),
     subs (the subscriptions), in_aliases (inbound topic aliases), inq (manual acknowledgements), inids; the
     counters in2 (inbound QoS 2 ids held) and deferred; stale, ephemeral; skip and skip_id (an oversize PUBLISH
     being discarded); tx and last_tx."""
 
     def __init__(self, client_id="", version=4, clean=True, keepalive=60, store=None,
-                 window=16, rx_size=4096, tx_size=512, max_pending=256, session_expiry=None,
+                 window=16, rx_size=1024, tx_size=512, max_pending=256, session_expiry=None,
                  username=None, password=None, will_topic=None, will_payload=b"", will_qos=0,
                  will_retain=False, will_props=None, connect_props=None, topic_alias_max=0,
                  manual_ack=False, auth=None, ping_timeout=None, outbound_aliases=0, receive_max=32):
@@ -185,10 +186,9 @@ class Session:
         self.send = None  # send(buf, off, n), set by the driver
         self.on_message = None  # default handler
         self.on_event = None
-        self.state = DISCONNECTED
+        self.state = _DISCONNECTED
         self._reads = _READS_OTHERS  # the packet types this state reads (see go)
-        # Message is imported here, where it is used once: a global fewer keeps the module's dict a
-        # size smaller on a board.
+        # Message is imported here, where it is used once: a module global fewer (see tern.events).
         from .message import Message
 
         self.rx = bytearray(rx_size)
@@ -351,9 +351,9 @@ class Session:
 
     def violation(self, code, msg, now):
         """The server broke the protocol: tell it why (MQTT 5) and stop."""
-        if self.state != DISCONNECTED and self.version == _V5 and self.send:
+        if self.state != _DISCONNECTED and self.version == _V5 and self.send:
             try:
-                self.send_packet(Packet(_DISCONNECT, reason=code), now)
+                self.send_packet(pkt.Packet(_DISCONNECT, reason=code), now)
             except Exception:
                 pass
         self.connection_lost()
@@ -378,7 +378,7 @@ class Session:
         seen, else the stored packet as it is (with DUP when a PUBLISH went out before). Nothing can
         while the window is full and no SUBSCRIBE waits (PUBRELs count in the window): told here, in
         a call that costs little."""
-        if self.state == CONNECTED and self._unsent and (self._inflight < self._limit or self._uctl):
+        if self.state == _CONNECTED and self._unsent and (self._inflight < self._limit or self._uctl):
             self._send_ring(now)
 
     def _send_ring(self, now):
@@ -517,11 +517,11 @@ class Session:
             if size > mx:
                 raise ValueError("packet of %d bytes is over the server's maximum packet size %d" % (size, mx))
         if not qos:
-            if self.state != CONNECTED:
+            if self.state != _CONNECTED:
                 raise NotConnected("not connected: QoS 0 messages are not kept")
             # Keep order behind queued messages (and, with a window of 1, behind the one in flight).
             if self._unsent or (self._inflight and self._limit == 1):
-                return WOULD_BLOCK
+                return _WOULD_BLOCK
             if self._oalias_cap and not (props and _P_ALIAS in props):
                 import tern.v5  # (an outbound Topic Alias: see the class docstring)
 
@@ -530,7 +530,7 @@ class Session:
             pid = 0
         else:
             if self._n >= self._cap:
-                return WOULD_BLOCK
+                return _WOULD_BLOCK
             pid = self._alloc_pid()
             n = pkt.pub_head(tx, topic, 0x30 | qos << 1 | (1 if retain else 0), pid, plen, pblock)
             # The store takes the encoded header as a buffer of exactly n bytes; one view of the
@@ -549,7 +549,7 @@ class Session:
             if st.dirty:
                 st.commit()
             self._push(pid, _QOS2 if qos == 2 else 0)
-            if self.state != CONNECTED:
+            if self.state != _CONNECTED:
                 return pid
             if self._unsent > 1 or self._inflight >= self._limit:
                 try:
@@ -586,7 +586,7 @@ class Session:
         it goes out after the next CONNACK (raising would say "not accepted", and a caller that
         publishes it again would send it twice). QoS 0 is not kept: the error goes on to the caller."""
         self.connection_lost()
-        self.emit(EV_LOST, 0, e)
+        self.emit(_EV_LOST, 0, e)
         if not qos:
             raise e
 
@@ -600,7 +600,7 @@ class Session:
         it or says what is wrong. A topic that is no dict key (a bytearray, a memoryview) raises
         TypeError before anything is written. An OSError from the send: the caller calls send_failed
         (the one error contract)."""
-        if self._txn or self._unsent or self._oalias_cap or self.state != CONNECTED or self.version == _V5:
+        if self._txn or self._unsent or self._oalias_cap or self.state != _CONNECTED or self.version == _V5:
             return _SLOW
         if self._inflight and self._limit == 1:
             return _SLOW
@@ -623,7 +623,7 @@ class Session:
         Returns its packet id, or -2 with nothing stored. An OSError from the store: not accepted,
         nothing queued. (The packet id is the session's last, _last_pid: a name of its own would
         take the frame over 11 words.)"""
-        if self._txn or self._unsent or self.state != CONNECTED or self.version == _V5:
+        if self._txn or self._unsent or self.state != _CONNECTED or self.version == _V5:
             return _SLOW
         if self._inflight >= self._limit or self._n >= self._cap:
             return _SLOW
@@ -858,7 +858,7 @@ class Session:
             import tern.handshake
 
             tern.handshake.read(self, pos, end, now)
-            if self.state == CONNECTED:  # the CONNACK's cold code (handshake, replay) released:
+            if self.state == _CONNECTED:  # the CONNACK's cold code (handshake, replay) released:
                 import gc  # collected before the steady state on MicroPython (docs/benchmarks.md, issue 39)
 
                 gc.collect() if hasattr(gc, "mem_free") else None  # (CPython: a full collection per connect)
@@ -868,7 +868,7 @@ class Session:
             if self.version != _V5 or p.reason == 0x04:  # only a client sends DISCONNECT before MQTT 5, and 0x04
                 self.violation(_PROTOCOL_ERROR, "DISCONNECT (reason 0x%02X) from the server" % p.reason, now)
             self.connection_lost()
-            self.emit(EV_DISCONNECT, p.reason, p)
+            self.emit(_EV_DISCONNECT, p.reason, p)
         elif t != _PINGRESP:  # PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK, UNSUBACK
             self._on_ack(t, p.pid, p.reasons if t > _PUBCOMP else p.reason, now)
 
@@ -893,7 +893,7 @@ class Session:
         with the Authentication Method and `props` (e.g. fresh Authentication Data). The hook
         answers the server's challenges; EV_AUTH (a = 0) reports success, a refusal comes as a
         server DISCONNECT."""
-        if self.state != CONNECTED:
+        if self.state != _CONNECTED:
             raise NotConnected("not connected")
         import tern.handshake
 
@@ -909,7 +909,7 @@ class Session:
             if self._late and self._n < self._cap:
                 self._send_late(now)  # what waited for room goes first
             self._inflight -= 1
-            self.emit(EV_PUBLISHED, pid, reason)
+            self.emit(_EV_PUBLISHED, pid, reason)
             return
         self._ack_any(t, pid, reason, now)
 
@@ -964,7 +964,7 @@ class Session:
             if not f & _CTRL:  # given back failed: see tern.fault.wrong_ack
                 self._free(i)
                 self._inflight -= 1
-                self.emit(EV_PUBLISHED, pid, _PROTOCOL_ERROR)
+                self.emit(_EV_PUBLISHED, pid, _PROTOCOL_ERROR)
             wrong_ack(self, t, pid, f, now)
         if t > _PUBCOMP:
             import tern.replay  # (the subscription's side: it releases itself after)
@@ -974,10 +974,10 @@ class Session:
         if self._late and self._n < self._cap:
             self._send_late(now)  # what waited for room goes first
         if t > _PUBCOMP:
-            self.emit(EV_SUBACK if t == _SUBACK else EV_UNSUBACK, pid, reason)
+            self.emit(_EV_SUBACK if t == _SUBACK else _EV_UNSUBACK, pid, reason)
         else:
             self._inflight -= 1
-            self.emit(EV_PUBLISHED, pid, reason)
+            self.emit(_EV_PUBLISHED, pid, reason)
             # What this lets out of the window leaves when the read is handled (feed_n pumps once
             # for all the acknowledgements in it, in one pass) or before a message handler runs,
             # whichever comes first.
@@ -1146,7 +1146,7 @@ class Session:
     def poll(self, now):
         """Keepalive. Returns ms until the next call is needed; raises OSError when the server stopped
         answering."""
-        if self.state == DISCONNECTED:
+        if self.state == _DISCONNECTED:
             return 1000
         ka = self.keepalive * 1000
         if self.state == _CONNECTING:
@@ -1178,8 +1178,8 @@ class Session:
             from . import props as P
 
             P.client_disconnect(reason, props, self.connect_props)
-        if self.state == CONNECTED:
-            self.send_packet(Packet(_DISCONNECT, reason=reason, props=props), now)
+        if self.state == _CONNECTED:
+            self.send_packet(pkt.Packet(_DISCONNECT, reason=reason, props=props), now)
         self.connection_lost()
         self.store.commit()
 

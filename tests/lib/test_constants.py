@@ -90,7 +90,7 @@ def test_the_reader_finds_the_tables():
     # events, handshake's property ids, client's folded copies, pkt's reason-code bytes.
     c = all_constants()
     assert c["wire.py"]["PINGRESP"] == 13 and c["wire.py"]["VARINT_MAX"] == 268435455
-    assert c["session.py"]["EV_LOST"] == 8 and c["handshake.py"]["_P_SHARED_OK"] == 0x2A
+    assert c["events.py"]["EV_LOST"] == 8 and c["session.py"]["_EV_LOST"] == 8 and c["handshake.py"]["_P_SHARED_OK"] == 0x2A
     assert c["client.py"]["_EV_LOST"] == 8 and c["client.py"]["_WOULD_BLOCK"] == -1
     assert c["pkt.py"]["_AUTH_RC"] == b"\x00\x18\x19" and len(c["pkt.py"]["_DISCONNECT_RC"]) > 20
     assert c["propids.py"]["SHARED_SUBSCRIPTION_AVAILABLE"] == 0x2A
