@@ -105,7 +105,8 @@ def test_micropython_context_left_at_its_default_does_not_verify(tls_broker):
 
 def test_blocking_client_qos1_round_trip_over_verified_tls(tls_broker):
     got = []
-    c = tls_client(tls_broker, "tls-blocking", context(cert(tls_broker, "ca.der")), version=5)
+    # (messages up to 1.9 KB, several TLS records each: over a board's default 1 KiB receive buffer)
+    c = tls_client(tls_broker, "tls-blocking", context(cert(tls_broker, "ca.der")), version=5, rx_size=4096)
     c.connect()
     assert c.subscribe("tls/blocking/#", 1, handler=collect(got)) == [1]
     sent = [("tls/blocking/%d" % i, b"reading %d " % i + b"x" * (i * 97), 1, False) for i in range(20)]
