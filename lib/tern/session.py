@@ -165,7 +165,7 @@ class Session:
         if version == _V5:
             if session_expiry:
                 props[_P_SESSION_EXPIRY] = session_expiry
-            props[_P_MAX_PACKET] = rx_size
+            props[_P_MAX_PACKET] = rx_size - 8  # (slack for brokers that count short: README, "larger than")
             # the inbound QoS 2 cap (see _admit); one given in connect_props is the cap
             receive_max = props.setdefault(_P_RECEIVE_MAX, receive_max)
             if topic_alias_max:

@@ -265,7 +265,7 @@ def test_inbound_qos2_ids_the_store_holds_are_capped():
         assert c == 128
         if v == 5:
             assert out[0] == encode(Packet(CONNECT, version=5, clean=False, client_id="edge", keepalive=60,
-                                           props={0x27: 1024, 0x21: 8}), 5)  # Receive Maximum 8 (rx_size 1 KiB)
+                                           props={0x27: 1024 - 8, 0x21: 8}), 5)  # Receive Maximum 8 (rx_size 1 KiB)
         for pid in range(1, c + 1):
             s.feed(qos2_in(pid, v=v), 0)
         assert s.inids is s.store  # at the cap: no bitmap yet
@@ -283,7 +283,7 @@ def test_inbound_qos2_ids_the_store_holds_are_capped():
     s, out = sans_io(MemoryStore(), 5, connect_props={0x21: 70})
     s.connect_packet(0)
     assert s.receive_max == 70 and s._in_cap == 280 and out[0] == encode(
-        Packet(CONNECT, version=5, clean=False, client_id="edge", keepalive=60, props={0x21: 70, 0x27: 1024}), 5)
+        Packet(CONNECT, version=5, clean=False, client_id="edge", keepalive=60, props={0x21: 70, 0x27: 1024 - 8}), 5)
 
 
 def test_over_the_cap_on_a_durable_persistent_session_is_deferred_not_refused():

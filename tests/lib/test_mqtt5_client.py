@@ -30,9 +30,9 @@ def hello(caps=None):
 
 # The CONNECT of an enhanced-authentication client (rx_size pinned so the
 # Maximum Packet Size property is the same on both runtimes).
-AUTH_CONNECT = E(CONNECT, version=5, client_id="auth", props={0x15: "TEST", 0x16: b"c1", 0x27: 4096, 0x21: 32})
+AUTH_CONNECT = E(CONNECT, version=5, client_id="auth", props={0x15: "TEST", 0x16: b"c1", 0x27: 4096 - 8, 0x21: 32})
 M = {0x15: "TEST"}
-KA_CONNECT = E(CONNECT, version=5, client_id="scripted", keepalive=30, props={0x27: 4096, 0x21: 32})
+KA_CONNECT = E(CONNECT, version=5, client_id="scripted", keepalive=30, props={0x27: 4096 - 8, 0x21: 32})
 
 SCRIPTS = {
     "test_outbound_aliases_bytes": ([

@@ -1,8 +1,9 @@
 """The receive buffer's edge against a real Mosquitto, MQTT 3.1.1 and 5 (README: "An inbound message
-larger than the receive buffer"): a PUBLISH of exactly rx_size bytes is delivered, one a byte longer is
-not (3.1.1: dropped as it arrives and acknowledged; 5: the broker holds it back, since the session
-announced rx_size as its Maximum Packet Size), and the message after it arrives. A board's default is
-1 KiB (esp-mqtt's); a host's 1 MiB."""
+larger than the receive buffer"). 3.1.1: a PUBLISH of exactly rx_size bytes is delivered, one a byte
+longer is dropped as it arrives and acknowledged, and the message after it arrives. 5: the session
+announces rx_size less 8 bytes as its Maximum Packet Size; whatever Mosquitto sends across that edge
+(it counts short) fits the buffer and is delivered, the connection never ends over it, and what it
+holds back is what the announcement asked. A board's default is 1 KiB (esp-mqtt's); a host's 1 MiB."""
 
 from pump import client, until
 from tern.client import Client, MICROPYTHON
@@ -16,7 +17,7 @@ def test_the_default_receive_buffer_is_1_kib_on_a_board_and_announced_under_mqtt
         c = Client("rx-default", server="127.0.0.1", port=1, version=v)  # (never connected)
         assert len(c.session.rx) == (RX if MICROPYTHON else 1 << 20), len(c.session.rx)
         props = c.session.connect_props
-        assert (props[_P_MAX_PACKET] if v == 5 else props) == (len(c.session.rx) if v == 5 else None), props
+        assert (props[_P_MAX_PACKET] if v == 5 else props) == (len(c.session.rx) - 8 if v == 5 else None), props
 
 
 def _edge(addr, v):
@@ -45,23 +46,23 @@ def test_a_message_of_the_buffers_size_arrives_and_one_a_byte_longer_is_dropped_
     sub.disconnect()
 
 
-def test_a_message_of_the_buffers_size_arrives_under_mqtt_5_and_one_a_byte_longer_ends_the_connection(broker_addr):
-    # MQTT 5: the session announced RX as its Maximum Packet Size. A packet of exactly RX bytes arrives.
-    # One a byte longer should be held back by the broker, but Mosquitto 2.0.11 counts a packet's size
-    # without its first byte and without the Subscription Identifier it adds (eclipse-mosquitto/mosquitto
-    # issue 3503): it sends it, and the client ends the connection with 0x95 as MQTT 5 requires of it
-    # (4.13; README: "An inbound message larger than the receive buffer"). Two bytes longer, Mosquitto
-    # holds it back.
+def test_under_mqtt_5_every_size_across_the_announced_maximum_arrives_or_is_held_back_never_ending_the_connection(broker_addr):
+    # The session announced RX - 8. Mosquitto 2.0.11 counts a packet's size without its first byte and
+    # without the Subscription Identifier it adds (eclipse-mosquitto/mosquitto issue 3503): it sends
+    # packets up to 6 bytes over the announced size, which the 8 bytes of slack take; announcing RX
+    # itself, it sent RX + 1 and the client had to end the connection (0x95) - again at every
+    # reconnect of a persistent session. Every size from 4 under the announced one to 8 over it.
     sub, pub, topic, n, got = _edge(broker_addr, 5)
-    for k in (n + 2, n, 5):
+    m = n - 8  # the payload that makes a packet of the announced size
+    sizes = list(range(m - 4, m + 9))
+    for k in sizes + [5]:
         pub.publish(topic, b"x" * k, qos=1)
     pub.wait_all(10)
-    until([sub], lambda: 5 in got, what="the messages around the held-back one")
-    assert got == [n, 5] and sub.session.stats_dropped == 0 and sub.connected, (got, n)
-    pub.publish(topic, b"x" * (n + 1), qos=1)
-    pub.wait_all(10)
-    until([sub], lambda: sub.last_error is not None, what="the connection's end on the oversize packet")
-    assert getattr(sub.last_error, "code", None) == 0x95, repr(sub.last_error)
-    assert got == [n, 5], got
+    until([sub], lambda: 5 in got, what="the message after the edge")
+    sub.loop(100)
+    assert sub.connected and sub.last_error is None, repr(sub.last_error)
+    assert got[-1] == 5 and got[:-1] == sorted(got[:-1]), got
+    assert [k for k in sizes if k <= m] == [k for k in got[:-1] if k <= m], (got, m)  # all up to the announced size
+    assert max(got) <= n and sub.session.stats_dropped == 0, (got, n)
     pub.disconnect()
-    sub.close()
+    sub.disconnect()

@@ -582,7 +582,7 @@ REFUSED = [("recv_type", CONNECT), ("send", V311_REFUSAL)]
 
 
 def _connect_bytes(v):
-    return encode(Packet(CONNECT, version=v, client_id="scripted", props={P.MAXIMUM_PACKET_SIZE: 4096, P.RECEIVE_MAXIMUM: 32} if v == 5 else None))
+    return encode(Packet(CONNECT, version=v, client_id="scripted", props={P.MAXIMUM_PACKET_SIZE: 4096 - 8, P.RECEIVE_MAXIMUM: 32} if v == 5 else None))
 
 
 SCRIPTS["test_an_mqtt3_broker_refusing_mqtt5_is_a_permanent_refusal"] = ([REFUSED, REFUSED], 5)
