@@ -22,9 +22,11 @@ def _stdin_bytes():
     return getattr(s, "buffer", s)
 
 
-def _stdin_lines(idle):
-    """Lines of stdin without their '\\n' (as mosquitto_pub -l: an empty line is
-    an empty message); idle() runs while waiting so keepalive goes on."""
+def _stdin_batches(client):
+    """Lists of stdin's lines without their '\\n' (as mosquitto_pub -l: an empty line is an empty
+    message), one list per read of up to 256 KiB. While it waits for stdin the client reads what
+    the broker sends as it comes (the acknowledgements that move QoS 1/2 messages on: a PUBREC is
+    answered at once, not at the next line) and keeps the connection alive."""
     stream = _stdin_bytes()
     try:
         fd = stream.fileno()
@@ -37,25 +39,23 @@ def _stdin_lines(idle):
                 line = line.encode()
             if not line:
                 return
-            yield line[:-1] if line.endswith(b"\n") else line
-    buf = b""
+            yield [line[:-1] if line.endswith(b"\n") else line]
+    rest = b""
     while True:
-        r, _, _ = select.select([fd], [], [], 0.1)
-        if not r:
-            idle()
+        sock = client.sock
+        r, _, _ = select.select([fd] if sock is None else [fd, sock], [], [], 0.1)
+        if fd not in r:
+            client.loop(0)
             continue
-        chunk = os.read(fd, 65536)
+        chunk = os.read(fd, 1 << 18)
         if not chunk:
             break
-        buf += chunk
-        while True:
-            k = buf.find(b"\n")
-            if k < 0:
-                break
-            yield buf[:k]
-            buf = buf[k + 1 :]
-    if buf:
-        yield buf
+        lines = (rest + chunk if rest else chunk).split(b"\n")
+        rest = lines.pop()  # a line not ended yet (b"": the chunk ended with one)
+        if lines:
+            yield lines
+    if rest:
+        yield [rest]
 
 
 def run_pub(args):
@@ -117,11 +117,12 @@ def _pub(args):
                     _pump(client, args, args.repeat_delay)
                 send(payload)
         else:
-            for line in _stdin_lines(lambda: client.loop(0)):
-                send(line)
+            for lines in _stdin_batches(client):
+                for line in lines:
+                    send(line)
         s = client.session
         while s.pending():
-            if not client.loop(100) and s.pending():
+            if not client.loop(100, True) and s.pending():  # (brief: back as soon as the last ack is read)
                 raise failure(client, args)
     except KeyboardInterrupt:
         client.disconnect()
