@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ternlab.brokers.chaos import B2C, C2B
 from ternlab.brokers.mosquitto import Broker
 
 TERN = str(Path(sys.executable).with_name("tern"))
@@ -31,9 +32,9 @@ def _sub(broker, topic, qos, count, out=subprocess.PIPE, timeout=60):
     return p
 
 
-def _pub(broker, topic, qos):
+def _pub(broker, topic, qos, *more):
     return subprocess.Popen([TERN, "pub", "-h", broker.host, "-p", str(broker.port), "-t", topic,
-                             "-q", str(qos), "-l"], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "-q", str(qos), "-l", *more], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 @pytest.fixture
@@ -94,3 +95,19 @@ def test_acknowledgements_are_read_while_lines_keep_coming(broker):
         sub.wait(timeout=20)
         reader.join(5)
 
+
+@pytest.mark.parametrize("more,inflight", [((), 20), (("-M", "3"), 3), (("-M", "0"), 50)])
+def test_max_inflight(chaos, more, inflight):
+    """-M as mosquitto_pub's: at most that many QoS 1 messages unacknowledged (20 by default; 0: no
+    limit); here no PUBACK comes back, and the 50 lines wait in the outbox past the window."""
+    chaos.stall_at_packet("PUBACK", 1, B2C, 60, stall_direction=B2C, connections=1)
+    p = _pub(chaos, "window", 1, *more)
+    try:
+        p.stdin.write(b"".join(b"w%d\n" % i for i in range(50)))
+        p.stdin.flush()
+        assert chaos.wait_for(lambda: len(chaos.packets(C2B, "PUBLISH")) == inflight, 10)
+        time.sleep(0.5)  # and no more
+        assert len(chaos.packets(C2B, "PUBLISH")) == inflight
+    finally:
+        p.kill()
+        p.wait(10)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`tern pub -l` beside libmosquitto's `mosquitto_pub -l`, side by side in one run against one
-Mosquitto this tool starts (127.0.0.1), each with its own defaults (in-flight window: tern 16,
-mosquitto_pub 20; MQTT 3.1.1; no outbox).
+Mosquitto this tool starts (127.0.0.1), each with its own defaults (in flight: 20 for both, -M's
+default, tern pub's taken from mosquitto_pub's; the library's own default window is 16, and an
+older tern pub, without -M, used it; MQTT 3.1.1; no outbox).
 
 Throughput: a file of `--n` lines of 64 bytes on standard input, one message a line, timed from
 the process's start to its exit (what a user waits for: the interpreter's start-up counts; at QoS
@@ -166,7 +167,8 @@ def report(a, clients, names, rates, lat):
         f"Command: `{cmd}` — {datetime.date.today()}, this 2-core machine shared with other jobs "
         f"(figures move from run to run: the spread is min-max of the rounds), {ver.strip()}, "
         f"Mosquitto on 127.0.0.1, {a.n:,} lines of {LINE} bytes on standard input from a file, one message "
-        "a line, MQTT 3.1.1, each client with its defaults (in flight: tern 16, mosquitto_pub 20). Time: from "
+        "a line, MQTT 3.1.1, each client with its defaults (in flight, -M: 20 for both, tern pub's default "
+        "taken from mosquitto_pub's; the library's default window, 16, is what a tern pub without -M used). Time: from "
         "the process's start to its exit, start-up included; QoS 1/2: both exit once everything is "
         "acknowledged; QoS 0: mosquitto_pub once it has written the last message (the broker may still be "
         "reading), tern pub once the broker has read its DISCONNECT. Median of the rounds, run alternately.",

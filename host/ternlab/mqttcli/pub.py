@@ -91,6 +91,7 @@ def _pub(args):
         if isinstance(payload, str):
             payload = payload.encode()
     pprops = props.get("publish")
+    kw["window"] = args.max_inflight or 65535  # -M (0: no limit but the outbox's)
     hold_outbox(args, kw)
     client = open_client(args, kw, reconnect=False)
     refused = []
@@ -110,6 +111,7 @@ def _pub(args):
                 raise CLIError("cannot store the message in %s: %s" % (args.outbox, os_reason(e)))
             raise failure(client, args, e)
 
+    s = client.session
     try:
         if payload is not None:
             for k in range(args.repeat):
@@ -119,8 +121,11 @@ def _pub(args):
         else:
             for lines in _stdin_batches(client):
                 for line in lines:
+                    if s.outbox_full():
+                        # read what the broker sent first: publish() would find no room, and wait
+                        # for it itself at the cost of a refused try and two clock reads a wake-up
+                        client.loop(20, True)
                     send(line)
-        s = client.session
         while s.pending():
             if not client.loop(100, True) and s.pending():  # (brief: back as soon as the last ack is read)
                 raise failure(client, args)
