@@ -14,7 +14,8 @@ median, and the spread (min-max) of the rounds, are reported.
 Latency at a light rate: `--lat-n` lines fed one every `--gap` ms through a pipe to a running
 `pub -l` (QoS in rotation 0, 1, 2 are three processes for both clients: one QoS a process), each
 carrying its send time; a subscriber in this process (Tern, QoS 2) takes the arrival time; p50 and
-p99 per client. `--old-tern PATH` adds another `tern` (an older checkout) to both parts.
+p99 per client. Beside each run's rate, the client process's CPU time (user + system) a message.
+`--old-tern PATH` adds another `tern` (an older checkout) to both parts.
 
 Usage: python tools/bench/pub_bench.py [--n 100000] [--rounds 5] [--write docs/benchmarks.md]
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -66,11 +68,18 @@ def _cmd(client, addr, qos, cid):
     return base + ["-h", addr[0], "-p", str(addr[1]), "-t", "bench/pub", "-q", str(qos), "-l", "-i", cid]
 
 
+def _child_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def rate(client, addr, qos, path, n):
+    """msg/s of one run, and the client's CPU time (user + system) per message, µs."""
     with open(path, "rb") as f:
+        c0 = _child_cpu()
         t0 = time.perf_counter()
         subprocess.run(_cmd(client, addr, qos, f"pb-{qos}-{os.getpid()}"), stdin=f, check=True, timeout=600)
-        return n / (time.perf_counter() - t0)
+        return n / (time.perf_counter() - t0), (_child_cpu() - c0) / n * 1e6
 
 
 def latency(client, addr, n, gap_ms):
@@ -135,6 +144,7 @@ def main(argv=None):
     if a.old_tern:
         names[a.old_tern] = "tern pub -l, before (%s)" % a.old_tern
     rates = {(c, q): [] for c in clients for q in range(3)}
+    cpu = {(c, q): [] for c in clients for q in range(3)}
     with tempfile.NamedTemporaryFile(suffix=".lines") as f, Broker() as broker:
         f.write((b"x" * LINE + b"\n") * a.n)
         f.flush()
@@ -142,15 +152,18 @@ def main(argv=None):
             for q in range(3):
                 for c in clients if r % 2 == 0 else clients[::-1]:
                     _idle(broker)
-                    rates[(c, q)].append(rate(c, broker.address, q, f.name, a.n))
-                    print(f"round {r + 1} QoS {q} {names[c]}: {rates[(c, q)][-1]:,.0f} msg/s", flush=True)
+                    got, used = rate(c, broker.address, q, f.name, a.n)
+                    rates[(c, q)].append(got)
+                    cpu[(c, q)].append(used)
+                    print(f"round {r + 1} QoS {q} {names[c]}: {got:,.0f} msg/s, {used:.1f} µs CPU a message",
+                          flush=True)
         lat = {}
         if a.lat_n:
             for c in clients:
                 _idle(broker)
                 lat[c] = latency(c, broker.address, a.lat_n, a.gap)
                 print(f"latency {names[c]}: p50 {lat[c][0]:.2f} ms, p99 {lat[c][1]:.2f} ms", flush=True)
-    text = report(a, clients, names, rates, lat)
+    text = report(a, clients, names, rates, cpu, lat)
     print(text)
     if a.write:
         from benchdoc import write_section
@@ -158,7 +171,7 @@ def main(argv=None):
         write_section(a.write, MARK, text, heading="tern pub -l beside mosquitto_pub -l")
 
 
-def report(a, clients, names, rates, lat):
+def report(a, clients, names, rates, cpu, lat):
     cmd = "nice python tools/bench/pub_bench.py --n %d --rounds %d --lat-n %d --gap %g%s --write docs/benchmarks.md" % (
         a.n, a.rounds, a.lat_n, a.gap, " --old-tern OLD" if a.old_tern else "")
     out = subprocess.run(["mosquitto_pub", "--help"], capture_output=True, text=True).stdout.split("\n")
@@ -182,6 +195,10 @@ def report(a, clients, names, rates, lat):
         ratios = [t / c for t, c in zip(rates[(a.tern, q)], rates[("mosquitto_pub", q)])]
         lines.append(f"| {q} | " + " | ".join(cells) + f" | {med[a.tern] / med['mosquitto_pub']:.2f} "
                      f"({min(ratios):.2f}-{max(ratios):.2f} by round) |")
+    lines += ["", "The client's own CPU time a message (user + system, start-up included; median of the rounds), µs:",
+              "", "| QoS | " + " | ".join(names[c] for c in clients) + " |", "|---|" + "---:|" * len(clients)]
+    for q in range(3):
+        lines.append(f"| {q} | " + " | ".join(f"{statistics.median(cpu[(c, q)]):.1f}" for c in clients) + " |")
     if lat:
         lines += ["", f"Latency at a light rate: {a.lat_n} lines, one every {a.gap:g} ms, QoS 0, 1, 2 in rotation "
                   "(three `pub -l` processes a client, one a QoS), from the write into the pipe to a Tern "
