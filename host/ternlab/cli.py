@@ -50,6 +50,15 @@ def version():
         return "unknown"
 
 
+class _Version(argparse.Action):
+    """--version, the distribution's metadata read only when asked (importlib.metadata is some
+    20 ms of every command's start-up)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print("tern %s" % version())
+        parser.exit()
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 2) and secrets masked."""
 
@@ -115,7 +124,7 @@ def _add_optional(subparsers, modname, commands, hint, load):
 def build_parser(argv=()):
     parser = Parser(prog="tern", description="Tern: an MQTT client that does not lose messages, "
                     "its test harness and its delivery audit.")
-    parser.add_argument("--version", action="version", version="tern %s" % version())
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command", parser_class=Parser)
     from .mqttcli import commands as pubsub
 

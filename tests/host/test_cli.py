@@ -714,7 +714,7 @@ def test_pub_outbox_resends_after_kill_9_before_new_messages(capsys, broker, cha
 
 
 def test_pub_outbox_with_more_pending_than_the_window_resends_all_in_order(capsys, broker, chaos, tmp_path):
-    # 40 lines at QoS 1, no PUBACK comes back: 16 go out (the in-flight window), 24 wait in the
+    # 40 lines at QoS 1, no PUBACK comes back: 16 go out (the in-flight window, -M 16), 24 wait in the
     # outbox; kill -9; the next run sends all 40 again in their order, then its own message
     from tern.filestore import FileStore
 
@@ -722,7 +722,7 @@ def test_pub_outbox_with_more_pending_than_the_window_resends_all_in_order(capsy
     n = 40
     peer = MosqSub(broker, "-t", "many", "-q", "1", count=16 + n + 1, timeout=20)
     chaos.stall_at_packet("PUBACK", 1, B2C, 60, stall_direction=B2C, connections=1)
-    args = ["-q", 1, "-t", "many", "-c", "-i", "manyk", "--outbox", outbox]
+    args = ["-q", 1, "-M", 16, "-t", "many", "-c", "-i", "manyk", "--outbox", outbox]
     p = subprocess.Popen([TERN, "pub", *map(str, ["-h", chaos.host, "-p", chaos.port, "-l", *args])],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdin.write(b"".join(b"m%d\n" % i for i in range(n)))

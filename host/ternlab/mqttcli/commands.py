@@ -76,7 +76,7 @@ DIFFERENCES = {
 }
 
 
-NOT_IMPLEMENTED = ("-A, --unix, --proxy, --psk, -M, --tls-version, --ciphers, ws:// and wss:// URLs; "
+NOT_IMPLEMENTED = ("-A, --unix, --proxy, --psk, --tls-version, --ciphers, ws:// and wss:// URLs; "
                    "tern sub: -T, -U, --remove-retained, --random-filter, -F %A and %J")
 
 
@@ -150,6 +150,8 @@ def add_subcommands(subparsers):
     src.add_argument("-s", "--stdin-file", dest="stdin", action="store_true", help="send all of stdin as one message")
     g.add_argument("-q", "--qos", type=qos_arg, default=0, help="QoS 0, 1 or 2 (default: 0)")
     g.add_argument("-r", "--retain", action="store_true", help="retain the message")
+    g.add_argument("-M", dest="max_inflight", type=int_range("max_inflight", 0, 65535), default=20,
+                   help="QoS 1/2 messages in flight at most (default: 20, as mosquitto_pub; 0: no limit)")
     g.add_argument("--repeat", type=int_range("repeat", 1, 1 << 31), default=1,
                    help="with -m, -f or -s: publish the message N times")
     g.add_argument("--repeat-delay", type=float, default=0.0, help="seconds between repeats")

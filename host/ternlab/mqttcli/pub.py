@@ -22,9 +22,11 @@ def _stdin_bytes():
     return getattr(s, "buffer", s)
 
 
-def _stdin_lines(idle):
-    """Lines of stdin without their '\\n' (as mosquitto_pub -l: an empty line is
-    an empty message); idle() runs while waiting so keepalive goes on."""
+def _stdin_batches(client):
+    """Lists of stdin's lines without their '\\n' (as mosquitto_pub -l: an empty line is an empty
+    message), one list per read of up to 256 KiB. While it waits for stdin the client reads what
+    the broker sends as it comes (the acknowledgements that move QoS 1/2 messages on: a PUBREC is
+    answered at once, not at the next line) and keeps the connection alive."""
     stream = _stdin_bytes()
     try:
         fd = stream.fileno()
@@ -37,25 +39,23 @@ def _stdin_lines(idle):
                 line = line.encode()
             if not line:
                 return
-            yield line[:-1] if line.endswith(b"\n") else line
-    buf = b""
+            yield [line[:-1] if line.endswith(b"\n") else line]
+    rest = b""
     while True:
-        r, _, _ = select.select([fd], [], [], 0.1)
-        if not r:
-            idle()
+        sock = client.sock
+        r, _, _ = select.select([fd] if sock is None else [fd, sock], [], [], 0.1)
+        if fd not in r:
+            client.loop(0)
             continue
-        chunk = os.read(fd, 65536)
+        chunk = os.read(fd, 1 << 18)
         if not chunk:
             break
-        buf += chunk
-        while True:
-            k = buf.find(b"\n")
-            if k < 0:
-                break
-            yield buf[:k]
-            buf = buf[k + 1 :]
-    if buf:
-        yield buf
+        lines = (rest + chunk if rest else chunk).split(b"\n")
+        rest = lines.pop()  # a line not ended yet (b"": the chunk ended with one)
+        if lines:
+            yield lines
+    if rest:
+        yield [rest]
 
 
 def run_pub(args):
@@ -91,6 +91,7 @@ def _pub(args):
         if isinstance(payload, str):
             payload = payload.encode()
     pprops = props.get("publish")
+    kw["window"] = args.max_inflight or 65535  # -M (0: no limit but the outbox's)
     hold_outbox(args, kw)
     client = open_client(args, kw, reconnect=False)
     refused = []
@@ -110,6 +111,7 @@ def _pub(args):
                 raise CLIError("cannot store the message in %s: %s" % (args.outbox, os_reason(e)))
             raise failure(client, args, e)
 
+    s = client.session
     try:
         if payload is not None:
             for k in range(args.repeat):
@@ -117,11 +119,15 @@ def _pub(args):
                     _pump(client, args, args.repeat_delay)
                 send(payload)
         else:
-            for line in _stdin_lines(lambda: client.loop(0)):
-                send(line)
-        s = client.session
+            for lines in _stdin_batches(client):
+                for line in lines:
+                    if s.outbox_full():
+                        # read what the broker sent first: publish() would find no room, and wait
+                        # for it itself at the cost of a refused try and two clock reads a wake-up
+                        client.loop(20, True)
+                    send(line)
         while s.pending():
-            if not client.loop(100) and s.pending():
+            if not client.loop(100, True) and s.pending():  # (brief: back as soon as the last ack is read)
                 raise failure(client, args)
     except KeyboardInterrupt:
         client.disconnect()
