@@ -78,7 +78,7 @@ def oversize(s, pos, end, size):
     raise MQTTError(0x95, "packet of %d bytes over the receive buffer's %d" % (size, len(rx)))
 
 
-def over_cap(s, pid, now):
+def over_cap(s, pid, rec, now):
     # Session._admit at the cap (Session._in_cap: four times receive_max, at least 128) of inbound
     # QoS 2 ids awaiting PUBREL that the store holds. No cap on the session's side can hold what
     # Mosquitto 2.0.11 sends: with messages queued for the client it sends the whole queue (up to
@@ -96,8 +96,11 @@ def over_cap(s, pid, now):
     #   so that the broker sends it again (each reconnect takes another cap's worth). Its id in
     #   RAM alone would not do: after a power cut, a resend whose PUBREC was lost would be
     #   delivered twice.
+    # Under manual acknowledgement (rec false: the id is recorded by the app's ack(), once the message
+    # is safe) it is deferred too: a bit set at arrival would answer the broker's resend of a message
+    # the app never acknowledged, after a reconnect, without delivering it.
     # True: taken (recorded); False: not taken.
-    if s.ephemeral or not s.store.durable:
+    if rec and (s.ephemeral or not getattr(s.store, "durable", False)):
         return _take(s, pid, now)
     s.stats_deferred += 1
     s.deferred += 1

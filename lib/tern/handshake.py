@@ -146,9 +146,9 @@ def connack(s, p, now):
     s.client_id = g(_P_ASSIGNED_ID, s.client_id)
     s.keepalive = g(_P_SERVER_KEEPALIVE, s.keepalive)
     # Does the broker's session end with this connection (tern.fault.over_cap)? MQTT 5: the
-    # session expiry in effect is 0 (the CONNACK's, else the CONNECT's).
+    # session expiry in effect is 0 (the CONNACK's, else the CONNECT's), or it starts clean (the next CONNECT will too).
     x = props.get(_P_SESSION_EXPIRY, (s.connect_props or {}).get(_P_SESSION_EXPIRY, 0))
-    s.ephemeral = not x if s.version == _V5 else s.conn[0]
+    s.ephemeral = (not x or s.conn[0]) if s.version == _V5 else s.conn[0]  # (a clean start is never resumed)
     if not sp:
         # The broker has no session for us: inbound QoS 2 ids are gone.
         s.stale = True  # until the clear is durable: after a failure (ENOSPC) it is retried before the next CONNECT

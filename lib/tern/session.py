@@ -154,7 +154,7 @@ class Session:
             from .store import MemoryStore
 
             store = MemoryStore()
-        self.store = self.inids = store  # inids: where inbound QoS 2 ids are looked up (tern.inbits)
+        self.store = self.inids = store  # inids: where inbound QoS 2 ids are looked up (tern.fault.InOverflow)
         self.window = window
         self._limit = window  # what may be in flight: the window, capped by the server's Receive Maximum
         # What CONNECT carries besides client_id (which the server may assign in CONNACK), keepalive
@@ -480,9 +480,9 @@ class Session:
                 return pid
         if qos < 0 or qos > 2:
             raise ValueError("QoS must be 0, 1 or 2")
-        if not isinstance(payload, _BUFFERS) or isinstance(payload, memoryview) and len(bytes(payload[:1])) > 1:
-            # (before anything is stored: a record built short of its header's length, or not at all,
-            # corrupts the log; a memoryview's len() counts its items, so they must be bytes)
+        if not isinstance(payload, _BUFFERS) or isinstance(payload, memoryview) and (
+                getattr(payload, "itemsize", 1) != 1 or getattr(payload, "format", "B") != "B"):
+            # (before anything is stored: a bad record corrupts the log; a memoryview's len() counts items)
             raise TypeError("payload must be bytes, bytearray, str or a memoryview of bytes, not %s" % type(payload).__name__)
         if self._txn:
             self.flush()  # called from a handler: what the feed queued goes first (the header takes _tx)
@@ -533,9 +533,10 @@ class Session:
                 return _WOULD_BLOCK
             pid = self._alloc_pid()
             n = pkt.pub_head(tx, topic, 0x30 | qos << 1 | (1 if retain else 0), pid, plen, pblock)
-            # The store takes the encoded header as a buffer of exactly n bytes; one view of the
-            # transmit buffer per header length (a device has few topics), kept, keeps that
-            # allocation out of the steady path.
+            if n + plen <= len(tx):  # the payload in first: one it cannot copy (a memoryview of wider
+                self._txmv[n : n + plen] = payload  # items, where it has no itemsize) raises unstored
+            # The store takes the encoded header as a buffer of exactly n bytes; one view of the transmit
+            # buffer per header length (a device has few topics), kept: no allocation on the steady path.
             c = self._hviews
             v = c.get(n)
             if v is None:
@@ -565,8 +566,7 @@ class Session:
             self._inflight += 1
         if n + plen <= len(tx):
             # One write per packet: a header and a payload written apart leave as two segments, and
-            # where Nagle's algorithm is on the second waits for the peer's (delayed) ACK of the
-            # first.
+            # where Nagle's algorithm is on the second waits for the peer's (delayed) ACK of the first.
             self._txmv[n : n + plen] = payload
             n += plen
             plen = 0
@@ -1115,9 +1115,9 @@ class Session:
         # not record its id, then deferred as well, or kept in RAM: see tern.fault.unrecorded).
         n = self.in2
         if n >= self._in_cap:
-            from .fault import over_cap
+            import tern.fault  # (a from-import builds its names' tuple at each call)
 
-            return over_cap(self, pid, now)
+            return tern.fault.over_cap(self, pid, rec, now)
         if rec:
             try:
                 self.store.in_add(pid)

@@ -54,6 +54,8 @@ def test_publish_qos0_allocates_nothing():
         payload = bytes(200)
         _check("QoS 0 publish, bytes topic, v%d" % v, allocated(lambda: s.publish(b"a/b", payload, 0, False, 1000)))
         _check("QoS 0 publish, str topic, v%d" % v, allocated(lambda: s.publish("a/b", payload, 0, False, 1000)))
+        mv = memoryview(payload)  # (v5: the general route, whose payload guard looks at a memoryview's items)
+        _check("QoS 0 publish, a memoryview, v%d" % v, allocated(lambda: s.publish(b"a/b", mv, 0, False, 1000)))
 
 
 def test_receive_and_acknowledge_allocates_nothing():
