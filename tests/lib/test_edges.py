@@ -336,12 +336,14 @@ def test_over_the_cap_on_a_session_that_ends_with_the_connection_is_taken():
         assert s.inids is s.store  # the bitmap went with the broker's session
         s.feed(qos2_in(c + 200, v=v), 0)  # a new session's message with that id
         assert got[-1] == c + 200
-    # MQTT 5 with a session expiry is persistent: deferred
-    s, out = sans_io(flash_in(), 5, receive_max=4, session_expiry=60)
-    s.conn = (True,) + s.conn[1:]
-    s.connect_packet(0)
-    s.feed(E(CONNACK, 5), 0)
-    assert not s.ephemeral
+    # MQTT 5 with a session expiry is persistent (deferred), unless it starts clean: this session's
+    # next CONNECT starts clean again, so the broker never resends what it would defer
+    for clean in (False, True):
+        s, out = sans_io(flash_in(), 5, receive_max=4, session_expiry=60)
+        s.conn = (clean,) + s.conn[1:]
+        s.connect_packet(0)
+        s.feed(E(CONNACK, 5), 0)
+        assert s.ephemeral == clean
 
 
 def test_inbound_qos2_heap_stays_bounded():
