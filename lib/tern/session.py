@@ -535,8 +535,7 @@ class Session:
             n = pkt.pub_head(tx, topic, 0x30 | qos << 1 | (1 if retain else 0), pid, plen, pblock)
             if n + plen <= len(tx):  # the payload in first: one it cannot copy (a memoryview of wider
                 self._txmv[n : n + plen] = payload  # items, where it has no itemsize) raises unstored
-            # The store takes the encoded header as a buffer of exactly n bytes; one view of the transmit
-            # buffer per header length (a device has few topics), kept: no allocation on the steady path.
+            # The store takes the header as a buffer of n bytes: one view of tx per header length, kept.
             c = self._hviews
             v = c.get(n)
             if v is None:
@@ -567,7 +566,8 @@ class Session:
         if n + plen <= len(tx):
             # One write per packet: a header and a payload written apart leave as two segments, and
             # where Nagle's algorithm is on the second waits for the peer's (delayed) ACK of the first.
-            self._txmv[n : n + plen] = payload
+            if not qos:  # (QoS 1/2: copied in before it was stored)
+                self._txmv[n : n + plen] = payload
             n += plen
             plen = 0
         try:

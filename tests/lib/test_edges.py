@@ -529,32 +529,15 @@ def test_inbound_qos2_message_is_delivered_when_the_send_before_its_handler_fail
         assert got == [b"m"], got  # once
 
 
-def _burst_session(v, store, **kw):
-    # A session connected with our session absent, fed n QoS 2 PUBLISHes (ids 1..n), no PUBREL.
-    from tern.session import Session
-
-    s = Session("burst", v, store=store, **kw)
-    s.send = lambda b, o, n: None
-    got = []
-    s.on_message = lambda m: got.append(m.pid)
-    s.connect_packet(0)
-    s.feed(encode(Packet(CONNACK), v), 0)
-    return s, got
-
-
-def _q2(s, pid, dup=False):
-    s.feed(encode(Packet(PUBLISH, topic="b", payload=b"m", qos=2, pid=pid, dup=dup), s.version), 0)
-
-
 def test_a_clean_start_with_a_session_expiry_takes_a_burst_over_the_cap():
     # MQTT 5, Clean Start with a session expiry: the next CONNECT starts clean again, so the broker
     # never resends what the session would defer: deferring lost it. Taken (RAM ids), delivered once.
     class Durable(MemoryStore):
         durable = True
 
-    s, got = _burst_session(5, Durable(), clean=True, session_expiry=60)
+    s, out, got = receiving(5, 32, store=Durable(), clean=True, session_expiry=60)
     for pid in range(1, 141):
-        _q2(s, pid)
+        s.feed(qos2_in(pid, v=5), 0)
     assert got == list(range(1, 141)) and s.stats_deferred == 0, (len(got), s.stats_deferred)
 
 
@@ -562,14 +545,14 @@ def test_under_manual_ack_a_message_over_the_cap_the_app_never_acknowledged_come
     # The collector's setup (manual_ack, a RAM store, a persistent session): a message over the cap is
     # deferred, not taken with its id set at arrival; after a reconnect the broker's resend of it is
     # delivered, not answered as a repeat of a message the app never acknowledged.
-    s, got = _burst_session(4, MemoryStore(), clean=False, manual_ack=True)
+    s, out, got = receiving(4, 32, manual_ack=True)
     for pid in range(1, 131):
-        _q2(s, pid)
+        s.feed(qos2_in(pid), 0)
     s.connection_lost()
     s.connect_packet(0)
-    s.feed(encode(Packet(CONNACK, session_present=True), 4), 0)
+    s.feed(E(CONNACK, 4, session_present=True), 0)
     for pid in (5, 130):
-        _q2(s, pid, dup=True)
+        s.feed(qos2_in(pid, dup=True), 0)
     assert got.count(130) >= 1 and got[-2:] == [5, 130], got[-4:]
 
 
@@ -582,7 +565,7 @@ def test_a_payload_the_route_cannot_copy_is_refused_before_it_is_stored():
     for v in (4, 5):
         for payload in (memoryview(array("b", [1, 2, 3])), memoryview(array("H", [1, 2, 3]))):
             st = MemoryStore()
-            s, _ = _burst_session(v, st, clean=False)
+            s, _, _ = receiving(v, 32, store=st)
             try:
                 pid = s.publish("t", payload, 2, False, 0)
             except (TypeError, ValueError):
